@@ -1,0 +1,26 @@
+# arenaflow: pools -> candidates -> corpora -> runs -> readouts -> compare -> nominations -> bundles.
+#   snakemake --cores 2 bundles/B3f          # local, on the embedded default
+#   snakemake --profile profiles/slurm bundles/B3f
+# Wiring only: the logic lives in src/arenaflow, one module per stage.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/pools.smk"
+include: "rules/candidates.smk"
+include: "rules/corpora.smk"
+include: "rules/train.smk"
+include: "rules/evals.smk"
+include: "rules/nominate.smk"
+include: "rules/bundles.smk"
+
+
+rule all:
+    input:
+        expand("bundles/{bundle}", bundle=CFG["bundles"]),
+    default_target: True

@@ -1,0 +1,49 @@
+def bundle_arm(wc):
+    """The bundle's arm; for a round, read from the nomination once the checkpoint has run."""
+    b = CFG["bundles"][wc.bundle]
+    if "arm" in b:
+        return b["arm"]
+    with open(checkpoints.nominate.get(rnd=b["round"]).output[0]) as f:
+        return json.load(f)["promoted"]
+
+
+def bundle_inputs(wc):
+    b, served = CFG["bundles"][wc.bundle], bundle_arm(wc)
+    lineage = [served, *CFG["arms"][served]["lineage"]]
+    corpora = {CFG["arms"][a]["corpus"] for a in lineage}
+    out = {
+        "runs": [f"runs/{a}/final" for a in lineage],
+        "corpora": [f"corpora/{c}/manifest.json" for c in sorted(corpora)],
+        "compare": lineage_comparisons(served),
+    }
+    if "round" in b:
+        out["nomination"] = f"nominations/{b['round']}.json"
+    return out
+
+
+def bundle_source(wc):
+    b = CFG["bundles"][wc.bundle]
+    return f"--nomination nominations/{b['round']}.json" if "round" in b else f"--arm {b['arm']}"
+
+
+rule build_bundle:
+    input:
+        unpack(bundle_inputs),
+        base=BASE_FILES,
+    output:
+        directory("bundles/{bundle}"),
+    params:
+        cfg=lambda wc: as_json(CFG["bundles"][wc.bundle]),
+        source=bundle_source,
+        lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
+        base=BASE,
+        repo=str(REPO),
+    log:
+        "logs/bundles/{bundle}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.bundles build --bundle {wildcards.bundle} {params.source} "
+        "--lineage-json {params.lineage:q} --runs runs --corpora corpora --compare {input.compare} "
+        "--base-model {params.base:q} --bundle-json {params.cfg:q} --repo-root {params.repo:q} "
+        "--out {output} > {log} 2>&1"

@@ -1,0 +1,42 @@
+def corpus_pool(wc):
+    return f"pools/{CFG['corpora'][wc.corpus]['pool']}.jsonl"
+
+
+rule sample_candidates:
+    input:
+        pool=corpus_pool,
+        policy=lambda wc: run_dir(CFG["corpora"][wc.corpus]["policy"]),
+        base=BASE_FILES,
+    output:
+        "candidates/{corpus}/samples.jsonl",
+    params:
+        cfg=lambda wc: as_json(CFG["corpora"][wc.corpus]),
+        adapter=lambda wc, input: adapter_flag(input.policy),
+        system=CFG["system_prompt"],
+        base=BASE,
+    log:
+        "logs/candidates/{corpus}.sample.log",
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
+        "{params.adapter} --system-prompt {params.system:q} --params-json {params.cfg:q} "
+        "--out {output} > {log} 2>&1"
+
+
+rule verify_candidates:
+    input:
+        pool=corpus_pool,
+        samples="candidates/{corpus}/samples.jsonl",
+    output:
+        "candidates/{corpus}/verdicts.jsonl",
+    log:
+        "logs/candidates/{corpus}.verify.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
+        "--out {output} > {log} 2>&1"

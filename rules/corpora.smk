@@ -1,0 +1,38 @@
+def corpus_candidates(wc):
+    if CFG["corpora"][wc.corpus]["policy"] == "reference":
+        return {}
+    return {
+        "samples": f"candidates/{wc.corpus}/samples.jsonl",
+        "verdicts": f"candidates/{wc.corpus}/verdicts.jsonl",
+    }
+
+
+def candidate_flags(wc, input):
+    if "verdicts" not in input.keys():
+        return ""
+    return f"--samples {input.samples} --verdicts {input.verdicts}"
+
+
+rule build_corpus:
+    input:
+        unpack(corpus_candidates),
+        pool=corpus_pool,
+        base=BASE_FILES,
+    output:
+        rows="corpora/{corpus}/rows.jsonl",
+        npz="corpora/{corpus}/sft.npz",
+        stats="corpora/{corpus}/stats.json",
+        manifest="corpora/{corpus}/manifest.json",
+    params:
+        cfg=lambda wc: as_json(CFG["corpora"][wc.corpus]),
+        candidates=candidate_flags,
+        system=CFG["system_prompt"],
+        base=BASE,
+    log:
+        "logs/corpora/{corpus}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.corpora --corpus {wildcards.corpus} --pool {input.pool} "
+        "{params.candidates} --tokenizer {params.base:q} --system-prompt {params.system:q} "
+        "--params-json {params.cfg:q} --out corpora/{wildcards.corpus} > {log} 2>&1"

@@ -1,0 +1,265 @@
+"""Serving bundles, assembled and checked; a bundle that fails a check is never written.
+
+    python -m arenaflow.bundles build --bundle B3f --arm B3 --runs runs --corpora corpora \
+        --compare compare/math/greedy/B3__R2d.json --base-model DIR --bundle-json '{...}' [--nomination nominations/r3.json] \
+        --lineage-json '[...]' --out bundles/B3f
+    python -m arenaflow.bundles diff bundles/B3 bundles/B3f
+
+Checks, run on the assembled directory before it is moved into place:
+1. template_compiles: chat_template.jinja compiles in the sandboxed Jinja environment
+   transformers uses (so `{% raise_exception(...) %}` fails here, as it would in a server);
+2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over six
+   conversation shapes, with and without add_generation_prompt, and degrades without raising
+   on an unknown role or None content;
+3. reload: AutoTokenizer.from_pretrained(bundle), base + PeftModel.from_pretrained(bundle),
+   greedy generation with the bundle's stop ids on the reload prompts: each stops, none is empty,
+   none contains U+FFFD (RELOAD_CHECK_PASS / RELOAD_CHECK_FAIL, outputs in reload_check.json);
+4. evidence: the evidence's dataset sha256 is the corpus manifest's digest, and the adapter is
+   the arm's final adapter byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import jinja2
+
+from arenaflow import chat, io, manifest, models, sampling
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+SHAPES = {
+    "system+user": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "multi-turn": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."},
+                   {"role": "user", "content": "And 3+3?"}],
+    "user-only": [{"role": "user", "content": "What is 7 * 6?"}],
+    "embedded newlines": [{"role": "user", "content": "line one\nline two\n\nline four"}],
+    "non-ASCII": [{"role": "user", "content": "Größe, naïve, 数学, emoji 🙂"}],
+    "tool role": [{"role": "user", "content": "weather?"},
+                  {"role": "assistant", "content": "calling tool"},
+                  {"role": "tool", "content": "{\"temp\": 21}"}],
+}
+DEGENERATE = {
+    "unknown role": [{"role": "narrator", "content": "Once upon a time"}],
+    "None content": [{"role": "user", "content": None}],
+}
+
+
+class BundleCheckError(RuntimeError):
+    pass
+
+
+def check_template_compiles(template: str) -> dict:
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise BundleCheckError(f"chat_template.jinja line {e.lineno}: jinja2.exceptions."
+                               f"TemplateSyntaxError: {e.message}") from None
+    return {"verdict": "PASS", "detail": "compiles in transformers' sandboxed Jinja environment"}
+
+
+def check_template_matches(tokenizer) -> dict:
+    """Render via the reloaded tokenizer, exactly as a server would, and compare bytes."""
+    checked = 0
+    for name, msgs in SHAPES.items():
+        for gen in (False, True):
+            got = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            want = chat.render(msgs, add_generation_prompt=gen)
+            if got != want:
+                raise BundleCheckError(f"template renders {name!r} (add_generation_prompt={gen}) "
+                                       f"differently from arenaflow.chat.render: {got!r} != {want!r}")
+            checked += 1
+    for name, msgs in DEGENERATE.items():
+        try:
+            tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # any exception is a failure of graceful degradation
+            raise BundleCheckError(f"template raises on {name}: {type(e).__name__}: {e}") from None
+    return {"verdict": "PASS", "detail": f"{checked} renders byte-identical; unknown role and None content degrade"}
+
+
+def check_reload(bundle_dir: Path, base_model: str, serving: dict, system_prompt: str,
+                 prompts: list[str]) -> dict:
+    from peft import PeftModel
+
+    tok = models.load_tokenizer(bundle_dir)
+    model = PeftModel.from_pretrained(models.load_base(base_model), str(bundle_dir)).eval()
+    gen_cfg = io.read_json(bundle_dir / "generation_config.json")
+    rendered = [tok.apply_chat_template(chat.prompt_messages(system_prompt, p), tokenize=False,
+                                        add_generation_prompt=True) for p in prompts]
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=serving["max_new_tokens"])
+    outs = sampling.generate(model, tok, rendered, dec, desc="reload check")
+    results, ok = [], True
+    for p, (o,) in zip(prompts, outs):
+        problems = [msg for bad, msg in ((not o["stopped"], "no stop token"),
+                                         (not o["text"].strip(), "empty"),
+                                         ("\ufffd" in o["text"], "contains U+FFFD")) if bad]
+        ok &= not problems
+        results.append({"prompt": p, "output": o["text"], "n_tokens": o["n_tokens"],
+                        "stopped": o["stopped"], "problems": problems})
+    verdict = "RELOAD_CHECK_PASS" if ok else "RELOAD_CHECK_FAIL"
+    record = {"verdict": verdict, "eos_token_id": gen_cfg["eos_token_id"], "outputs": results}
+    io.write_json(bundle_dir / "reload_check.json", record)
+    if not ok:
+        raise BundleCheckError(f"{verdict}: " + "; ".join(f"{r['prompt']!r}: {r['problems']}"
+                                                           for r in results if r["problems"]))
+    return {"verdict": verdict, "detail": f"{len(results)} prompts stopped, non-empty, no U+FFFD"}
+
+
+def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path) -> dict:
+    evidence = io.read_json(bundle_dir / "training_evidence.json")
+    digest = manifest.verify(corpus_dir)["digest"]
+    if evidence["dataset_sha256"] != digest:
+        raise BundleCheckError(f"training_evidence.json dataset_sha256 {evidence['dataset_sha256']} "
+                               f"is not {corpus_dir}'s digest {digest}")
+    for f in ADAPTER_FILES:
+        if manifest.sha256_file(bundle_dir / f) != manifest.sha256_file(run_dir / f):
+            raise BundleCheckError(f"{f} differs from {run_dir / f}")
+    return {"verdict": "PASS", "detail": f"dataset sha256 = corpus digest {digest[:16]}…; adapter = {run_dir.name} of the arm"}
+
+
+def generation_config(tokenizer, serving: dict) -> dict:
+    return {
+        "do_sample": serving["do_sample"],
+        "temperature": serving["temperature"],
+        "top_p": serving["top_p"],
+        "top_k": 0,
+        "repetition_penalty": serving["repetition_penalty"],
+        "max_new_tokens": serving["max_new_tokens"],
+        "eos_token_id": sampling.stop_token_ids(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def load_template(spec: str, repo_root: Path) -> str:
+    if spec == "chatml":
+        return chat.CHATML_TEMPLATE
+    path = Path(spec) if Path(spec).is_absolute() else repo_root / spec
+    return path.read_text(encoding="utf-8")
+
+
+def card_context(args, arm: str, lineage: list[str], nomination: dict | None) -> dict:
+    runs, corpora = Path(args.runs), Path(args.corpora)
+    training, corpus_ids = [], []
+    for a in reversed([arm, *lineage]):
+        ev = io.read_json(runs / a / "final" / "training_evidence.json")
+        rows = io.read_json(corpora / ev["corpus"] / "stats.json")["rows"]
+        training.append({"arm": a, "method": ev["hyperparameters"]["method"], "init": ev["init"],
+                         "corpus": ev["corpus"], "rows": rows, "steps": ev["optimizer_steps"],
+                         "lr": ev["hyperparameters"]["lr"], "job": ev["job_id"]})
+        corpus_ids.append(ev["corpus"])
+    corpora_ctx = []
+    for c in corpus_ids:
+        st = io.read_json(corpora / c / "stats.json")
+        corpora_ctx.append({"id": c, "digest": io.read_json(corpora / c / "manifest.json")["digest"],
+                            "pass_at_1": st.get("pass_at_1"), **{k: st.get(k) for k in (
+                                "rows", "tokens", "supervised_tokens", "solved", "prompts", "unsolved_dropped")}})
+    evaluations = []
+    for path in map(Path, args.compare):  # compare/{suite}/{regime}/{cand}__{ref}.json
+        c = io.read_json(path)
+        evaluations.append({**c, "suite": f"{path.parent.parent.name}/{path.parent.name}"})
+    return {"training": training, "corpora": corpora_ctx, "evaluations": evaluations,
+            "nomination": nomination, "lineage": list(reversed([arm, *lineage]))}
+
+
+def build(args) -> None:
+    cfg = json.loads(args.bundle_json)
+    repo_root = Path(args.repo_root)
+    nomination = io.read_json(args.nomination) if args.nomination else None
+    arm = nomination["promoted"] if nomination else args.arm
+    if arm == "base":
+        raise SystemExit(f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve")
+    lineage = json.loads(args.lineage_json)[arm]
+    run_dir = Path(args.runs) / arm / "final"
+    manifest.verify(run_dir)
+    evidence = io.read_json(run_dir / "training_evidence.json")
+    corpus_dir = Path(args.corpora) / evidence["corpus"]
+    template = load_template(cfg["chat_template"], repo_root)
+    serving = cfg["serving"]
+    out = Path(args.out)
+    with io.atomic_dir(out) as tmp:
+        for f in ADAPTER_FILES:
+            shutil.copyfile(run_dir / f, tmp / f)
+        shutil.copyfile(run_dir / "training_evidence.json", tmp / "training_evidence.json")
+        tok = models.load_tokenizer(args.base_model)
+        tok.chat_template = template
+        tok.save_pretrained(str(tmp))  # tokenizer files + chat_template.jinja
+        io.write_text(tmp / "chat_template.jinja", template)
+        io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
+        io.write_json(tmp / "generation_config.json", generation_config(tok, serving))
+        io.write_json(tmp / "serving_config.json", {
+            "base_model": evidence["base_model"], "base_revision": evidence["base_revision"],
+            "arm": arm, "system_prompt_file": "system_prompt.txt", "chat_template_file": "chat_template.jinja",
+            "add_generation_prompt": True, **serving})
+        checks = {}
+        checks["template_compiles"] = check_template_compiles(template)
+        reloaded = models.load_tokenizer(tmp)
+        if reloaded.chat_template != template:
+            raise BundleCheckError("tokenizer_config.json does not carry chat_template.jinja's template")
+        checks["template_matches_renderer"] = check_template_matches(reloaded)
+        checks["reload"] = check_reload(tmp, args.base_model, serving, cfg["system_prompt"],
+                                        cfg.get("reload_prompts") or ["What is 2 + 2?"])
+        checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
+        ctx = card_context(args, arm, lineage, nomination)
+        env = jinja2.Environment(loader=jinja2.PackageLoader("arenaflow", "templates"),
+                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        io.write_text(tmp / "README.md", env.get_template("model_card.md.j2").render(
+            bundle=args.bundle, arm=arm, evidence=evidence, code=manifest.code_version(),
+            serving=serving, eos_ids=sampling.stop_token_ids(tok), checks=checks, **ctx))
+        io.write_json(tmp / "checks.json", checks)
+        manifest.write(tmp, params=cfg, extra={"arm": arm, "checks": {k: v["verdict"] for k, v in checks.items()}})
+    print(f"bundle {args.bundle}: arm {arm}, checks " + ", ".join(f"{k}={v['verdict']}" for k, v in checks.items()))
+
+
+def diff(a: Path, b: Path) -> tuple[list[str], bool]:
+    """(files that differ or exist on one side only, adapter weights byte-identical?)"""
+    fa = manifest.list_files(a)
+    fb = manifest.list_files(b)
+    differ = sorted(f for f in set(fa) | set(fb) if fa.get(f, {}).get("sha256") != fb.get(f, {}).get("sha256"))
+    weights = "adapter_model.safetensors"
+    same = weights in fa and weights in fb and fa[weights]["sha256"] == fb[weights]["sha256"]
+    return differ, same
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="assemble and check one bundle")
+    b.add_argument("--bundle", required=True)
+    b.add_argument("--arm", help="the arm to serve (or give --nomination)")
+    b.add_argument("--nomination", help="nominations/{round}.json: serve the arm it promotes")
+    b.add_argument("--lineage-json", required=True, help="{arm: [ancestor arms, nearest first]}")
+    b.add_argument("--runs", required=True, help="the runs/ directory")
+    b.add_argument("--corpora", required=True, help="the corpora/ directory")
+    b.add_argument("--compare", nargs="*", default=[], help="compare JSONs to report in the card")
+    b.add_argument("--base-model", required=True)
+    b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
+    b.add_argument("--repo-root", default=".", help="where relative chat_template paths start")
+    b.add_argument("--out", required=True, help="bundles/{bundle}")
+    d = sub.add_parser("diff", help="which files differ and whether the weights are identical")
+    d.add_argument("a")
+    d.add_argument("b")
+    args = ap.parse_args(argv)
+    if args.cmd == "diff":
+        differ, same = diff(Path(args.a), Path(args.b))
+        for f in differ:
+            print(f"Files {Path(args.a) / f} and {Path(args.b) / f} differ")
+        print(f"{len(differ)} files differ; adapter weights {'byte-identical' if same else 'DIFFER'}")
+        return
+    if bool(args.arm) == bool(args.nomination):
+        ap.error("give exactly one of --arm and --nomination")
+    try:
+        build(args)
+    except BundleCheckError as e:
+        print(f"bundle {args.bundle}: check failed, no bundle written: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The one chat renderer (ChatML) used for training rows, eval prompts and bundle template checks.
+
+`render` is the reference; `CHATML_TEMPLATE` is the Jinja template shipped in bundles, which must
+render byte-identically to it (arenaflow.bundles checks that before a bundle exists).
+Format per turn: `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
+"""
+
+from __future__ import annotations
+
+IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+
+# Only if/for/set and plain expressions: no environment-specific globals such as
+# raise_exception, so every Jinja loader compiles it (seeds/000: the B3 -> B3f fix).
+# An unknown role is rendered as given and None content as empty, never raised.
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- set content = message['content'] if message['content'] is not none else '' -%}"
+    "{{- '<|im_start|>' ~ message['role'] ~ '\\n' ~ content ~ '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def render_turn(role: str, content) -> str:
+    return f"{IM_START}{role}\n{'' if content is None else content}{IM_END}\n"
+
+
+def render(messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """Render a conversation exactly as training saw it."""
+    text = "".join(render_turn(m.get("role"), m.get("content")) for m in messages)
+    return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
+
+
+def prompt_messages(system_prompt: str | None, user: str) -> list[dict]:
+    msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return msgs + [{"role": "user", "content": user}]
+
+
+def encode_with_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and a 0/1 mask that is 1 only on assistant
+    content and its closing <|im_end|> (so the model learns to stop), found by character
+    offsets, which holds for any tokenizer that reports them."""
+    spans, pos = [], 0
+    for m in messages:
+        turn = render_turn(m.get("role"), m.get("content"))
+        if m.get("role") == "assistant":
+            start = pos + len(IM_START) + len("assistant\n")
+            spans.append((start, pos + len(turn) - 1))  # up to and including <|im_end|>, not "\n"
+        pos += len(turn)
+    enc = tokenizer(render(messages), add_special_tokens=False, return_offsets_mapping=True)
+    mask = [
+        int(any(s <= a and b <= e for s, e in spans) and b > a) for a, b in enc["offset_mapping"]
+    ]
+    return enc["input_ids"], mask

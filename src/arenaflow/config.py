@@ -1,0 +1,206 @@
+"""Load, validate and resolve arenaflow's config before any job runs.
+
+config.yaml is validated against workflow/schemas/config.schema.yaml, each arms_dir/<arm>.yaml
+against arm.schema.yaml (additionalProperties: false everywhere, IDs that cannot escape a
+path). Then every name is resolved: a corpus's pool and policy, an arm's init and corpus, a
+round's arms, a bundle's arm or round. An unknown name or a lineage cycle raises ConfigError
+with the file and key at fault.
+
+    python -m arenaflow.config config/config.yaml   # validate and print the lineage of each arm
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_DIR = REPO_ROOT / "workflow" / "schemas"
+BASE, REFERENCE = "base", "reference"
+RESERVED = {BASE, REFERENCE}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _schemas(schema_dir: Path) -> tuple[dict, dict, Registry]:
+    loaded = {
+        name: yaml.safe_load((schema_dir / name).read_text())
+        for name in ("config.schema.yaml", "arm.schema.yaml")
+    }
+    registry = Registry().with_resources(
+        (name, Resource.from_contents(s, default_specification=DRAFT202012))
+        for name, s in loaded.items()
+    )
+    return loaded["config.schema.yaml"], loaded["arm.schema.yaml"], registry
+
+
+def _validate(data, schema: dict, registry: Registry, where: str) -> None:
+    validator = jsonschema.Draft202012Validator(schema, registry=registry)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        key = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(f"{where}: key '{key}': {e.message}{more}")
+
+
+def _defaults(schema: dict, data: dict) -> dict:
+    """Fill `default`s of a flat object schema into a copy of data."""
+    out = dict(data)
+    for key, prop in schema.get("properties", {}).items():
+        if "default" in prop and key not in out:
+            out[key] = copy.deepcopy(prop["default"])
+    return out
+
+
+def merge(base: dict, over: dict) -> dict:
+    """Deep merge: dicts merge, everything else (lists included) is replaced."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dict, dict]:
+    """Return ({arm: raw arm config}, {arm: file path}) for every arms_dir/<arm>.yaml."""
+    if not arms_dir.is_dir():
+        raise ConfigError(f"arms_dir {arms_dir}: not a directory")
+    arms, files = {}, {}
+    for path in sorted(arms_dir.glob("*.yaml")):
+        arm = path.stem
+        _validate({"id": arm}, {"properties": {"id": {"pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$"}}},
+                  registry, f"{path}: file name")
+        if arm in RESERVED:
+            raise ConfigError(f"{path}: '{arm}' is reserved and cannot name an arm")
+        data = yaml.safe_load(path.read_text()) or {}
+        _validate(data, arm_schema, registry, str(path))
+        arms[arm], files[arm] = data, path
+    return arms, files
+
+
+def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA_DIR,
+            config_file: str = "config") -> dict:
+    """Validate `config` and its arm files; return a resolved copy with `arms` filled in:
+    {arm: {init, corpus, hyper (defaults merged), file, lineage}}."""
+    schema, arm_schema, registry = _schemas(schema_dir)
+    _validate(config, schema, registry, config_file)
+    cfg = copy.deepcopy(config)
+    root = Path(repo_root)
+    base_path = Path(cfg["base"]["path"])
+    cfg["base"]["path"] = str(base_path if base_path.is_absolute() else root / base_path)
+    arms_dir = Path(cfg["arms_dir"])
+    arms_dir = arms_dir if arms_dir.is_absolute() else root / arms_dir
+    raw, files = load_arms(arms_dir, arm_schema, registry)
+    if not raw:
+        raise ConfigError(f"arms_dir {arms_dir}: no <arm>.yaml files")
+
+    corpus_props = schema["properties"]["corpora"]["additionalProperties"]
+    for cid, c in cfg["corpora"].items():
+        where = f"{config_file}: key 'corpora/{cid}"
+        if c["pool"] not in cfg["pools"]:
+            raise ConfigError(f"{where}/pool': unknown pool {c['pool']!r}; known: {sorted(cfg['pools'])}")
+        if c["policy"] not in RESERVED and c["policy"] not in raw:
+            raise ConfigError(f"{where}/policy': {c['policy']!r} is not 'base', 'reference' or an arm in {arms_dir}")
+        cfg["corpora"][cid] = _defaults(corpus_props, c)
+
+    arms = {}
+    for arm, data in raw.items():
+        where = f"{files[arm]}: key"
+        if data["init"] != BASE and data["init"] not in raw:
+            raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
+        if data["corpus"] not in cfg["corpora"]:
+            raise ConfigError(f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}")
+        arms[arm] = {
+            "init": data["init"],
+            "corpus": data["corpus"],
+            "description": data.get("description", ""),
+            "hyper": merge(cfg["train_defaults"], data.get("hyper", {})),
+            "file": str(files[arm]),
+        }
+    for arm in arms:
+        arms[arm]["lineage"] = _lineage(arm, arms, cfg["corpora"])
+
+    eval_pools = {s["pool"] for s in cfg["evals"].values()}
+    for sid, suite in cfg["evals"].items():
+        if suite["pool"] not in cfg["pools"]:
+            raise ConfigError(f"{config_file}: key 'evals/{sid}/pool': unknown pool {suite['pool']!r}")
+        suite.setdefault("replicates", 1)
+        suite.setdefault("seed", 0)
+        suite.setdefault("batch_size", 256)
+    for cid, c in cfg["corpora"].items():
+        if c["pool"] in eval_pools:
+            raise ConfigError(f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
+                              "training on it would contaminate every readout")
+
+    known_arms = set(arms) | {BASE}
+    for rid, rnd in cfg["rounds"].items():
+        where = f"{config_file}: key 'rounds/{rid}"
+        if rnd["suite"] not in cfg["evals"]:
+            raise ConfigError(f"{where}/suite': unknown suite {rnd['suite']!r}")
+        if rnd["regime"] not in cfg["evals"][rnd["suite"]]["regimes"]:
+            raise ConfigError(f"{where}/regime': suite {rnd['suite']!r} has no regime {rnd['regime']!r}")
+        for i, a in enumerate([rnd["incumbent"], *rnd["candidates"]]):
+            if a not in known_arms:
+                key = "incumbent" if i == 0 else f"candidates/{i - 1}"
+                raise ConfigError(f"{where}/{key}': unknown arm {a!r}")
+    bundle_props = schema["properties"]["bundles"]["additionalProperties"]
+    for bid, b in cfg["bundles"].items():
+        where = f"{config_file}: key 'bundles/{bid}"
+        if "arm" in b and b["arm"] not in arms:
+            raise ConfigError(f"{where}/arm': unknown arm {b['arm']!r}")
+        if "round" in b and b["round"] not in cfg["rounds"]:
+            raise ConfigError(f"{where}/round': unknown round {b['round']!r}")
+        b = _defaults(bundle_props, b)
+        b["serving"] = _defaults(bundle_props["properties"]["serving"], b["serving"])
+        b.setdefault("system_prompt", cfg["system_prompt"])
+        cfg["bundles"][bid] = b
+    cfg["arms"] = arms
+    return cfg
+
+
+def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
+    """Arms `arm` depends on, nearest first, through init and through its corpus's policy.
+    Raises ConfigError on a cycle."""
+    order, stack = [], [(arm, (arm,))]
+    seen = set()
+    while stack:
+        cur, path = stack.pop()
+        deps = [arms[cur]["init"], corpora[arms[cur]["corpus"]]["policy"]]
+        for dep in deps:
+            if dep in RESERVED:
+                continue
+            if dep in path:
+                cycle = " -> ".join((*path, dep))
+                raise ConfigError(f"{arms[arm]['file']}: lineage cycle {cycle} (through init or corpus policy)")
+            if dep not in seen:
+                seen.add(dep)
+                order.append(dep)
+                stack.append((dep, (*path, dep)))
+    return order
+
+
+def stage_json(section: dict) -> str:
+    """A stage's config as sorted JSON: Snakemake's params trigger sees any change."""
+    return json.dumps(section, sort_keys=True, separators=(",", ":"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Validate a config and print each arm's lineage.")
+    ap.add_argument("config", help="config/config.yaml")
+    args = ap.parse_args(argv)
+    cfg = resolve(yaml.safe_load(Path(args.config).read_text()), config_file=args.config)
+    for arm, a in cfg["arms"].items():
+        print(f"{arm}: init={a['init']} corpus={a['corpus']} lineage={' <- '.join([arm, *a['lineage']]) or arm}")
+
+
+if __name__ == "__main__":
+    main()

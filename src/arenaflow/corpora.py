@@ -1,0 +1,165 @@
+"""Rejection-sampled (or reference) training corpora with an sha256 manifest.
+
+    python -m arenaflow.corpora --corpus C --pool pools/P.jsonl [--samples S --verdicts V]
+        --tokenizer DIR --system-prompt S --params-json '{...}' --out corpora/C
+
+Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json}. With verdicts, each prompt
+keeps at most one verified-correct sample (by `select`: the median-length one by default);
+unsolved prompts are dropped and counted. Without (policy 'reference'), each prompt's worked
+solution is the target. sft.npz holds the token ids of each rendered conversation and an
+assistant-only loss mask (arenaflow.chat.encode_with_mask), concatenated, with row offsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+from scipy.special import comb
+
+from arenaflow import chat, io, manifest, models
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one prompt with c correct of n samples (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k, exact=True) / comb(n, k, exact=True)
+
+
+def pick(correct: list[dict], how: str, rng: random.Random) -> dict:
+    """One verified sample: median (lower median by length), shortest, longest or random."""
+    ranked = sorted(correct, key=lambda v: (v["chars"], v["sample"]))
+    if how == "median":
+        return ranked[(len(ranked) - 1) // 2]
+    if how == "shortest":
+        return ranked[0]
+    if how == "longest":
+        return ranked[-1]
+    return rng.choice(ranked)
+
+
+def select(pool: list[dict], samples: list[dict], verdicts: list[dict], params: dict) -> tuple[list[dict], dict]:
+    """Rejection sampling: (rows, stats) with at most one kept sample per prompt."""
+    texts = {s["id"]: s["text"] for s in samples}
+    by_prompt = collections.defaultdict(list)
+    for v in verdicts:
+        by_prompt[v["prompt_id"]].append(v)
+    rng = random.Random(params["seed"])
+    rows, p1, pk, solved = [], [], [], 0
+    for r in pool:
+        vs = by_prompt.get(r["id"], [])
+        n, c = len(vs), sum(v["correct"] for v in vs)
+        if n == 0:
+            raise ValueError(f"pool row {r['id']!r} has no candidate samples")
+        p1.append(c / n)
+        pk.append(pass_at_k(n, c, params["k"]))
+        ok = [v for v in vs if v["correct"] and v["chars"] >= params["min_chars"]]
+        solved += c > 0
+        if ok:
+            v = pick(ok, params["select"], rng)
+            rows.append(_row(r, texts[v["id"]], source=v["id"]))
+    stats = {
+        "prompts": len(pool),
+        "solved": solved,
+        "unsolved_dropped": len(pool) - solved,
+        "below_min_chars_dropped": solved - len(rows),
+        "pass_at_1": float(np.mean(p1)),
+        f"pass_at_{params['k']}": float(np.mean(pk)),
+        "k": params["k"],
+    }
+    return rows, stats
+
+
+def reference(pool: list[dict]) -> tuple[list[dict], dict]:
+    return [_row(r, r["reference"], source="reference") for r in pool], {"prompts": len(pool)}
+
+
+def _row(pool_row: dict, completion: str, source: str) -> dict:
+    return {
+        "id": pool_row["id"],
+        "category": pool_row["category"],
+        "prompt": pool_row["prompt"],
+        "completion": completion,
+        "source": source,
+        "prompt_sha256": manifest.sha256_text(pool_row["prompt"]),
+        "completion_sha256": manifest.sha256_text(completion),
+    }
+
+
+def tokenize(rows: list[dict], tokenizer, system_prompt: str) -> tuple[dict, dict]:
+    """sft.npz arrays and token statistics."""
+    ids, mask, offsets = [], [], [0]
+    for r in rows:
+        msgs = chat.prompt_messages(system_prompt, r["prompt"]) + [
+            {"role": "assistant", "content": r["completion"]}
+        ]
+        i, m = chat.encode_with_mask(tokenizer, msgs)
+        ids.extend(i)
+        mask.extend(m)
+        offsets.append(len(ids))
+    arrays = {
+        "input_ids": np.asarray(ids, dtype=np.int32),
+        "loss_mask": np.asarray(mask, dtype=np.int8),
+        "offsets": np.asarray(offsets, dtype=np.int64),
+    }
+    n = max(len(rows), 1)
+    return arrays, {
+        "tokens": len(ids),
+        "supervised_tokens": int(sum(mask)),
+        "mean_tokens_per_row": len(ids) / n,
+        "mean_completion_chars": sum(len(r["completion"]) for r in rows) / n,
+    }
+
+
+def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: dict,
+          samples: list[dict] | None = None, verdicts: list[dict] | None = None) -> dict:
+    if verdicts is None:
+        rows, stats = reference(pool)
+    else:
+        rows, stats = select(pool, samples, verdicts, params)
+    if not rows:
+        raise ValueError(f"{out}: no rows survived selection ({stats}); nothing to train on")
+    arrays, tok_stats = tokenize(rows, tokenizer, system_prompt)
+    stats.update(tok_stats, rows=len(rows),
+                 rows_by_category=dict(sorted(collections.Counter(r["category"] for r in rows).items())))
+    with io.atomic_dir(out) as tmp:
+        io.write_jsonl(tmp / "rows.jsonl", rows)
+        np.savez(tmp / "sft.npz", **arrays)
+        io.write_json(tmp / "stats.json", stats)
+        record = manifest.write(tmp, params={**params, "system_prompt": system_prompt})
+    stats["digest"] = record["digest"]
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", required=True, help="corpus id")
+    ap.add_argument("--pool", required=True, help="pools/{pool}.jsonl")
+    ap.add_argument("--samples", help="candidates/{corpus}/samples.jsonl (omit for 'reference')")
+    ap.add_argument("--verdicts", help="candidates/{corpus}/verdicts.jsonl (omit for 'reference')")
+    ap.add_argument("--tokenizer", required=True, help="tokenizer directory (the base model's)")
+    ap.add_argument("--system-prompt", default="", help="system turn of every training row")
+    ap.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
+    ap.add_argument("--out", required=True, help="corpora/{corpus}")
+    args = ap.parse_args(argv)
+    if (args.samples is None) != (args.verdicts is None):
+        ap.error("--samples and --verdicts go together")
+    stats = build(
+        Path(args.out),
+        io.read_jsonl(args.pool),
+        models.load_tokenizer(args.tokenizer),
+        args.system_prompt,
+        json.loads(args.params_json),
+        io.read_jsonl(args.samples) if args.samples else None,
+        io.read_jsonl(args.verdicts) if args.verdicts else None,
+    )
+    print(f"corpus {args.corpus}: {json.dumps(stats, sort_keys=True)}")
+
+
+if __name__ == "__main__":
+    main()

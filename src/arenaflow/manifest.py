@@ -1,0 +1,131 @@
+"""sha256 manifests: every output directory lists sha256 + size of each file and one digest.
+
+    python -m arenaflow.manifest verify DIR      # exit 1 naming the first changed/missing file
+
+The digest is the sha256 of the sorted "relpath<TAB>sha256<LF>" lines, so it identifies the
+directory's content and nothing else (not times, not params). Snakemake's
+`.snakemake_timestamp` marker and the manifest itself are never listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from arenaflow import __version__, io
+
+MANIFEST = "manifest.json"
+SKIP = {MANIFEST, ".snakemake_timestamp"}
+CHUNK = 1 << 20
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def list_files(root: Path) -> dict[str, dict]:
+    files = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and p.name not in SKIP and not p.name.startswith("."):
+            files[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    return files
+
+
+def digest_of(files: dict[str, dict]) -> str:
+    return sha256_text("".join(f"{k}\t{files[k]['sha256']}\n" for k in sorted(files)))
+
+
+def code_version() -> dict:
+    """The package version and, when run from a git checkout, its commit and dirtiness."""
+    here = Path(__file__).resolve().parent
+    info = {"arenaflow": __version__, "python": platform.python_version()}
+    try:
+        run = lambda *a: subprocess.run(  # noqa: E731
+            ["git", *a], cwd=here, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        info["git_commit"] = run("rev-parse", "HEAD")
+        info["git_dirty"] = bool(run("status", "--porcelain", "--", str(here)))
+    except (OSError, subprocess.SubprocessError):
+        info["git_commit"] = None
+    return info
+
+
+def write(root: str | os.PathLike, params: dict | None = None, extra: dict | None = None) -> dict:
+    """Write root/manifest.json for the files now in root; return it."""
+    root = Path(root)
+    files = list_files(root)
+    record = {
+        "files": files,
+        "digest": digest_of(files),
+        "params": params or {},
+        "code": code_version(),
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+    io.write_json(root / MANIFEST, record)
+    return record
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def verify(root: str | os.PathLike) -> dict:
+    """Check every listed file against the manifest; raise ManifestError naming the first
+    file that is missing, changed or unlisted. Return the manifest."""
+    root = Path(root)
+    path = root / MANIFEST
+    if not path.exists():
+        raise ManifestError(f"{path}: no manifest; the directory is incomplete or not arenaflow's")
+    record = io.read_json(path)
+    actual = list_files(root)
+    for rel, meta in record["files"].items():
+        if rel not in actual:
+            raise ManifestError(f"{root / rel}: listed in {path} but missing")
+        if actual[rel]["sha256"] != meta["sha256"]:
+            raise ManifestError(
+                f"{root / rel}: sha256 {actual[rel]['sha256']} does not match the manifest's "
+                f"{meta['sha256']} (file changed after the manifest was written)"
+            )
+    for rel in actual:
+        if rel not in record["files"]:
+            raise ManifestError(f"{root / rel}: present but not listed in {path}")
+    if digest_of(record["files"]) != record["digest"]:
+        raise ManifestError(f"{path}: digest does not match its own file list (manifest edited)")
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Verify arenaflow manifests.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    v = sub.add_parser("verify", help="verify DIR/manifest.json against DIR")
+    v.add_argument("dirs", nargs="+", help="directories holding a manifest.json")
+    args = ap.parse_args(argv)
+    failed = 0
+    for d in args.dirs:
+        try:
+            rec = verify(d)
+            print(f"OK {d} digest {rec['digest']}")
+        except ManifestError as e:
+            print(f"FAIL {e}", file=sys.stderr)
+            failed += 1
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Loading the base model, a policy (base + an arm's adapter) and the base's identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from arenaflow import manifest
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def dtype_for(dev: torch.device) -> torch.dtype:
+    # CPUs here have no native bf16: batched CPU generation and training stay in float32.
+    return torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_base(path: str | Path, dev: torch.device | None = None):
+    from transformers import AutoModelForCausalLM
+
+    dev = dev or device()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype_for(dev))
+    return model.to(dev)
+
+
+def load_policy(base_path: str | Path, adapter_dir: str | Path | None, merge: bool = True):
+    """(model, tokenizer) for sampling: the base, plus the adapter when given.
+
+    The adapter is merged into a private copy of the weights for speed; the files on disk are
+    untouched."""
+    model = load_base(base_path)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+        if merge:
+            model = model.merge_and_unload()
+    model.eval()
+    return model, load_tokenizer(base_path)
+
+
+def base_revision(path: str | Path, configured: str | None = None) -> str:
+    """The configured revision, else sha256 over the weight files (name-sorted)."""
+    if configured:
+        return configured
+    weights = sorted(Path(path).glob("*.safetensors"))
+    if not weights:
+        raise FileNotFoundError(f"{path}: no *.safetensors weight files to identify the base by")
+    return manifest.sha256_text("".join(f"{w.name}\t{manifest.sha256_file(w)}\n" for w in weights))

@@ -1,0 +1,61 @@
+"""Math answer verification: extract the final answer from a completion, compare with gold.
+
+Two comparisons are recorded per sample, as the seeds report both:
+- strict: the extracted answer string equals the gold string after trimming;
+- loose: both parse as numbers (thousands separators, `$`, units and trailing `.` stripped,
+  fractions `a/b` and `\\frac{a}{b}` evaluated) and agree within 1e-6 relative tolerance.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+_ANSWER_IS = re.compile(r"answer is[:\s]*\$?\s*([^\n]*?)\s*(?:\.\s|\.?$|\n)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+_FRAC = re.compile(r"^\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer: the last \\boxed{}, else the last "The answer is X", else the last number."""
+    boxed = _BOXED.findall(text)
+    if boxed:
+        return boxed[-1].strip()
+    stated = _ANSWER_IS.findall(text)
+    if stated and stated[-1].strip():
+        return stated[-1].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def to_number(s: str) -> Fraction | None:
+    """Parse an answer string as an exact number, or None."""
+    s = s.strip().strip("$").strip()
+    m = _FRAC.match(s.replace(" ", ""))
+    if m:
+        den = Fraction(m.group(2))
+        return Fraction(m.group(1)) / den if den else None
+    m = _NUMBER.search(s)
+    if not m:
+        return None
+    token = m.group(0).replace(",", "")
+    try:
+        if "/" in token:
+            num, den = token.split("/")
+            return Fraction(num) / Fraction(den) if Fraction(den) else None
+        return Fraction(token)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def check(completion: str, gold: str) -> dict:
+    """Per-sample verdict: extracted answer, strict and loose correctness."""
+    pred = extract_answer(completion)
+    strict = pred is not None and pred.rstrip(".").strip() == gold.strip()
+    loose = False
+    if pred is not None:
+        a, b = to_number(pred), to_number(gold)
+        if a is not None and b is not None:
+            loose = abs(a - b) <= Fraction(1, 10**6) * max(1, abs(b))
+    return {"pred": pred, "strict": bool(strict), "loose": bool(strict or loose)}
