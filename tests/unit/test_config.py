@@ -1,0 +1,290 @@
+"""arenaflow.config: the shipped config resolves; every error names the file and the key."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from arenaflow import config
+from arenaflow.config import ConfigError
+
+CONFIG_FILE = "config/config.yaml"
+
+
+@pytest.fixture(scope="module")
+def raw_cfg(repo_root):
+    return yaml.safe_load((repo_root / CONFIG_FILE).read_text())
+
+
+@pytest.fixture(scope="module")
+def resolved(raw_cfg, repo_root):
+    return config.resolve(copy.deepcopy(raw_cfg), repo_root=repo_root, config_file=CONFIG_FILE)
+
+
+@pytest.fixture
+def cfg(raw_cfg):
+    return copy.deepcopy(raw_cfg)
+
+
+@pytest.fixture
+def arms_copy(tmp_path, repo_root, cfg):
+    """A writable copy of config/arms, with cfg['arms_dir'] pointing at it (absolute)."""
+    d = tmp_path / "arms"
+    shutil.copytree(repo_root / "config" / "arms", d)
+    cfg["arms_dir"] = str(d)
+    return d
+
+
+def edit_arm(arms_dir: Path, arm: str, **changes) -> Path:
+    path = arms_dir / f"{arm}.yaml"
+    data = yaml.safe_load(path.read_text())
+    for k, v in changes.items():
+        data[k] = v
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def resolve(cfg, repo_root):
+    return config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE)
+
+
+# --- the shipped config -------------------------------------------------------------------
+
+def test_shipped_config_resolves_every_arm_file(resolved, repo_root):
+    stems = {p.stem for p in (repo_root / "config" / "arms").glob("*.yaml")}
+    assert set(resolved["arms"]) == stems
+    for arm, a in resolved["arms"].items():
+        assert Path(a["file"]) == repo_root / "config" / "arms" / f"{arm}.yaml"
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "config" / "arms").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_arm_file_validates_against_the_arm_schema(path, repo_root):
+    schema = yaml.safe_load((repo_root / "workflow" / "schemas" / "arm.schema.yaml").read_text())
+    jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(path.read_text()))
+
+
+def test_lineage_of_b3_is_r2d_r220_s1(resolved):
+    lineage = resolved["arms"]["B3"]["lineage"]
+    assert sorted(lineage) == sorted(["R2d", "R220", "S1"])
+    assert len(lineage) == 3
+
+
+def test_lineage_follows_init_and_corpus_policy(resolved):
+    arms = resolved["arms"]
+    assert arms["S1"]["lineage"] == []  # init base, corpus policy reference
+    assert arms["R220"]["lineage"] == ["S1"]
+    assert sorted(arms["R2d"]["lineage"]) == ["R220", "S1"]
+    for b in ("B1", "B2", "B4"):
+        assert sorted(arms[b]["lineage"]) == ["R220", "R2d", "S1"]
+
+
+def test_arm_hyper_overrides_train_defaults_and_keeps_the_rest(resolved, raw_cfg):
+    defaults = raw_cfg["train_defaults"]
+    b1 = resolved["arms"]["B1"]["hyper"]
+    assert b1["lr"] == 5.0e-4
+    assert b1["lora"] == defaults["lora"]
+    assert b1["epochs"] == defaults["epochs"]
+    s1 = resolved["arms"]["S1"]["hyper"]
+    assert (s1["lr"], s1["epochs"]) == (2.0e-3, 2)
+    assert s1["micro_batch_size"] == defaults["micro_batch_size"]
+
+
+def test_corpus_defaults_are_filled_from_the_schema(resolved):
+    sft = resolved["corpora"]["sft_s1"]
+    assert (sft["k"], sft["select"], sft["min_chars"], sft["seed"]) == (4, "median", 0, 0)
+    assert resolved["corpora"]["rft_r1"]["max_new_tokens"] == 48  # given values are kept
+
+
+def test_relative_base_path_is_made_absolute_under_repo_root(resolved, repo_root):
+    assert resolved["base"]["path"] == str(repo_root / "models" / "tiny-arith")
+
+
+def test_resolve_does_not_mutate_its_input(raw_cfg, repo_root):
+    before = copy.deepcopy(raw_cfg)
+    resolve(raw_cfg, repo_root)
+    assert raw_cfg == before
+
+
+def test_merge_is_deep_for_dicts_and_replaces_lists():
+    base = {"lora": {"r": 8, "alpha": 16, "target_modules": ["q", "k"]}, "lr": 1}
+    out = config.merge(base, {"lora": {"r": 4, "target_modules": ["v"]}})
+    assert out == {"lora": {"r": 4, "alpha": 16, "target_modules": ["v"]}, "lr": 1}
+    assert base["lora"]["r"] == 8
+
+
+# --- errors in arm files ------------------------------------------------------------------
+
+def assert_names(err: ConfigError, file: Path | str, key: str):
+    msg = str(err)
+    assert str(file) in msg, msg
+    assert re.search(rf"key '{re.escape(key)}'", msg) or f"'{key}'" in msg, msg
+
+
+def test_negative_lr_names_file_and_key(cfg, arms_copy, repo_root):
+    path = edit_arm(arms_copy, "B2", hyper={"lr": -1.0e-4})
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "hyper/lr")
+
+
+def test_unknown_key_in_arm_file_names_file_and_key(cfg, arms_copy, repo_root):
+    path = edit_arm(arms_copy, "B4", learning_rate=0.1)
+    with pytest.raises(ConfigError, match="Additional properties") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "learning_rate")
+
+
+def test_unknown_nested_hyper_key_names_file_and_key(cfg, arms_copy, repo_root):
+    path = edit_arm(arms_copy, "B1", hyper={"lr": 1e-3, "lora": {"rank": 8}})
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "hyper/lora")
+    assert "rank" in str(e.value)
+
+
+def test_init_naming_a_missing_arm_names_file_and_key(cfg, arms_copy, repo_root):
+    path = edit_arm(arms_copy, "B3", init="R9")
+    with pytest.raises(ConfigError, match="'R9'") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "init")
+
+
+def test_unknown_corpus_in_arm_names_file_and_key(cfg, arms_copy, repo_root):
+    path = edit_arm(arms_copy, "B3", corpus="rft_r9")
+    with pytest.raises(ConfigError, match="rft_r9") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "corpus")
+
+
+def test_init_cycle_names_the_file_and_key_closing_it(cfg, arms_copy, repo_root):
+    # R220 is initialised from S1; make S1 initialised from R220
+    path = edit_arm(arms_copy, "S1", init="R220")
+    with pytest.raises(ConfigError, match="lineage cycle") as e:
+        resolve(cfg, repo_root)
+    msg = str(e.value)
+    assert_names(e.value, path, "init")
+    assert re.search(r"(R220 -> S1 -> R220|S1 -> R220 -> S1)", msg), msg
+    assert "B1" not in msg  # an arm outside the cycle is not blamed
+
+
+def test_corpus_policy_cycle_names_file_and_key(cfg, arms_copy, repo_root):
+    # R220 trains on rft_r1; let rft_r1 be sampled by R2d, which descends from R220
+    cfg["corpora"]["rft_r1"]["policy"] = "R2d"
+    with pytest.raises(ConfigError, match="lineage cycle") as e:
+        resolve(cfg, repo_root)
+    msg = str(e.value)
+    assert re.search(r"(R2d|R220)\.yaml: key '(init|corpus)'", msg), msg
+    assert re.search(r"(R220 -> R2d -> R220|R2d -> R220 -> R2d)", msg), msg
+
+
+@pytest.mark.parametrize("name", ["base", "reference"])
+def test_reserved_names_cannot_name_an_arm(cfg, arms_copy, repo_root, name):
+    shutil.copy(arms_copy / "B1.yaml", arms_copy / f"{name}.yaml")
+    with pytest.raises(ConfigError, match="reserved") as e:
+        resolve(cfg, repo_root)
+    assert f"{name}.yaml" in str(e.value)
+
+
+def test_arm_file_name_with_a_dot_is_rejected(cfg, arms_copy, repo_root):
+    shutil.copy(arms_copy / "B1.yaml", arms_copy / "B1.5.yaml")
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, arms_copy / "B1.5.yaml", "id")
+
+
+def test_empty_arms_dir_is_an_error(cfg, tmp_path, repo_root):
+    (tmp_path / "none").mkdir()
+    cfg["arms_dir"] = str(tmp_path / "none")
+    with pytest.raises(ConfigError, match="no <arm>.yaml"):
+        resolve(cfg, repo_root)
+
+
+# --- errors in config.yaml ----------------------------------------------------------------
+
+def test_corpus_with_k_zero_names_file_and_key(cfg, repo_root):
+    cfg["corpora"]["rft_r2"]["k"] = 0
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "corpora/rft_r2/k")
+
+
+def test_unknown_top_level_key_names_file_and_key(cfg, repo_root):
+    cfg["result_dir"] = "typo"
+    with pytest.raises(ConfigError, match="Additional properties") as e:
+        resolve(cfg, repo_root)
+    assert CONFIG_FILE in str(e.value) and "result_dir" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "mutate, key, bad",
+    [
+        (lambda c: c["pools"].__setitem__("math.r9", c["pools"]["math_r1"]), "pools", "math.r9"),
+        (lambda c: c["corpora"].__setitem__("rft/r9", dict(c["corpora"]["rft_r1"])), "corpora", "rft/r9"),
+        (lambda c: c["corpora"]["rft_r1"].__setitem__("pool", "../math_r1"), "corpora/rft_r1/pool", "../math_r1"),
+        (lambda c: c["rounds"]["r3"]["candidates"].append("B/5"), "rounds/r3/candidates/4", "B/5"),
+        (lambda c: c["bundles"].__setitem__("B3.f", c["bundles"]["B3f"]), "bundles", "B3.f"),
+    ],
+    ids=["pool-dot", "corpus-slash", "pool-ref-path", "candidate-slash", "bundle-dot"],
+)
+def test_ids_with_dots_or_slashes_name_file_and_key(cfg, repo_root, mutate, key, bad):
+    mutate(cfg)
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, key)
+    assert bad in str(e.value)
+
+
+def test_unknown_pool_of_a_corpus_names_the_key(cfg, repo_root):
+    cfg["corpora"]["rft_r1"]["pool"] = "math_r9"
+    with pytest.raises(ConfigError, match="math_r9") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "corpora/rft_r1/pool")
+
+
+def test_unknown_policy_of_a_corpus_names_the_key(cfg, repo_root):
+    cfg["corpora"]["rft_r1"]["policy"] = "Z9"
+    with pytest.raises(ConfigError, match="Z9") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "corpora/rft_r1/policy")
+
+
+def test_training_on_an_eval_pool_is_refused(cfg, repo_root):
+    cfg["corpora"]["rft_r1"]["pool"] = "math_eval"
+    with pytest.raises(ConfigError, match="evaluation pool") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "corpora/rft_r1/pool")
+
+
+def test_unknown_round_candidate_names_the_key(cfg, repo_root):
+    cfg["rounds"]["r3"]["candidates"] = ["B1", "B7"]
+    with pytest.raises(ConfigError, match="B7") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "rounds/r3/candidates/1")
+
+
+def test_unknown_regime_names_the_key(cfg, repo_root):
+    cfg["rounds"]["r3"]["regime"] = "sampled"
+    with pytest.raises(ConfigError, match="sampled") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "rounds/r3/regime")
+
+
+def test_bundle_of_an_unknown_round_names_the_key(cfg, repo_root):
+    cfg["bundles"]["B3f"]["round"] = "r9"
+    with pytest.raises(ConfigError, match="r9") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "bundles/B3f/round")
+
+
+def test_bar_metric_outside_the_enum_names_the_key(cfg, repo_root):
+    cfg["rounds"]["r3"]["bar"][1]["metric"] = "wins"
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "rounds/r3/bar/1/metric")
