@@ -8,7 +8,9 @@ from arenaflow import config as afconfig
 REPO = Path(workflow.basedir)
 try:
     CFG = afconfig.resolve(
-        config, repo_root=REPO, config_file=str(workflow.overwrite_configfiles or "config/config.yaml")
+        config,
+        repo_root=REPO,
+        config_file=" + ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"])),
     )
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None

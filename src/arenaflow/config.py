@@ -174,13 +174,17 @@ def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
     seen = set()
     while stack:
         cur, path = stack.pop()
-        deps = [arms[cur]["init"], corpora[arms[cur]["corpus"]]["policy"]]
-        for dep in deps:
+        corpus = arms[cur]["corpus"]
+        deps = [("init", arms[cur]["init"], "init"),
+                ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}")]
+        for key, dep, via in deps:
             if dep in RESERVED:
                 continue
             if dep in path:
-                cycle = " -> ".join((*path, dep))
-                raise ConfigError(f"{arms[arm]['file']}: lineage cycle {cycle} (through init or corpus policy)")
+                # name the arm whose key closes the cycle, not the arm the walk started from
+                cycle = " -> ".join((*path[path.index(dep):], dep))
+                raise ConfigError(f"{arms[cur]['file']}: key '{key}': lineage cycle {cycle} "
+                                  f"(the last step is through {via})")
             if dep not in seen:
                 seen.add(dep)
                 order.append(dep)

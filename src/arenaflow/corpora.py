@@ -26,6 +26,9 @@ from arenaflow import chat, io, manifest, models
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k for one prompt with c correct of n samples (Chen et al. 2021)."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        # k > n would otherwise report pass@k = 1.0 for a prompt with no correct sample
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k, exact=True) / comb(n, k, exact=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+
 import pandas as pd
 
 from arenaflow import chat, io, manifest, models, sampling, stats, verify

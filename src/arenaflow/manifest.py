@@ -41,7 +41,9 @@ def list_files(root: Path) -> dict[str, dict]:
     files = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root).as_posix()
-        if p.is_file() and p.name not in SKIP and not p.name.startswith("."):
+        # .*.tmp are arenaflow.io's in-flight atomic writes, never part of an output
+        tmp = p.name.startswith(".") and p.name.endswith(".tmp")
+        if p.is_file() and p.name not in SKIP and not tmp:
             files[rel] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
     return files
 

@@ -13,6 +13,7 @@ safetensors + adapter_config.json, training_evidence.json, metrics.jsonl, manife
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -186,11 +187,12 @@ def train(args) -> None:
             if rank == 0 and (step % 10 == 0 or step == n_steps):
                 m = metrics[-1]
                 log.info("step %d/%d | loss %.4f | grad_norm %s | lr %s | tok %d | %.1fs", step,
-                         n_steps, m["loss"], m["grad_norm"], ["%.2e" % x for x in lrs], tokens_seen, m["elapsed_s"])
+                         n_steps, m["loss"], m["grad_norm"], [f"{x:.2e}" for x in lrs], tokens_seen, m["elapsed_s"])
             step_loss, step_tok = [], 0
     wall = time.time() - t0
 
-    with io.atomic_dir(out) if rank == 0 else _nullctx(out) as tmp:
+    # Every rank joins the gather inside save_adapter; only rank 0 writes.
+    with io.atomic_dir(out) if rank == 0 else contextlib.nullcontext(out) as tmp:
         save_adapter(engine, model, tmp, rank)
         if rank == 0:
             evidence = {
@@ -219,19 +221,6 @@ def train(args) -> None:
     if rank == 0:
         log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", args.arm, len(metrics),
                  metrics[-1]["loss"], wall, out)
-
-
-class _nullctx:
-    """Non-zero ranks join the gather but write nothing."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __enter__(self):
-        return self.path
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv: list[str] | None = None) -> None:

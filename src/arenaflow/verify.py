@@ -26,7 +26,8 @@ def extract_answer(text: str) -> str | None:
     if stated and stated[-1].strip():
         return stated[-1].strip()
     numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+    # _NUMBER admits commas (thousands separators), so "= 7, so" yields "7,": drop the separator
+    return numbers[-1].rstrip(",") if numbers else None
 
 
 def to_number(s: str) -> Fraction | None:
