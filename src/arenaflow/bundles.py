@@ -189,8 +189,11 @@ def build(args) -> None:
         shutil.copyfile(run_dir / "training_evidence.json", tmp / "training_evidence.json")
         tok = models.load_tokenizer(args.base_model)
         tok.chat_template = template
-        tok.save_pretrained(str(tmp))  # tokenizer files + chat_template.jinja
+        tok.save_pretrained(str(tmp))
+        # Servers read the template from either file: both carry the same one.
         io.write_text(tmp / "chat_template.jinja", template)
+        tok_cfg = io.read_json(tmp / "tokenizer_config.json")
+        io.write_json(tmp / "tokenizer_config.json", {**tok_cfg, "chat_template": template})
         io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
         io.write_json(tmp / "generation_config.json", generation_config(tok, serving))
         io.write_json(tmp / "serving_config.json", {
@@ -201,7 +204,7 @@ def build(args) -> None:
         checks["template_compiles"] = check_template_compiles(template)
         reloaded = models.load_tokenizer(tmp)
         if reloaded.chat_template != template:
-            raise BundleCheckError("tokenizer_config.json does not carry chat_template.jinja's template")
+            raise BundleCheckError("the reloaded tokenizer does not carry chat_template.jinja's template")
         checks["template_matches_renderer"] = check_template_matches(reloaded)
         checks["reload"] = check_reload(tmp, args.base_model, serving, cfg["system_prompt"],
                                         cfg.get("reload_prompts") or ["What is 2 + 2?"])

@@ -115,9 +115,8 @@ def test_touching_an_arm_reruns_exactly_it_and_its_descendants(built):
     try:
         dry = snakemake("-n", "bundles/B3f", results=built["results"], arms=built["arms"])
     finally:
-        # leave the build consistent for other tests: make B3's outputs newer again
-        for p in (built["results"] / "runs/B3/final").rglob("*"):
-            os.utime(p)
+        # leave the build consistent for the other tests: mark every output up to date again
+        snakemake("--touch", "bundles/B3f", results=built["results"], arms=built["arms"])
     jobs = planned_jobs(dry)
     trained = {wc for r, wc in jobs if r == "train_arm"}
     assert trained == {"arm=B3"}
@@ -136,3 +135,26 @@ def test_a_bad_arm_value_stops_the_dry_run_naming_file_and_key(built, tmp_path):
     msg = proc.stdout + proc.stderr
     assert "B2.yaml" in msg and "hyper/lr" in msg, msg[-3000:]
     assert not (tmp_path / "r" / "pools").exists(), "a job ran despite the config error"
+
+
+def test_the_b3_template_defect_fails_the_bundle_and_leaves_no_directory(built):
+    proc = snakemake("bundles/B3", results=built["results"], arms=built["arms"], check=False)
+    assert proc.returncode != 0
+    log = (built["results"] / "logs/bundles/B3.log").read_text()
+    assert "Encountered unknown tag 'raise_exception'" in log
+    assert not (built["results"] / "bundles/B3").exists()
+    assert not list((built["results"] / "bundles").glob(".B3.*")), "temporary directory left behind"
+
+
+def test_a_bundle_differing_only_in_serving_files_retrains_nothing(built):
+    from arenaflow import bundles
+
+    res = built["results"]
+    snakemake("bundles/B3g", results=res, arms=built["arms"])
+    dry = snakemake("-n", "bundles/B3h", results=res, arms=built["arms"])
+    assert {r for r, _ in planned_jobs(dry)} == {"build_bundle"}
+    snakemake("bundles/B3h", results=res, arms=built["arms"])
+    differ, same = bundles.diff(res / "bundles/B3g", res / "bundles/B3h")
+    assert same, "weights differ between bundles of one arm"
+    assert {"system_prompt.txt", "serving_config.json", "generation_config.json"} <= set(differ)
+    assert not {"adapter_model.safetensors", "adapter_config.json", "chat_template.jinja"} & set(differ)
