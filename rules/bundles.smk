@@ -35,6 +35,8 @@ rule build_bundle:
     params:
         cfg=lambda wc: as_json(CFG["bundles"][wc.bundle]),
         source=bundle_source,
+        # Before the round is judged (a dry run) the inputs are only the checkpoint's output.
+        compare=lambda wc, input: input.get("compare", []),
         lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
         base=BASE,
         repo=str(REPO),
@@ -44,6 +46,6 @@ rule build_bundle:
         "../envs/arenaflow.yaml"
     shell:
         "python -m arenaflow.bundles build --bundle {wildcards.bundle} {params.source} "
-        "--lineage-json {params.lineage:q} --runs runs --corpora corpora --compare {input.compare} "
+        "--lineage-json {params.lineage:q} --runs runs --corpora corpora --compare {params.compare} "
         "--base-model {params.base:q} --bundle-json {params.cfg:q} --repo-root {params.repo:q} "
         "--out {output} > {log} 2>&1"

@@ -207,7 +207,7 @@ def build(args) -> None:
             raise BundleCheckError("the reloaded tokenizer does not carry chat_template.jinja's template")
         checks["template_matches_renderer"] = check_template_matches(reloaded)
         checks["reload"] = check_reload(tmp, args.base_model, serving, cfg["system_prompt"],
-                                        cfg.get("reload_prompts") or ["What is 2 + 2?"])
+                                        cfg["reload_prompts"])
         checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
         ctx = card_context(args, arm, lineage, nomination)
         env = jinja2.Environment(loader=jinja2.PackageLoader("arenaflow", "templates"),
