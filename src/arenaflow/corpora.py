@@ -3,7 +3,8 @@
     python -m arenaflow.corpora --corpus C --pool pools/P.jsonl [--samples S --verdicts V]
         --tokenizer DIR --system-prompt S --params-json '{...}' --out corpora/C
 
-Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json}. With verdicts, each prompt
+Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json} (pairs.npz instead of
+sft.npz for `format: pairs`: one verified and one failed answer per prompt, for DPO/SimPO). With verdicts, each prompt
 keeps at most one verified-correct sample (by `select`: the median-length one by default);
 unsolved prompts are dropped and counted. Without (policy 'reference'), each prompt's worked
 solution is the target. sft.npz holds the token ids of each rendered conversation and an
@@ -63,7 +64,14 @@ def select(pool: list[dict], samples: list[dict], verdicts: list[dict], params: 
         pk.append(pass_at_k(n, c, params["k"]))
         ok = [v for v in vs if v["correct"] and v["chars"] >= params["min_chars"]]
         solved += c > 0
-        if ok:
+        if params.get("format") == "pairs":
+            # A preference pair needs a verified answer and a failed one to the same prompt.
+            bad = [v for v in vs if not v["correct"]]
+            if ok and bad:
+                v, w = pick(ok, params["select"], rng), pick(bad, params["select"], rng)
+                rows.append({**_row(r, texts[v["id"]], source=v["id"]), "rejected": texts[w["id"]],
+                             "rejected_source": w["id"], "rejected_sha256": manifest.sha256_text(texts[w["id"]])})
+        elif ok:
             v = pick(ok, params["select"], rng)
             rows.append(_row(r, texts[v["id"]], source=v["id"]))
     stats = {
@@ -94,28 +102,30 @@ def _row(pool_row: dict, completion: str, source: str) -> dict:
     }
 
 
-def tokenize(rows: list[dict], tokenizer, system_prompt: str) -> tuple[dict, dict]:
-    """sft.npz arrays and token statistics."""
+def tokenize(rows: list[dict], tokenizer, system_prompt: str, field: str = "completion",
+             prefix: str = "") -> tuple[dict, dict]:
+    """npz arrays (ids, assistant-only loss mask, row offsets) of each row's prompt + `field`,
+    and token statistics."""
     ids, mask, offsets = [], [], [0]
     for r in rows:
         msgs = chat.prompt_messages(system_prompt, r["prompt"]) + [
-            {"role": "assistant", "content": r["completion"]}
+            {"role": "assistant", "content": r[field]}
         ]
         i, m = chat.encode_with_mask(tokenizer, msgs)
         ids.extend(i)
         mask.extend(m)
         offsets.append(len(ids))
     arrays = {
-        "input_ids": np.asarray(ids, dtype=np.int32),
-        "loss_mask": np.asarray(mask, dtype=np.int8),
-        "offsets": np.asarray(offsets, dtype=np.int64),
+        f"{prefix}input_ids": np.asarray(ids, dtype=np.int32),
+        f"{prefix}loss_mask": np.asarray(mask, dtype=np.int8),
+        f"{prefix}offsets": np.asarray(offsets, dtype=np.int64),
     }
     n = max(len(rows), 1)
     return arrays, {
         "tokens": len(ids),
         "supervised_tokens": int(sum(mask)),
         "mean_tokens_per_row": len(ids) / n,
-        "mean_completion_chars": sum(len(r["completion"]) for r in rows) / n,
+        "mean_completion_chars": sum(len(r[field]) for r in rows) / n,
     }
 
 
@@ -127,12 +137,17 @@ def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: di
         rows, stats = select(pool, samples, verdicts, params)
     if not rows:
         raise ValueError(f"{out}: no rows survived selection ({stats}); nothing to train on")
-    arrays, tok_stats = tokenize(rows, tokenizer, system_prompt)
+    pairs = params.get("format") == "pairs"
+    arrays, tok_stats = tokenize(rows, tokenizer, system_prompt, prefix="chosen_" if pairs else "")
+    if pairs:
+        rejected, rej_stats = tokenize(rows, tokenizer, system_prompt, "rejected", "rejected_")
+        arrays.update(rejected)
+        tok_stats["rejected_tokens"] = rej_stats["tokens"]
     stats.update(tok_stats, rows=len(rows),
                  rows_by_category=dict(sorted(collections.Counter(r["category"] for r in rows).items())))
     with io.atomic_dir(out) as tmp:
         io.write_jsonl(tmp / "rows.jsonl", rows)
-        np.savez(tmp / "sft.npz", **arrays)
+        np.savez(tmp / ("pairs.npz" if pairs else "sft.npz"), **arrays)
         io.write_json(tmp / "stats.json", stats)
         record = manifest.write(tmp, params={**params, "system_prompt": system_prompt})
     stats["digest"] = record["digest"]

@@ -33,10 +33,16 @@ def load_base(path: str | Path, dev: torch.device | None = None):
 
 
 def load_policy(base_path: str | Path, adapter_dir: str | Path | None, merge: bool = True):
-    """(model, tokenizer) for sampling: the base, plus the adapter when given.
+    """(model, tokenizer) for sampling: the base, plus the arm's adapter when given (or the
+    arm's full weights, when its directory holds a full fine-tune).
 
     The adapter is merged into a private copy of the weights for speed; the files on disk are
     untouched."""
+    if adapter_dir is not None and not (Path(adapter_dir) / "adapter_config.json").exists():
+        # a full fine-tune: the arm's directory holds the whole model
+        model = load_base(adapter_dir)
+        model.eval()
+        return model, load_tokenizer(base_path)
     model = load_base(base_path)
     if adapter_dir is not None:
         from peft import PeftModel

@@ -66,7 +66,7 @@ def test_evidence_records_corpus_digest_steps_and_base(first, corpus):
     assert ev["manifest_sha256"] == manifest.sha256_file(corpus / "manifest.json")
     # 48 rows / (4 micro x 2 accum x 1 rank) = 6 steps
     assert ev["optimizer_steps"] == 6
-    assert ev["init"] == "base" and ev["hyperparameters"] == HYPER
+    assert ev["init"] == "base" and ev["hyperparameters"].items() >= HYPER.items()
     metrics = [json.loads(line) for line in (first / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, 7))
     assert all(m["grad_norm"] is not None and m["grad_norm"] > 0 for m in metrics)

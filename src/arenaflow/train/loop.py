@@ -1,0 +1,232 @@
+"""The training loop: DeepSpeed ZeRO-3 always (CPU/gloo here, CUDA/NCCL on GPUs), resumable.
+
+Checkpoints go to runs/{arm}/checkpoints/step_NNNNNN every `checkpoint_every` optimizer steps,
+tagged with a fingerprint of everything that defines the run (hyperparameters, corpus digest,
+init, base revision, world size). A retried job resumes from the latest checkpoint with the
+same fingerprint and, since batches are a pure function of (seed, step), ends with the same
+weights as an uninterrupted run; a checkpoint with another fingerprint is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from arenaflow import io, manifest, models
+from arenaflow.train import data, model as tmodel, objective
+
+log = logging.getLogger("arenaflow.train")
+FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
+PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
+DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
+            "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0}
+
+
+def ensure_dist_env() -> None:
+    """A plain `python -m` run is rank 0 of 1; without these DeepSpeed tries mpi4py."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def deepspeed_config(hyper: dict, cuda: bool) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": hyper["micro_batch_size"],
+        "gradient_accumulation_steps": hyper["grad_accum"],
+        "gradient_clipping": hyper["max_grad_norm"],
+        # 0: every parameter is partitioned, however small (a tiny model otherwise stays
+        # gathered and hides save bugs, FACTS.md).
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": cuda},
+        "steps_per_print": 10**9,
+    }
+
+
+def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
+    """DPO's reference: the init policy's log-probs of every chosen/rejected response,
+    computed once before the first update."""
+    out = {}
+    with torch.no_grad():
+        for side in ("chosen", "rejected"):
+            rows = pairs[side]
+            vals = []
+            for i in range(0, len(rows), 64):
+                batch = data.collate(rows, range(i, min(i + 64, len(rows))), hyper["seq_len"], pad_id)
+                vals.append(objective.token_logprobs(model, batch)[0])
+            out[side] = torch.cat(vals)
+    return out
+
+
+def fingerprint(hyper: dict, corpus_digest: str, init: str, base_rev: str, world: int) -> str:
+    init_id = "base" if init == "base" else manifest.verify(init)["digest"]
+    return manifest.sha256_text(json.dumps([hyper, corpus_digest, init_id, base_rev, world], sort_keys=True))
+
+
+def resume(engine, ckpt_dir: Path, fp: str) -> tuple[int, list]:
+    """(step, metrics so far) from the latest matching checkpoint, or (0, [])."""
+    if not (ckpt_dir / "latest").exists():
+        return 0, []
+    meta = io.read_json(ckpt_dir / "fingerprint.json") if (ckpt_dir / "fingerprint.json").exists() else {}
+    if meta.get("fingerprint") != fp:
+        log.info("discarding checkpoints in %s: they belong to another configuration", ckpt_dir)
+        torch.distributed.barrier()
+        if int(os.environ["RANK"]) == 0:
+            shutil.rmtree(ckpt_dir)
+        torch.distributed.barrier()
+        return 0, []
+    _, client = engine.load_checkpoint(str(ckpt_dir))
+    log.info("resumed from %s at step %d", ckpt_dir / client["tag"], client["step"])
+    return client["step"], client["metrics"]
+
+
+def run(args) -> None:
+    import deepspeed
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    hyper = {**DEFAULTS, **json.loads(args.params_json)}
+    ensure_dist_env()
+    cuda = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    log.info("arm %s: %s", args.arm, json.dumps(hyper, sort_keys=True))
+    log.info("code: %s", json.dumps(manifest.code_version()))
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+    corpus, corpus_record = data.load_corpus(Path(args.corpus))
+    preference = hyper["objective"] in ("dpo", "simpo")
+    if preference != ("chosen" in corpus):
+        raise SystemExit(f"objective {hyper['objective']!r} needs a "
+                         f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one")
+    torch.manual_seed(hyper["seed"])
+    net = tmodel.build(args.base_model, args.init, hyper)
+    tokenizer = models.load_tokenizer(args.base_model)
+    pad = tokenizer.pad_token_id
+    rows = corpus["chosen"] if preference else corpus["sft"]
+    if hyper["packing"] and not preference:
+        rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
+    ref = reference_logprobs(net, corpus, hyper, pad) if hyper["objective"] == "dpo" else None
+    n_steps = data.total_steps(len(rows), hyper, world)
+    warmup = math.ceil(hyper["warmup_ratio"] * n_steps)
+    base_rev = models.base_revision(args.base_model, args.base_revision)
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=net,
+        optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper)),
+        # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
+        # WarmupCosineLR runs one step behind (FACTS.md).
+        lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
+            opt, warmup, n_steps, min_lr_rate=hyper["min_lr_ratio"]),
+        config=deepspeed_config(hyper, cuda),
+    )
+    out = Path(args.out)
+    ckpt_dir = out.parent / "checkpoints"
+    fp = fingerprint(hyper, corpus_record["digest"], args.init, base_rev, world)
+    start, metrics = resume(engine, ckpt_dir, fp)
+    tokens_seen = metrics[-1]["tokens_seen"] if metrics else 0
+    t0 = time.time() - (metrics[-1]["elapsed_s"] if metrics else 0.0)
+    for step, glob in data.global_batches(len(rows), hyper, world):
+        if step > n_steps:
+            break
+        if step <= start:
+            continue
+        # Divide each micro-batch's *sum* by the global count; DeepSpeed divides by grad_accum
+        # and averages over ranks, hence the world * accum factor.
+        n_global = len(glob) if preference else data.supervised_tokens(rows, glob, hyper["seq_len"])
+        scale = world * hyper["grad_accum"] / max(n_global, 1)
+        sums = torch.zeros(4)  # loss, tokens, margin, pref_acc
+        for micro in data.micro_batches(glob, hyper, world, rank):
+            if preference:
+                batch = {s: {k: v.to(engine.device) for k, v in data.collate(corpus[s], micro, hyper["seq_len"], pad).items()}
+                         for s in ("chosen", "rejected")}
+                r = (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device)) if ref else None
+                loss_sum, diag = objective.preference_sum(engine, batch["chosen"], batch["rejected"], r, hyper)
+                ntok = int(batch["chosen"]["attention_mask"].sum() + batch["rejected"]["attention_mask"].sum())
+            else:
+                batch = {k: v.to(engine.device) for k, v in data.collate(rows, micro, hyper["seq_len"], pad).items()}
+                loss_sum, diag = objective.sft_sum(engine, batch)
+                ntok = int(batch["attention_mask"].sum())
+            engine.backward(loss_sum * scale)
+            lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}  # the LRs this step applies
+            engine.step()
+            sums += torch.tensor([loss_sum.item(), ntok, diag.get("margin", 0.0), diag.get("pref_acc", 0.0)])
+        if world > 1:
+            torch.distributed.all_reduce(sums)
+        tokens_seen += int(sums[1])
+        gn = engine.get_global_grad_norm()
+        m = {"step": step, "loss": float(sums[0]) / max(n_global, 1),
+             "grad_norm": None if gn is None else float(gn), "lr": lrs, "tokens_seen": tokens_seen,
+             "elapsed_s": round(time.time() - t0, 3)}
+        if preference:
+            m.update(margin=float(sums[2]) / len(glob), pref_acc=float(sums[3]) / len(glob))
+        metrics.append(m)
+        if rank == 0 and (step % 10 == 0 or step == n_steps or step == 1):
+            log.info("step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.1fs", step, n_steps,
+                     m["loss"], m["grad_norm"] or 0.0, {k: f"{v:.2e}" for k, v in lrs.items()},
+                     tokens_seen, m["elapsed_s"])
+        if hyper["checkpoint_every"] and step % hyper["checkpoint_every"] == 0 and step < n_steps:
+            engine.save_checkpoint(str(ckpt_dir), tag=f"step_{step:06d}",
+                                   client_state={"step": step, "metrics": metrics, "tag": f"step_{step:06d}"})
+            if rank == 0:
+                io.write_json(ckpt_dir / "fingerprint.json", {"fingerprint": fp})
+            if os.environ.get(FAIL_AFTER_STEP) == str(step):
+                log.warning("%s=%d: exiting as if preempted", FAIL_AFTER_STEP, step)
+                sys.stdout.flush()
+                os._exit(75)
+    wall = time.time() - t0
+
+    # Every rank joins the gather inside save(); only rank 0 writes.
+    with io.atomic_dir(out) if rank == 0 else contextlib.nullcontext(out) as tmp:
+        tmodel.save(engine, net, tmp, rank, hyper)
+        if rank == 0:
+            io.write_json(tmp / "training_evidence.json", {
+                "arm": args.arm,
+                "job_id": os.environ.get("SLURM_JOB_ID") or f"local-{socket.gethostname()}-{os.getpid()}",
+                "optimizer_steps": len(metrics),
+                "resumed_from_step": start or None,
+                "tokens_seen": tokens_seen,
+                "dataset_sha256": corpus_record["digest"],
+                "dataset_files_sha256": {k: v["sha256"] for k, v in corpus_record["files"].items()},
+                "manifest_sha256": manifest.sha256_file(Path(args.corpus) / manifest.MANIFEST),
+                "corpus": args.corpus_id or Path(args.corpus).name,
+                "base_model": args.base_name or args.base_model,
+                "base_revision": base_rev,
+                "init": Path(args.init).parent.name if args.init != "base" else "base",
+                "hyperparameters": hyper,
+                "world_size": world,
+                "device": "cuda" if cuda else "cpu",
+                "code": manifest.code_version(),
+                "wall_time_s": round(wall, 2),
+                "gpu_hours": round(wall * world / 3600, 4) if cuda else 0.0,
+                "final_loss": metrics[-1]["loss"] if metrics else None,
+            })
+            io.write_jsonl(tmp / "metrics.jsonl", metrics)
+            manifest.write(tmp, params=hyper)
+    if os.environ.get(PROBE_LOGITS):
+        # Every rank joins the forward (ZeRO-3 gathers each layer's shards as it runs).
+        probe = {k: v.to(engine.device) for k, v in data.collate(rows, [0], hyper["seq_len"], pad).items()}
+        with torch.no_grad():
+            logits = engine(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+        if rank == 0:
+            torch.save({"input_ids": probe["input_ids"].cpu(), "logits": logits.float().cpu()},
+                       os.environ[PROBE_LOGITS])
+    if rank == 0:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the final weights supersede them
+        log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", args.arm, len(metrics),
+                 metrics[-1]["loss"], wall, out)

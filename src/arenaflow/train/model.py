@@ -1,0 +1,78 @@
+"""The model an arm trains, its optimizer parameter groups, and a ZeRO-3-safe save.
+
+LoRA: an arm from `base` gets a fresh adapter with the configured geometry; an arm from another
+arm continues that arm's adapter as trainable (geometry comes from the adapter). Full
+fine-tuning: an arm from `base` starts from the base weights, one from an arm from its saved
+weights. modules_to_save (e.g. lm_head) may have its own learning rate (seeds/000).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arenaflow import models
+
+
+def is_adapter(path: str | Path) -> bool:
+    return (Path(path) / "adapter_config.json").exists()
+
+
+def build(base_model: str, init: str, hyper: dict):
+    """The module to train, with requires_grad set."""
+    if init != "base" and not Path(init).is_dir():
+        raise SystemExit(f"init {init!r} is neither 'base' nor a trained arm's directory")
+    if hyper["method"] == "full":
+        if init != "base" and is_adapter(init):
+            raise SystemExit(f"full fine-tuning cannot continue the LoRA adapter in {init}")
+        model = models.load_base(base_model if init == "base" else init)
+        model.config.use_cache = False
+        return model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if init != "base":
+        if not is_adapter(init):
+            raise SystemExit(f"a LoRA arm cannot continue {init}: it holds full weights, not an adapter")
+        return PeftModel.from_pretrained(models.load_base(base_model), init, is_trainable=True)
+    model = models.load_base(base_model)
+    lora = hyper["lora"]
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    wanted = list(lora["target_modules"]) + list(lora.get("modules_to_save") or [])
+    unknown = sorted(set(wanted) - names)
+    if unknown:
+        raise SystemExit(f"lora target_modules/modules_to_save {unknown} name no module of "
+                         f"{base_model} (it has e.g. {sorted(names - {''})[:12]})")
+    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                     target_modules=lora["target_modules"],
+                     modules_to_save=lora.get("modules_to_save") or None, task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def param_groups(model, hyper: dict) -> list[dict]:
+    """Named AdamW groups: 'lora' (or 'all' for full FT) at lr, 'modules_to_save' at lm_head_lr."""
+    head, rest = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (head if "modules_to_save" in name else rest).append(p)
+    groups = [{"name": "all" if hyper["method"] == "full" else "lora", "params": rest,
+               "lr": hyper["lr"], "weight_decay": hyper["weight_decay"]}]
+    if head:
+        groups.append({"name": "modules_to_save", "params": head,
+                       "lr": hyper.get("lm_head_lr") or hyper["lr"], "weight_decay": hyper["weight_decay"]})
+    return groups
+
+
+def save(engine, model, out_dir: Path, rank: int, hyper: dict) -> None:
+    """Gather ZeRO-3 shards, then save on rank 0. Saving without the gather writes
+    shape-(0,) tensors (FACTS.md)."""
+    import deepspeed
+
+    if hyper["method"] == "full":
+        # Gathers one layer at a time onto rank 0, never the whole model on every rank.
+        state = engine._zero3_consolidated_16bit_state_dict()
+        if rank == 0:
+            model.save_pretrained(str(out_dir), state_dict=state, safe_serialization=True)
+        return
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None):
+        if rank == 0:
+            model.save_pretrained(str(out_dir), safe_serialization=True)

@@ -1,0 +1,221 @@
+"""Training at the seeds' fidelity: a plain-PyTorch reference, ranks, LR groups, resume,
+the gathered save, full fine-tuning and DPO/SimPO — all through `python -m arenaflow.train`."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from arenaflow import corpora, pools, tinymodel
+from arenaflow.train import data, model as tmodel, objective
+from arenaflow.train.loop import DEFAULTS
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "models/tiny-arith"
+HYPER = {
+    "method": "lora",
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"],
+             "modules_to_save": ["lm_head"]},
+    "lr": 4e-3, "lm_head_lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.25, "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0, "epochs": 2, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 256,
+    "seed": 3, "nproc": 1, "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0,
+}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def train(out: Path, corpus: Path, hyper: dict, nproc: int = 1, init: str = "base", env=None, check=True):
+    launcher = [sys.executable, "-m"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
+    cmd = [*launcher, "arenaflow.train", "--arm", out.parent.name, "--params-json", json.dumps(hyper),
+           "--corpus", str(corpus), "--init", init, "--base-model", str(BASE), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**ENV, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stderr[-6000:])
+    return proc
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus") / "c"
+    rows = pools.generate(40, 5, "train", {"add": 1, "sub": 1, "two_step": 1}, "f")
+    corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("r1") / "L1" / "final"
+    probe = out.parent / "probe.pt"
+    train(out, corpus, HYPER, env={"ARENAFLOW_PROBE_LOGITS": str(probe)})
+    return out
+
+
+def reference_losses(corpus: Path, hyper: dict) -> tuple[list[float], list[dict]]:
+    """The same optimisation in plain PyTorch: no DeepSpeed, one process."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    hyper = {**DEFAULTS, **hyper}
+    rows = data.load_corpus(corpus)[0]["sft"]
+    torch.manual_seed(hyper["seed"])
+    net = tmodel.build(str(BASE), "base", hyper)
+    opt = torch.optim.AdamW(tmodel.param_groups(net, hyper))
+    n_steps = data.total_steps(len(rows), hyper, 1)
+    sched = get_cosine_with_min_lr_schedule_with_warmup(
+        opt, math.ceil(hyper["warmup_ratio"] * n_steps), n_steps, min_lr_rate=hyper["min_lr_ratio"])
+    pad = tinymodel.build_tokenizer().pad_token_id
+    losses, lrs = [], []
+    for _, glob in data.global_batches(len(rows), hyper, 1):
+        n_tok = data.supervised_tokens(rows, glob, hyper["seq_len"])
+        total = 0.0
+        for micro in data.micro_batches(glob, hyper, 1, 0):
+            loss_sum, _ = objective.sft_sum(net, data.collate(rows, micro, hyper["seq_len"], pad))
+            (loss_sum / n_tok).backward()
+            total += loss_sum.item()
+        lrs.append({g["name"]: g["lr"] for g in opt.param_groups})
+        torch.nn.utils.clip_grad_norm_([p for p in net.parameters() if p.requires_grad], hyper["max_grad_norm"])
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(total / n_tok)
+    return losses, lrs
+
+
+def test_loss_curve_matches_plain_pytorch_reference(one_rank, corpus):
+    got = metrics(one_rank)
+    want, want_lrs = reference_losses(corpus, HYPER)
+    assert len(got) == len(want) == 10  # 40 rows / (4 x 2) = 5 steps x 2 epochs
+    for m, w in zip(got, want):
+        assert m["loss"] == pytest.approx(w, abs=1e-5), (m["step"], m["loss"], w)
+    assert [m["lr"] for m in got] == pytest.approx(want_lrs)
+
+
+def test_both_lr_groups_follow_cosine_with_warmup_and_floor(one_rank):
+    got = metrics(one_rank)
+    n, warm = 10, math.ceil(0.25 * 10)
+    for i, m in enumerate(got):  # lr in force during step i+1 = schedule(i)
+        frac = i / warm if i < warm else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (i - warm) / (n - warm)))
+        assert m["lr"]["lora"] == pytest.approx(4e-3 * frac, rel=1e-6)
+        assert m["lr"]["modules_to_save"] == pytest.approx(1e-3 * frac, rel=1e-6)
+
+
+def test_reloaded_adapter_reproduces_the_trained_engines_logits(one_rank):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    probe = torch.load(one_rank.parent / "probe.pt")
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), one_rank).eval()
+    with torch.no_grad():
+        logits = tuned(input_ids=probe["input_ids"]).logits
+    torch.testing.assert_close(logits, probe["logits"], atol=1e-5, rtol=1e-5)
+    weights = load_file(one_rank / "adapter_model.safetensors")
+    assert any("lm_head" in k for k in weights), "modules_to_save lm_head was not saved"
+
+
+def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path):
+    out = tmp_path / "L2" / "final"
+    # the same global batch: 2 ranks x 2 rows x 2 accum = 1 rank x 4 rows x 2 accum
+    train(out, corpus, {**HYPER, "micro_batch_size": 2}, nproc=2)
+    one, two = metrics(one_rank), metrics(out)
+    assert [m["step"] for m in two] == [m["step"] for m in one]
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+        assert b["tokens_seen"] == a["tokens_seen"]
+    wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
+    assert json.loads((out / "training_evidence.json").read_text())["world_size"] == 2
+
+
+def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path):
+    hyper = {**HYPER, "checkpoint_every": 3}
+    whole = tmp_path / "W" / "final"
+    train(whole, corpus, hyper)
+    cut = tmp_path / "K" / "final"
+    proc = train(cut, corpus, hyper, env={"ARENAFLOW_FAIL_AFTER_STEP": "6"}, check=False)
+    assert proc.returncode == 75 and not cut.exists()
+    assert (cut.parent / "checkpoints" / "step_000006").is_dir()
+    train(cut, corpus, hyper)  # the retry
+    ev = json.loads((cut / "training_evidence.json").read_text())
+    assert ev["resumed_from_step"] == 6 and ev["optimizer_steps"] == 10
+    assert [m["loss"] for m in metrics(cut)] == pytest.approx([m["loss"] for m in metrics(whole)], abs=1e-6)
+    wa, wb = load_file(whole / "adapter_model.safetensors"), load_file(cut / "adapter_model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
+    assert not (cut.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
+
+
+def test_checkpoint_of_another_configuration_is_not_resumed(corpus, tmp_path):
+    hyper = {**HYPER, "checkpoint_every": 3, "epochs": 1}
+    out = tmp_path / "C" / "final"
+    train(out, corpus, hyper, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False)
+    proc = train(out, corpus, {**hyper, "lr": 1e-3})
+    assert "another configuration" in proc.stderr
+    assert json.loads((out / "training_evidence.json").read_text())["resumed_from_step"] is None
+
+
+def test_full_fine_tuning_saves_gathered_full_weights(corpus, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "F" / "final"
+    train(out, corpus, {**HYPER, "method": "full", "lr": 1e-3, "max_steps": 2,
+                        "lora": {**HYPER["lora"], "modules_to_save": []}})
+    tuned = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(BASE).state_dict()
+    assert tuned.keys() == base.keys()
+    assert all(tuned[k].shape == base[k].shape for k in base)
+    assert any(not torch.equal(tuned[k], base[k]) for k in base)
+    assert not (out / "adapter_config.json").exists()
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """chosen = the worked solution, rejected = the same solution with a wrong result."""
+    rows = pools.generate(32, 9, "train", {"add": 1, "sub": 1}, "p")
+    samples, verdicts = [], []
+    for r in rows:
+        wrong = r["reference"].replace(r["gold"], str(int(r["gold"]) + 1))
+        for j, (text, ok) in enumerate([(r["reference"], True), (wrong, False)]):
+            samples.append({"id": f"{r['id']}#{j}", "prompt_id": r["id"], "text": text})
+            verdicts.append({"id": f"{r['id']}#{j}", "prompt_id": r["id"], "sample": j, "correct": ok,
+                             "chars": len(text)})
+    out = tmp_path_factory.mktemp("pairs") / "p"
+    params = {"format": "pairs", "k": 2, "seed": 0, "min_chars": 0, "select": "median"}
+    corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, params, samples, verdicts)
+    return out
+
+
+@pytest.mark.parametrize("objective_name", ["dpo", "simpo"])
+def test_preference_arm_raises_chosen_vs_rejected_margin(pairs, tmp_path, objective_name):
+    hyper = {**HYPER, "objective": objective_name, "beta": 0.5, "nll_weight": 0.2, "epochs": 3,
+             "lr": 5e-3, "lora": {**HYPER["lora"], "modules_to_save": []}}
+    out = tmp_path / objective_name.upper() / "final"
+    train(out, pairs, hyper)
+    m = metrics(out)
+    assert m[0]["margin"] < m[-1]["margin"]
+    assert m[-1]["pref_acc"] >= m[0]["pref_acc"]
+    if objective_name == "dpo":
+        assert m[0]["margin"] == pytest.approx(0.0, abs=1e-5)  # the policy starts at the reference
+
+
+def test_sft_objective_refuses_a_pairs_corpus(pairs, tmp_path):
+    proc = train(tmp_path / "X" / "final", pairs, HYPER, check=False)
+    assert proc.returncode != 0 and "needs a sft corpus" in proc.stderr
+
+
+def test_init_arm_that_does_not_exist_fails_before_training(corpus, tmp_path):
+    proc = train(tmp_path / "Y" / "final", corpus, HYPER, init=str(tmp_path / "nope" / "final"), check=False)
+    assert proc.returncode != 0 and "neither 'base' nor a trained arm" in proc.stderr
+    shutil.rmtree(tmp_path / "Y", ignore_errors=True)
