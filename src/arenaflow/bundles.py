@@ -11,7 +11,8 @@ Checks, run on the assembled directory before it is moved into place:
 2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over six
    conversation shapes, with and without add_generation_prompt, and degrades without raising
    on an unknown role or None content;
-3. reload: AutoTokenizer.from_pretrained(bundle), base + PeftModel.from_pretrained(bundle),
+3. reload: AutoTokenizer.from_pretrained(bundle), base + PeftModel.from_pretrained(bundle) (or
+   the bundle itself, for a full fine-tune),
    greedy generation with the bundle's stop ids on the reload prompts: each stops, none is empty,
    none contains U+FFFD (RELOAD_CHECK_PASS / RELOAD_CHECK_FAIL, outputs in reload_check.json);
 4. evidence: the evidence's dataset sha256 is the corpus manifest's digest, and the adapter is
@@ -31,6 +32,15 @@ import jinja2
 from arenaflow import chat, io, manifest, models, sampling
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+def weight_files(run_dir: Path) -> list[str]:
+    """The files that carry an arm's weights: its adapter, or a full fine-tune's model files."""
+    if (run_dir / "adapter_config.json").exists():
+        return list(ADAPTER_FILES)
+    names = sorted(p.name for p in run_dir.glob("*.safetensors")) + ["config.json"]
+    names += [n for n in ("model.safetensors.index.json", "generation_config.json") if (run_dir / n).exists()]
+    return names
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 SHAPES = {
@@ -89,7 +99,10 @@ def check_reload(bundle_dir: Path, base_model: str, serving: dict, system_prompt
     from peft import PeftModel
 
     tok = models.load_tokenizer(bundle_dir)
-    model = PeftModel.from_pretrained(models.load_base(base_model), str(bundle_dir)).eval()
+    if (bundle_dir / "adapter_config.json").exists():
+        model = PeftModel.from_pretrained(models.load_base(base_model), str(bundle_dir)).eval()
+    else:  # full weights: the bundle is the model
+        model = models.load_base(bundle_dir).eval()
     gen_cfg = io.read_json(bundle_dir / "generation_config.json")
     rendered = [tok.apply_chat_template(chat.prompt_messages(system_prompt, p), tokenize=False,
                                         add_generation_prompt=True) for p in prompts]
@@ -118,7 +131,7 @@ def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path) -> dict:
     if evidence["dataset_sha256"] != digest:
         raise BundleCheckError(f"training_evidence.json dataset_sha256 {evidence['dataset_sha256']} "
                                f"is not {corpus_dir}'s digest {digest}")
-    for f in ADAPTER_FILES:
+    for f in weight_files(run_dir):
         if manifest.sha256_file(bundle_dir / f) != manifest.sha256_file(run_dir / f):
             raise BundleCheckError(f"{f} differs from {run_dir / f}")
     return {"verdict": "PASS", "detail": f"dataset sha256 = corpus digest {digest[:16]}…; adapter = {run_dir.name} of the arm"}
@@ -184,7 +197,7 @@ def build(args) -> None:
     serving = cfg["serving"]
     out = Path(args.out)
     with io.atomic_dir(out) as tmp:
-        for f in ADAPTER_FILES:
+        for f in weight_files(run_dir):
             shutil.copyfile(run_dir / f, tmp / f)
         shutil.copyfile(run_dir / "training_evidence.json", tmp / "training_evidence.json")
         tok = models.load_tokenizer(args.base_model)
@@ -221,12 +234,12 @@ def build(args) -> None:
 
 
 def diff(a: Path, b: Path) -> tuple[list[str], bool]:
-    """(files that differ or exist on one side only, adapter weights byte-identical?)"""
+    """(files that differ or exist on one side only, weights byte-identical?)"""
     fa = manifest.list_files(a)
     fb = manifest.list_files(b)
     differ = sorted(f for f in set(fa) | set(fb) if fa.get(f, {}).get("sha256") != fb.get(f, {}).get("sha256"))
-    weights = "adapter_model.safetensors"
-    same = weights in fa and weights in fb and fa[weights]["sha256"] == fb[weights]["sha256"]
+    weights = [f for f in set(fa) | set(fb) if f.endswith(".safetensors")]
+    same = bool(weights) and not set(weights) & set(differ)
     return differ, same
 
 
@@ -253,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         differ, same = diff(Path(args.a), Path(args.b))
         for f in differ:
             print(f"Files {Path(args.a) / f} and {Path(args.b) / f} differ")
-        print(f"{len(differ)} files differ; adapter weights {'byte-identical' if same else 'DIFFER'}")
+        print(f"{len(differ)} files differ; weights {'byte-identical' if same else 'DIFFER'}")
         return
     if bool(args.arm) == bool(args.nomination):
         ap.error("give exactly one of --arm and --nomination")
