@@ -19,6 +19,7 @@ rule sample_candidates:
     resources:
         mem_mb=8000,
         runtime=60,
+        gres="gpu:1",  # Slurm GRES; ignored by local runs
     conda:
         "../envs/arenaflow.yaml"
     shell:

@@ -31,6 +31,8 @@ rule train_arm:
         mem_mb=lambda wc: arm(wc)["hyper"]["mem_mb"],
         runtime=lambda wc: arm(wc)["hyper"]["runtime_min"],
         nproc=lambda wc: arm(wc)["hyper"]["nproc"],
+        # One Slurm task holding all of the arm's GPUs; torchrun starts the ranks.
+        gres=lambda wc: f"gpu:{arm(wc)['hyper']['nproc']}",
     conda:
         "../envs/arenaflow.yaml"
     shell:
