@@ -1,4 +1,4 @@
-"""arenaflow.stats: exact McNemar p, paired counts and the bootstrap CI."""
+"""arenaflow.stats against scipy/statsmodels, exact arithmetic and the seeds' published numbers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from math import comb
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from arenaflow import stats
 
@@ -116,3 +117,180 @@ def test_paired_ci_contains_delta_and_repeats_for_same_seed():
     assert lo < a["delta"] < hi
     assert a["delta"] == pytest.approx(11.0)
     assert a["p_value"] == pytest.approx(binomial_two_sided(22, 11), rel=1e-9)
+
+
+# --- McNemar = sign test, against statsmodels ---------------------------------------------
+
+@pytest.mark.parametrize("wins, losses, ties_pass, ties_fail", [(22, 11, 540, 27), (9, 6, 0, 0), (0, 4, 3, 3), (151, 79, 1184, 186)])
+def test_mcnemar_and_sign_test_agree_with_statsmodels(wins, losses, ties_pass, ties_fail):
+    from statsmodels.stats.contingency_tables import mcnemar
+    from statsmodels.stats.descriptivestats import sign_test
+
+    table = [[ties_pass, wins], [losses, ties_fail]]
+    expected = mcnemar(table, exact=True).pvalue
+    assert stats.mcnemar_exact(wins, losses) == pytest.approx(expected, rel=1e-12)
+    diff = _diff_vector(wins, losses, ties_pass + ties_fail)
+    assert stats.sign_test(diff) == pytest.approx(sign_test(diff, 0)[1], rel=1e-12)
+    assert stats.sign_test(diff) == pytest.approx(expected, rel=1e-12)
+
+
+def test_sign_test_on_numeric_differences_counts_signs_only():
+    from statsmodels.stats.descriptivestats import sign_test
+
+    words = np.array([40.0, 3, -2, 0, 0, 17, 1, -1, 9])  # 5 up, 2 down, 2 tied
+    assert stats.sign_test(words) == pytest.approx(stats.mcnemar_exact(5, 2))
+    assert stats.sign_test(words) == pytest.approx(sign_test(words, 0)[1], rel=1e-12)
+
+
+# --- the seeds' published W/L, checked from counts alone ---------------------------------
+
+@pytest.mark.parametrize(
+    "wins, losses, published, where",
+    [
+        (22, 11, "0.080", "000: B3 vs R2d greedy, 22/11 p=.080"),
+        (20, 14, "0.39", "000: B1, 20/14 p=.39"),
+        (16, 15, "1.00", "000: as served, 16/15 p=1.00"),
+        (151, 79, "2.4e-06", "002: H6-1600, 151 fixed / 79 lost, sign test p = 2.4e-06"),
+        (19, 13, "0.377", "002: blinded read, 19 vs 13 preferred, p = 0.377"),
+        (5, 4, "1.000", "002: open chat, 5 fixed / 4 lost"),
+        (6, 4, "0.754", "002: vs an older checkpoint, 6/4"),
+        (102, 83, "0.186", "002: probe2-1200, 102/83"),
+        (13, 20, "0.296", "002: grid v741"),
+        (14, 20, "0.392", "002: grid v742"),
+        (17, 19, "0.868", "002: grid v743"),
+        (18, 17, "1.000", "002: grid v744"),
+        (9, 14, "0.405", "002: grid v745"),
+        (6, 7, "1.000", "002: grid v746"),
+        (20, 16, "0.618", "002: grid v747"),
+        (15, 18, "0.728", "002: grid v748"),
+        (37, 36, "1.000", "002: grid v749"),
+    ],
+)
+def test_from_counts_reproduces_published_p_values(wins, losses, published, where):
+    r = stats.from_counts(wins, losses)
+    assert (r["wins"], r["losses"], r["discordant"], r["wins_minus_losses"]) == (wins, losses, wins + losses, wins - losses)
+    assert r["p_value"] == pytest.approx(binomial_two_sided(wins, losses), rel=1e-9)
+    if "e" in published:
+        mantissa, exp = published.split("e")
+        assert f"{r['p_value']:.1e}" == f"{float(mantissa):.1f}e{exp}", where
+    else:
+        assert f"{r['p_value']:.{len(published.split('.')[1])}f}" == published, where
+
+
+def test_from_counts_flags_a_published_p_that_does_not_reproduce():
+    # seeds/002: "Pooled ... 139 fixed against 119 lost, which is still only about p = 0.19".
+    # The exact two-sided sign test gives 0.237: the card's "about 0.19" is not this test.
+    r = stats.from_counts(139, 119)
+    assert r["p_value"] == pytest.approx(0.2368, abs=5e-4)
+    assert round(r["p_value"], 2) != 0.19
+
+
+def test_from_counts_with_n_gives_delta_and_the_paired_t_over_items():
+    r = stats.from_counts(22, 11, n=600)
+    assert r["delta"] == pytest.approx(100 * 11 / 600)  # seeds/000: +1.83 pt on 600 problems
+    assert round(r["delta"], 2) == 1.83
+    diff = _diff_vector(22, 11, 600 - 33)
+    ref = scipy_stats.ttest_1samp(diff, 0.0)
+    assert r["t_items"] == pytest.approx(ref.statistic, rel=1e-12)
+    assert r["t_items_p_value"] == pytest.approx(ref.pvalue, rel=1e-12)
+    # hand-computed: mean 11/600, E[d^2] = 33/600, s^2 = (33/600 - (11/600)^2) * 600/599
+    mean, s2 = 11 / 600, (33 / 600 - (11 / 600) ** 2) * 600 / 599
+    assert r["t_items"] == pytest.approx(mean / (s2 ** 0.5 / 600 ** 0.5), rel=1e-12)
+
+
+def test_from_counts_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="smaller than wins"):
+        stats.from_counts(10, 5, n=12)
+    with pytest.raises(ValueError, match=">= 0"):
+        stats.from_counts(-1, 5)
+
+
+# --- t statistics --------------------------------------------------------------------------
+
+def test_paired_t_items_is_scipy_ttest_rel():
+    rng = np.random.default_rng(3)
+    cand, ref = rng.integers(0, 2, 80), rng.integers(0, 2, 80)
+    r = stats.paired(cand, ref)
+    ref_t = scipy_stats.ttest_rel(cand.astype(float), ref.astype(float))
+    assert r["t_items"] == pytest.approx(ref_t.statistic, rel=1e-12)
+    assert r["t_items_p_value"] == pytest.approx(ref_t.pvalue, rel=1e-12)
+
+
+def test_t_is_none_where_undefined():
+    assert stats.paired(np.ones(5), np.ones(5))["t_items"] is None  # no difference at all
+    assert stats.paired(np.ones(5), np.zeros(5))["t_items"] is None  # constant difference
+    assert stats.t_one_sample([1.5]) == (None, None)
+    assert stats.t_over_replicates([50.0], [48.0])["t"] is None      # K = 1
+    assert stats.t_over_replicates([50.0, 51.0], [48.0, 49.0])["t"] is None  # constant deltas
+
+
+def test_t_over_replicates_is_ttest_rel_of_replicate_accuracies():
+    cand, ref = [84.31, 83.01, 80.39], [82.35, 83.66, 79.08]
+    r = stats.t_over_replicates(cand, ref)
+    ref_t = scipy_stats.ttest_rel(cand, ref)
+    assert r["t"] == pytest.approx(ref_t.statistic, rel=1e-12)
+    assert r["t_p_value"] == pytest.approx(ref_t.pvalue, rel=1e-12)
+    assert r["t_df"] == 2
+    deltas = np.subtract(cand, ref)
+    assert r["t"] == pytest.approx(scipy_stats.ttest_1samp(deltas, 0).statistic, rel=1e-12)
+    # by hand: mean / (sd / sqrt(K))
+    assert r["t"] == pytest.approx(deltas.mean() / (deltas.std(ddof=1) / 3 ** 0.5), rel=1e-12)
+    assert r["replicate_deltas"] == pytest.approx(list(deltas))
+
+
+# --- noise floor: seeds/000 block 112 ------------------------------------------------------
+
+def test_noise_from_published_accuracies_reproduces_spread_and_mean_abs_delta():
+    r = stats.noise_from_accuracies([84.31, 83.01, 80.39])  # ".8431 / .8301 / .8039"
+    assert round(r["spread"], 2) == 3.92
+    assert round(r["mean_abs_delta"], 2) == 2.61
+    assert "max_abs_t" not in r  # not determined by accuracies
+    exact = stats.noise_from_accuracies([100 * 129 / 153, 100 * 127 / 153, 100 * 123 / 153])
+    assert exact["spread"] == pytest.approx(100 * 6 / 153)
+    assert exact["mean_abs_delta"] == pytest.approx(100 * (2 + 6 + 4) / 3 / 153)
+    assert exact["max_abs_delta"] == pytest.approx(100 * 6 / 153)
+
+
+def block_112() -> np.ndarray:
+    """3 replicates x 153 items with 129/127/123 correct; replicates 0 vs 2 discord 8/2."""
+    r0 = np.zeros(153, bool)
+    r0[:129] = True
+    r2 = r0.copy()
+    r2[121:129] = False   # 8 items r0 gets right, r2 wrong
+    r2[129:131] = True    # 2 items r2 gets right, r0 wrong -> 123 correct
+    r1 = r0.copy()
+    r1[:2] = False        # 127 correct; vs r0: 0/2, vs r2: 8/4
+    return np.vstack([r0, r1, r2])
+
+
+def test_noise_floor_reproduces_block_112_including_max_abs_t():
+    mat = block_112()
+    assert mat.sum(axis=1).tolist() == [129, 127, 123]
+    r = stats.noise_floor(mat)
+    assert (r["k"], r["n"]) == (3, 153)
+    assert [round(a / 100, 4) for a in r["replicate_accuracies"]] == [0.8431, 0.8301, 0.8039]
+    assert round(r["spread"], 2) == 3.92 and round(r["mean_abs_delta"], 2) == 2.61
+    assert round(r["max_abs_t"], 2) == 1.91
+    for p in r["pairs"]:
+        expected = scipy_stats.ttest_rel(mat[p["a"]].astype(float), mat[p["b"]].astype(float)).statistic
+        assert p["t_items"] == pytest.approx(expected, rel=1e-12)
+    assert max(abs(p["t_items"]) for p in r["pairs"]) == r["max_abs_t"]
+
+
+def test_published_max_abs_t_needs_counts_and_only_8_2_on_the_widest_pair_gives_it():
+    # Which discordant counts (W, L) can give |t| = 1.91 (to 2 decimals) for a pair of these
+    # replicates? W - L is fixed by the accuracies (2, 4 or 6 items of 153).
+    hits = [(d, l + d, l) for d in (2, 4, 6) for l in range(0, 60)
+            if round(stats.from_counts(l + d, l, n=153)["t_items"], 2) == 1.91]
+    assert hits == [(6, 8, 2)]
+
+
+def test_noise_floor_of_identical_replicates_has_no_t():
+    mat = np.vstack([block_112()[0]] * 3)  # greedy decoding: every replicate the same
+    r = stats.noise_floor(mat)
+    assert r["spread"] == 0 and r["mean_abs_delta"] == 0 and r["max_abs_t"] is None
+
+
+def test_noise_floor_needs_two_replicates():
+    with pytest.raises(ValueError, match="K >= 2"):
+        stats.noise_floor(np.ones((1, 10)))
