@@ -56,7 +56,7 @@ def adapter_flag(paths):
 
 
 def readouts(suite, arm, regime):
-    reps = range(CFG["evals"][suite]["replicates"])
+    reps = range(CFG["evals"][suite]["regimes"][regime]["replicates"])  # per regime (config.py)
     return [f"readouts/{suite}/{arm}/{regime}.r{r}.parquet" for r in reps]
 
 

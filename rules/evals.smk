@@ -2,6 +2,13 @@ def suite(wc):
     return CFG["evals"][wc.suite]
 
 
+def decoding(wc):
+    # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
+    regime = suite(wc)["regimes"][wc.regime]
+    return as_json({k: regime[k] for k in ("temperature", "top_p", "max_new_tokens",
+                                           "repetition_penalty") if k in regime})
+
+
 rule readout:
     input:
         pool=lambda wc: f"pools/{suite(wc)['pool']}.jsonl",
@@ -10,7 +17,7 @@ rule readout:
     output:
         "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet",
     params:
-        regime=lambda wc: as_json(suite(wc)["regimes"][wc.regime]),
+        regime=decoding,
         adapter=lambda wc, input: adapter_flag(input.adapter),
         seed=lambda wc: suite(wc)["seed"],
         batch=lambda wc: suite(wc)["batch_size"],
@@ -26,10 +33,12 @@ rule readout:
     shell:
         "python -m arenaflow.evals readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
-        "--regime-json {params.regime:q} --replicate {wildcards.rep} --seed {params.seed} "
-        "--batch-size {params.batch} --system-prompt {params.system:q} --out {output} > {log} 2>&1"
+        "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
+        "--seed {params.seed} --batch-size {params.batch} --system-prompt {params.system:q} "
+        "--out {output} > {log} 2>&1"
 
 
+# Pools every replicate of the regime; reports each replicate and the paired t over replicates.
 rule compare:
     input:
         cand=lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
@@ -41,5 +50,20 @@ rule compare:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "python -m arenaflow.evals compare --cand {input.cand} --ref {input.ref} "
-        "--out {output} > {log} 2>&1"
+        "python -m arenaflow.evals compare --suite {wildcards.suite} --regime {wildcards.regime} "
+        "--cand {input.cand} --ref {input.ref} --out {output} > {log} 2>&1"
+
+
+# An arm against itself across its K >= 2 replicates: what a real effect has to exceed.
+rule noise:
+    input:
+        lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
+    output:
+        "noise/{suite}/{regime}/{rarm}.json",
+    log:
+        "logs/noise/{suite}/{regime}/{rarm}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.evals noise --suite {wildcards.suite} --regime {wildcards.regime} "
+        "--readouts {input} --out {output} > {log} 2>&1"

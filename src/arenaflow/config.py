@@ -21,6 +21,8 @@ import yaml
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from arenaflow import bar as afbar
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT / "workflow" / "schemas"
 BASE, REFERENCE = "base", "reference"
@@ -136,22 +138,33 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
         suite.setdefault("replicates", 1)
         suite.setdefault("seed", 0)
         suite.setdefault("batch_size", 256)
+        for regime in suite["regimes"].values():
+            regime.setdefault("replicates", suite["replicates"])
     for cid, c in cfg["corpora"].items():
         if c["pool"] in eval_pools:
             raise ConfigError(f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
                               "training on it would contaminate every readout")
 
     known_arms = set(arms) | {BASE}
+
+    def replicates(suite, regime):
+        return cfg["evals"].get(suite, {}).get("regimes", {}).get(regime, {}).get("replicates")
+
     for rid, rnd in cfg["rounds"].items():
         where = f"{config_file}: key 'rounds/{rid}"
         if rnd["suite"] not in cfg["evals"]:
             raise ConfigError(f"{where}/suite': unknown suite {rnd['suite']!r}")
         if rnd["regime"] not in cfg["evals"][rnd["suite"]]["regimes"]:
             raise ConfigError(f"{where}/regime': suite {rnd['suite']!r} has no regime {rnd['regime']!r}")
-        for i, a in enumerate([rnd["incumbent"], *rnd["candidates"]]):
-            if a not in known_arms:
-                key = "incumbent" if i == 0 else f"candidates/{i - 1}"
+        named = [("incumbent", rnd["incumbent"]), ("control", rnd.get("control")),
+                 *((f"candidates/{i}", a) for i, a in enumerate(rnd["candidates"]))]
+        for key, a in named:
+            if a is not None and a not in known_arms:
                 raise ConfigError(f"{where}/{key}': unknown arm {a!r}")
+        if rnd["incumbent"] in rnd["candidates"]:
+            raise ConfigError(f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate")
+        for key, msg in afbar.validate(rnd, replicates, known_arms):
+            raise ConfigError(f"{where}/{key}': {msg}")
     bundle_props = schema["properties"]["bundles"]["additionalProperties"]
     for bid, b in cfg["bundles"].items():
         where = f"{config_file}: key 'bundles/{bid}"
@@ -163,8 +176,26 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
         b["serving"] = _defaults(bundle_props["properties"]["serving"], b["serving"])
         b.setdefault("system_prompt", cfg["system_prompt"])
         cfg["bundles"][bid] = b
+    for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
+        for rid, regime in suite["regimes"].items():
+            if "as_served" in regime:
+                _as_served(regime, cfg, f"{config_file}: key 'evals/{sid}/regimes/{rid}/as_served'")
     cfg["arms"] = arms
     return cfg
+
+
+def _as_served(regime: dict, cfg: dict, where: str) -> None:
+    """Fill a regime's decoding from a bundle's serving block: what the bundle ships is what is
+    read out (seeds/000 selected checkpoints greedily while serving at T=0.7)."""
+    bid = regime["as_served"]
+    if bid not in cfg["bundles"]:
+        raise ConfigError(f"{where}: unknown bundle {bid!r}; known: {sorted(cfg['bundles'])}")
+    decoding = [k for k in ("temperature", "top_p", "max_new_tokens", "repetition_penalty") if k in regime]
+    if decoding:
+        raise ConfigError(f"{where}: takes its decoding from bundle {bid!r}; remove {decoding}")
+    s = cfg["bundles"][bid]["serving"]
+    regime.update(temperature=s["temperature"] if s["do_sample"] else 0.0, top_p=s["top_p"],
+                  max_new_tokens=s["max_new_tokens"], repetition_penalty=s["repetition_penalty"])
 
 
 def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:

@@ -1,28 +1,70 @@
-"""Readouts and paired comparisons.
+"""Readouts, paired comparisons and noise floors.
 
     python -m arenaflow.evals readout --suite math --arm B3 --pool pools/math_eval.jsonl \
-        --base-model DIR [--adapter runs/B3/final] --regime-json '{...}' --replicate 0 --seed 0 \
-        --system-prompt S --out readouts/math/B3/greedy.r0.parquet
-    python -m arenaflow.evals compare --cand A.parquet --ref B.parquet --out compare/...json
+        --base-model DIR [--adapter runs/B3/final] --regime greedy --regime-json '{...}' \
+        --replicate 0 --seed 0 --system-prompt S --out readouts/math/B3/greedy.r0.parquet
+    python -m arenaflow.evals compare --suite math --regime served --cand B3.r0.parquet B3.r1.parquet \
+        --ref R2d.r0.parquet R2d.r1.parquet --out compare/math/served/B3__R2d.json
+    python -m arenaflow.evals noise --suite math --regime served --readouts R2d.r0.parquet R2d.r1.parquet \
+        R2d.r2.parquet --out noise/math/served/R2d.json
 
 A readout is one parquet per (suite, arm, regime, replicate), one row per item, carrying the
-prompt and target hashes so a comparison can prove both sides saw the same items.
+prompt and target hashes so a comparison can prove both sides saw the same items, and the
+structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
+words, tokens). Replicate r decodes with seed + 1000 * r; the same seed gives identical rows.
+The parquet's schema metadata (key "arenaflow") records when and how it was made: nomination
+checks `created_utc` against the bar's registration time.
+
+A comparison pools every replicate (rows are (item, replicate) pairs) and also reports each
+replicate on its own and the paired t over replicates (arenaflow.stats explains each t).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+from pathlib import Path
 
 import pandas as pd
 
-from arenaflow import chat, io, manifest, models, sampling, stats, verify
+from arenaflow import io, manifest, stats
+
+DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
+LOOP_N, LOOP_AT = 6, 0.25  # seeds/000's scorer predicate: rep_ratio(n=6) >= 0.25
+# Per-side levels of a comparison, in points for rates; clause metrics of arenaflow.bar.
+LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
+          "mean_words", "mean_tokens")
+META_KEY = b"arenaflow"
+
+
+def rep_ratio(text: str, n: int = LOOP_N) -> float:
+    """Share of repeated word n-grams: 1 - distinct / total (0 with fewer than n words)."""
+    words = text.split()
+    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def structure(df: pd.DataFrame) -> pd.DataFrame:
+    """Add the structural battery columns from completion, n_tokens and stopped."""
+    df = df.copy()
+    text = df["completion"].fillna("")
+    df["truncated"] = ~df["stopped"].astype(bool)
+    df["empty"] = text.str.strip() == ""
+    df["rep_ratio6"] = text.map(rep_ratio)
+    df["loop"] = df["rep_ratio6"] >= LOOP_AT
+    df["fffd"] = text.str.contains("\ufffd", regex=False)
+    df["n_words"] = text.map(lambda s: len(s.split()))
+    return df
 
 
 def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict, seed: int,
             batch_size: int, desc: str) -> pd.DataFrame:
+    from arenaflow import chat, sampling, verify  # torch-heavy: only the readout needs them
+
     prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
-    dec = sampling.Decoding(**regime)
+    dec = sampling.Decoding(**{k: regime[k] for k in DECODING_KEYS if k in regime})
+    # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(model, tokenizer, prompts, dec, k=1, seed=seed,
                              batch_size=batch_size, desc=desc)
     recs = []
@@ -36,16 +78,54 @@ def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict
             "completion": o["text"],
             "n_tokens": o["n_tokens"],
             "stopped": o["stopped"],
-            "empty": not o["text"].strip(),
             "pred": v["pred"],
             "strict": v["strict"],
             "correct": v["loose"],
         })
-    return pd.DataFrame.from_records(recs)
+    return structure(pd.DataFrame.from_records(recs))
 
 
-def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
-    """Paired statistics, overall and per category; items must match one to one."""
+def write_readout(df: pd.DataFrame, path: str | Path, meta: dict) -> None:
+    """Parquet with arenaflow's metadata (created_utc, ...) in the schema, not in the rows, so
+    two readouts of the same seed have identical rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+    record = {**meta, "created_utc": created, "code": manifest.code_version()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           META_KEY: json.dumps(record, sort_keys=True).encode()})
+    with io.atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def readout_meta(path: str | Path) -> dict:
+    """arenaflow's metadata of a readout parquet ({} for readouts written before it existed)."""
+    import pyarrow.parquet as pq
+
+    raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def load(paths: list[str]) -> pd.DataFrame:
+    frames = []
+    for p in paths:
+        df = pd.read_parquet(p)
+        frames.append(df if "loop" in df.columns else structure(df))  # older readouts
+    return pd.concat(frames, ignore_index=True)
+
+
+def levels(df: pd.DataFrame) -> dict:
+    """One side's levels over all its rows: rates in points, means in words/tokens."""
+    pct = lambda col: float(df[col].astype(bool).mean() * 100) if len(df) else 0.0  # noqa: E731
+    return {"accuracy": pct("correct"), "truncation_rate": pct("truncated"),
+            "empty_rate": pct("empty"), "loop_rate": pct("loop"), "fffd_rate": pct("fffd"),
+            "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
+            "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0}
+
+
+def _pair(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
     m = cand.merge(ref, on=["item_id", "replicate"], suffixes=("", "_ref"), how="outer", indicator=True)
     unpaired = m[m["_merge"] != "both"]
     if len(unpaired):
@@ -55,12 +135,51 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     if len(bad):
         raise ValueError(f"{where}: item {bad['item_id'].iloc[0]!r} has a different prompt or target "
                          "on the two sides; readouts of different suites cannot be paired")
+    return m
+
+
+def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
+    """Paired statistics pooled over replicates, per replicate, and per category; items (and
+    replicate indices) must match one to one."""
+    m = _pair(cand, ref, where)
     out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
     out["by_category"] = {
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
         for c, g in m.groupby("category", sort=True)
     }
+    per_rep = {r: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
+               for r, g in m.groupby("replicate", sort=True)}
+    out["by_replicate"] = [{"replicate": int(r), **{k: p[k] for k in (
+        "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")}}
+        for r, p in per_rep.items()]
+    out.update(stats.t_over_replicates([p["accuracy"] for p in per_rep.values()],
+                                       [p["ref_accuracy"] for p in per_rep.values()]))
+    if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
+        words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
+        out["words_delta"] = float(words.mean()) if len(words) else 0.0
+        out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
+        out["words_sign_p"] = stats.sign_test(words)
+        out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
+    out["replicates"] = int(m["replicate"].nunique())
     return out
+
+
+def noise(readouts: pd.DataFrame, where: str) -> dict:
+    """Self vs self: the K replicates of one arm, paired by item (arenaflow.stats.noise_floor)."""
+    wide = readouts.pivot(index="item_id", columns="replicate", values="correct")
+    if wide.isna().any().any():
+        raise ValueError(f"{where}: replicates do not cover the same items")
+    hashes = readouts.groupby("item_id")["prompt_sha256"].nunique()
+    if (hashes > 1).any():
+        raise ValueError(f"{where}: item {hashes[hashes > 1].index[0]!r} has different prompts "
+                         "across replicates")
+    out = stats.noise_floor(wide.to_numpy(dtype=bool).T)
+    out["replicate_ids"] = [int(c) for c in wide.columns]
+    return out
+
+
+def _sources(paths: list[str]) -> list[dict]:
+    return [{"path": p, "created_utc": readout_meta(p).get("created_utc")} for p in paths]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--pool", required=True, help="the suite's pools/{pool}.jsonl")
     r.add_argument("--base-model", required=True)
     r.add_argument("--adapter", default=None, help="runs/{arm}/final (omit for base)")
+    r.add_argument("--regime", default="", help="regime id, recorded in the metadata")
     r.add_argument("--regime-json", required=True, help="decoding settings as JSON")
     r.add_argument("--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate")
     r.add_argument("--seed", type=int, default=0)
@@ -79,29 +199,56 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", required=True, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")
+    c.add_argument("--suite", default=None)
+    c.add_argument("--regime", default=None)
     c.add_argument("--cand", nargs="+", required=True, help="candidate readouts, one per replicate")
     c.add_argument("--ref", nargs="+", required=True, help="reference readouts, one per replicate")
     c.add_argument("--out", required=True, help="compare/{suite}/{regime}/{cand}__{ref}.json")
+    n = sub.add_parser("noise", help="noise floor: one arm's K replicates against each other")
+    n.add_argument("--suite", default=None)
+    n.add_argument("--regime", default=None)
+    n.add_argument("--readouts", nargs="+", required=True, help="the arm's K >= 2 replicate readouts")
+    n.add_argument("--out", required=True, help="noise/{suite}/{regime}/{arm}.json")
     args = ap.parse_args(argv)
     if args.cmd == "readout":
+        from arenaflow import models
+
+        regime = json.loads(args.regime_json)
+        seed = args.seed + 1000 * args.replicate
         model, tok = models.load_policy(args.base_model, args.adapter)
-        df = readout(io.read_jsonl(args.pool), model, tok, args.system_prompt,
-                     json.loads(args.regime_json), args.seed + 1000 * args.replicate,
-                     args.batch_size, desc=f"readout {args.suite}/{args.arm}")
+        df = readout(io.read_jsonl(args.pool), model, tok, args.system_prompt, regime, seed,
+                     args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}")
         df.insert(0, "arm", args.arm)
         df["replicate"] = args.replicate
-        with io.atomic_path(args.out) as tmp:
-            df.to_parquet(tmp, index=False)
+        write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
+                                     "decoding": regime, "replicate": args.replicate, "seed": seed,
+                                     "batch_size": args.batch_size, "pool": args.pool})
         print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
-    else:
-        cand = pd.concat([pd.read_parquet(p) for p in args.cand], ignore_index=True)
-        ref = pd.concat([pd.read_parquet(p) for p in args.ref], ignore_index=True)
+    elif args.cmd == "compare":
+        cand, ref = load(args.cand), load(args.ref)
         res = compare(cand, ref, args.out)
-        res.update(cand=str(cand["arm"].iloc[0]), ref=str(ref["arm"].iloc[0]),
-                   replicates=int(cand["replicate"].nunique()))
+        res.update(suite=args.suite, regime=args.regime, cand=str(cand["arm"].iloc[0]),
+                   ref=str(ref["arm"].iloc[0]),
+                   readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)})
         io.write_json(args.out, res)
+        t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
         print(f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
-              f"p = {res['p_value']:.3g}")
+              f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}")
+    else:
+        df = load(args.readouts)
+        arms = sorted(df["arm"].unique())
+        if len(arms) != 1:
+            raise SystemExit(f"{args.out}: a noise floor is one arm against itself; got arms {arms}")
+        if df["replicate"].nunique() < 2:
+            raise SystemExit(f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
+                             "replicates to K >= 2 in config evals")
+        res = noise(df, args.out)
+        res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
+        io.write_json(args.out, res)
+        t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
+        print(f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
+              f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "
+              f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}")
 
 
 if __name__ == "__main__":

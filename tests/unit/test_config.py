@@ -288,3 +288,77 @@ def test_bar_metric_outside_the_enum_names_the_key(cfg, repo_root):
     with pytest.raises(ConfigError) as e:
         resolve(cfg, repo_root)
     assert_names(e.value, CONFIG_FILE, "rounds/r3/bar/1/metric")
+
+
+# --- readout regimes and round bars -------------------------------------------------------
+
+def test_as_served_regime_takes_the_bundles_decoding(resolved):
+    served = resolved["evals"]["math"]["regimes"]["served"]
+    s = resolved["bundles"]["B3f"]["serving"]
+    assert (served["temperature"], served["top_p"], served["max_new_tokens"], served["repetition_penalty"]) == \
+        (s["temperature"], s["top_p"], s["max_new_tokens"], s["repetition_penalty"])
+    assert served["replicates"] == 3
+    assert resolved["evals"]["math"]["regimes"]["greedy"]["replicates"] == 1  # the suite's default
+
+
+def test_as_served_with_its_own_decoding_or_an_unknown_bundle_names_the_key(cfg, repo_root):
+    cfg["evals"]["math"]["regimes"]["served"]["temperature"] = 0.2
+    with pytest.raises(ConfigError, match="remove") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "evals/math/regimes/served/as_served")
+    del cfg["evals"]["math"]["regimes"]["served"]["temperature"]
+    cfg["evals"]["math"]["regimes"]["served"]["as_served"] = "B9"
+    with pytest.raises(ConfigError, match="B9") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "evals/math/regimes/served/as_served")
+
+
+@pytest.mark.parametrize(
+    "clause, key, message",
+    [
+        ({"metric": "t", "op": ">", "value": 1.9}, "bar/2/metric", "replicates >= 2"),
+        ({"metric": "delta", "op": ">=", "noise": {"stat": "mean_abs_delta", "times": -1}},
+         "bar/2/noise", "needs >= 2 replicates"),
+        ({"metric": "loop_rate", "vs": "control", "op": "<=", "value": 2}, "bar/2/vs", "no control"),
+        ({"metric": "delta", "vs": "none", "op": ">", "value": 0}, "bar/2/vs", "paired metric"),
+        ({"metric": "delta", "regime": "sampled", "op": ">", "value": 0}, "bar/2/regime", "math/sampled"),
+        ({"metric": "delta", "regime": "served", "op": ">=",
+          "noise": {"stat": "spread", "arm": "Z9"}}, "bar/2/noise/arm", "Z9"),
+    ],
+    ids=["t-needs-K2", "noise-needs-K2", "control-missing", "paired-vs-none", "unknown-regime", "noise-arm"],
+)
+def test_a_clause_the_readouts_cannot_answer_names_its_key(cfg, repo_root, clause, key, message):
+    cfg["rounds"]["r3"]["bar"].append(clause)
+    with pytest.raises(ConfigError, match=message) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, f"rounds/r3/{key}")
+
+
+def test_clause_with_both_value_and_noise_is_refused_by_the_schema(cfg, repo_root):
+    cfg["rounds"]["r3"]["bar"][0]["noise"] = {"stat": "mean_abs_delta"}
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "rounds/r3/bar/0")
+
+
+def test_served_clauses_with_K3_and_a_control_resolve(cfg, repo_root):
+    cfg["rounds"]["r3"]["control"] = "R220"
+    cfg["rounds"]["r3"]["bar"] += [
+        {"metric": "t", "regime": "served", "op": ">", "value": 1.9},
+        {"metric": "delta", "regime": "served", "op": ">=", "noise": {"stat": "mean_abs_delta", "times": -1}},
+        {"metric": "loop_rate", "vs": "control", "op": "<=", "value": 2.0},
+        {"metric": "truncation_rate", "op": "<", "value": 5.0},
+    ]
+    assert len(resolve(cfg, repo_root)["rounds"]["r3"]["bar"]) == 6
+
+
+def test_unknown_control_or_incumbent_as_candidate_names_the_key(cfg, repo_root):
+    cfg["rounds"]["r3"]["control"] = "Q1"
+    with pytest.raises(ConfigError, match="Q1") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "rounds/r3/control")
+    del cfg["rounds"]["r3"]["control"]
+    cfg["rounds"]["r3"]["candidates"].append("R2d")
+    with pytest.raises(ConfigError, match="incumbent") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "rounds/r3/candidates")

@@ -1,11 +1,14 @@
-"""Readout pairing and the comparison's refusal to pair different items."""
+"""Readouts (reproducible, on the tiny model), pairing over replicates, levels and noise floors."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pandas as pd
 import pytest
 
-from arenaflow import evals
+from arenaflow import evals, io
 
 
 def frame(correct, prompts=None, cats=None):
@@ -38,3 +41,142 @@ def test_compare_refuses_items_with_different_prompts():
 def test_compare_refuses_items_read_out_on_one_side_only():
     with pytest.raises(ValueError, match="one side only"):
         evals.compare(frame([1, 0, 1]), frame([1, 0]), "t")
+
+
+# --- replicates, levels and the noise floor ------------------------------------------------
+
+def battery(correct, replicate=0, arm="A", completions=None, stopped=None):
+    n = len(correct)
+    df = frame(correct).assign(replicate=replicate, arm=arm)
+    df["completion"] = completions or ["1 + 2 = 3. The answer is 3."] * n
+    df["n_tokens"] = [len(c) for c in df["completion"]]
+    df["stopped"] = stopped if stopped is not None else [True] * n
+    return evals.structure(df)
+
+
+def test_rep_ratio_is_one_minus_distinct_over_all_word_6grams():
+    assert evals.rep_ratio("a b c d e") == 0.0                       # fewer than 6 words
+    assert evals.rep_ratio("a b c d e f g h") == 0.0                  # 3 distinct 6-grams
+    looped = " ".join(["the answer is 3 ."] * 4)                      # 20 words, 15 6-grams, 5 distinct
+    assert evals.rep_ratio(looped) == pytest.approx(1 - 5 / 15)
+    assert evals.rep_ratio(looped) >= evals.LOOP_AT
+
+
+def test_structure_flags_truncated_empty_loop_and_fffd():
+    texts = ["ok 1 + 1 = 2", "", " ".join(["go on and on ."] * 5), "bad \ufffd byte"]
+    df = battery([1, 0, 0, 1], completions=texts, stopped=[True, True, False, True])
+    assert df["truncated"].tolist() == [False, False, True, False]
+    assert df["empty"].tolist() == [False, True, False, False]
+    assert df["loop"].tolist() == [False, False, True, False]
+    assert df["fffd"].tolist() == [False, False, False, True]
+    assert df["n_words"].tolist() == [6, 0, 25, 3]
+    lv = evals.levels(df)
+    assert lv["accuracy"] == 50.0 and lv["truncation_rate"] == 25.0 and lv["loop_rate"] == 25.0
+    assert lv["mean_words"] == pytest.approx(34 / 4)
+
+
+def test_compare_pools_replicates_and_reports_each_and_the_t_over_replicates():
+    from scipy import stats as sps
+
+    cand_reps = [[1, 1, 1, 0, 1, 0, 1, 1], [1, 1, 0, 0, 1, 0, 1, 1], [1, 1, 1, 1, 1, 0, 1, 1]]
+    ref_reps = [[1, 0, 1, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0, 1, 0], [1, 0, 1, 0, 1, 0, 1, 0]]
+    cand = pd.concat([battery(c, r) for r, c in enumerate(cand_reps)], ignore_index=True)
+    ref = pd.concat([battery(c, r) for r, c in enumerate(ref_reps)], ignore_index=True)
+    res = evals.compare(cand, ref, "t")
+    assert res["replicates"] == 3 and res["n"] == 24
+    wins = sum(c and not r for cc, rr in zip(cand_reps, ref_reps) for c, r in zip(cc, rr))
+    losses = sum(r and not c for cc, rr in zip(cand_reps, ref_reps) for c, r in zip(cc, rr))
+    assert (res["wins"], res["losses"]) == (wins, losses)
+    acc_c = [100 * sum(c) / 8 for c in cand_reps]
+    acc_r = [100 * sum(r) / 8 for r in ref_reps]
+    assert [b["delta"] for b in res["by_replicate"]] == pytest.approx(list(np.subtract(acc_c, acc_r)))
+    assert res["t"] == pytest.approx(sps.ttest_rel(acc_c, acc_r).statistic, rel=1e-12)
+    assert res["t_df"] == 2
+    pooled_c = np.concatenate(cand_reps).astype(float)
+    pooled_r = np.concatenate(ref_reps).astype(float)
+    assert res["t_items"] == pytest.approx(sps.ttest_rel(pooled_c, pooled_r).statistic, rel=1e-12)
+    assert res["levels"]["cand"]["accuracy"] == pytest.approx(res["accuracy"])
+    assert res["words_delta"] == 0.0 and res["words_t"] is None
+
+
+def test_compare_refuses_replicates_read_out_on_one_side_only():
+    cand = pd.concat([battery([1, 0], 0), battery([1, 1], 1)], ignore_index=True)
+    with pytest.raises(ValueError, match="one side only"):
+        evals.compare(cand, battery([1, 0], 0), "t")
+
+
+def test_noise_is_the_arm_against_itself_paired_by_item():
+    from arenaflow import stats
+
+    reps = [[1, 1, 0, 1, 0, 1], [1, 0, 0, 1, 1, 1], [0, 1, 0, 1, 0, 1]]
+    df = pd.concat([battery(c, r) for r, c in enumerate(reps)], ignore_index=True)
+    res = evals.noise(df.sample(frac=1, random_state=0), "t")  # row order does not matter
+    ref = stats.noise_floor(np.array(reps, bool))
+    assert res["replicate_accuracies"] == pytest.approx(ref["replicate_accuracies"])
+    assert res["mean_abs_delta"] == pytest.approx(ref["mean_abs_delta"])
+    assert res["max_abs_t"] == pytest.approx(ref["max_abs_t"])
+    assert res["replicate_ids"] == [0, 1, 2]
+
+
+def test_noise_cli_needs_two_replicates_of_one_arm(tmp_path):
+    p0, p1 = tmp_path / "a.r0.parquet", tmp_path / "b.r0.parquet"
+    evals.write_readout(battery([1, 0, 1]), p0, {})
+    evals.write_readout(battery([1, 0, 1], arm="B"), p1, {})
+    with pytest.raises(SystemExit, match=">= 2 replicates"):
+        evals.main(["noise", "--readouts", str(p0), "--out", str(tmp_path / "n.json")])
+    with pytest.raises(SystemExit, match="one arm against itself"):
+        evals.main(["noise", "--readouts", str(p0), str(p1), "--out", str(tmp_path / "n.json")])
+
+
+# --- real readouts on the embedded tiny model ----------------------------------------------
+
+POOL = [{"id": f"q{i}", "category": c, "prompt": p, "gold": g} for i, (c, p, g) in enumerate([
+    ("add", "Ann has 23 apples and gets 15 more. How many apples now?", "38"),
+    ("sub", "Max had 41 cups and gave away 29. How many cups are left?", "12"),
+    ("mul", "Ben buys 4 bags with 6 cards each. How many cards in all?", "24"),
+    ("add", "Cal has 56 shells and gets 22 more. How many shells now?", "78"),
+    ("sub", "Dee had 81 coins and gave away 27. How many coins are left?", "54"),
+    ("mul", "Eve buys 7 boxes with 3 pens each. How many pens in all?", "21"),
+])]
+
+
+@pytest.fixture(scope="module")
+def tiny_readout(tmp_path_factory, repo_root):
+    d = tmp_path_factory.mktemp("readouts")
+    pool = d / "pool.jsonl"
+    io.write_jsonl(pool, POOL)
+    sampled = json.dumps({"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 24})
+
+    def run(name, replicate=0, seed=0, regime=sampled):
+        out = d / f"{name}.parquet"
+        evals.main(["readout", "--suite", "math", "--arm", "base", "--pool", str(pool),
+                    "--base-model", str(repo_root / "models/tiny-arith"), "--regime", "served",
+                    "--regime-json", regime, "--replicate", str(replicate), "--seed", str(seed),
+                    "--batch-size", "4", "--system-prompt", "You are a careful math tutor.",
+                    "--out", str(out)])
+        return out
+
+    return run
+
+
+def test_same_seed_gives_identical_readout_rows_and_shows_progress(tiny_readout, capsys):
+    a, b = tiny_readout("a"), tiny_readout("b")
+    err = capsys.readouterr().err
+    assert "readout math/base/served.r0: 4/6 prompts" in err and "6/6 prompts" in err  # per batch
+    da, db = pd.read_parquet(a), pd.read_parquet(b)
+    pd.testing.assert_frame_equal(da, db)
+    assert len(da) == len(POOL) and da["item_id"].tolist() == [r["id"] for r in POOL]
+    ma, mb = evals.readout_meta(a), evals.readout_meta(b)
+    assert ma["seed"] == 0 and ma["decoding"]["temperature"] == 0.8
+    assert ma["created_utc"] <= mb["created_utc"]  # recorded in the schema, not in the rows
+
+
+def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
+    r0, r1 = tiny_readout("r0", replicate=0), tiny_readout("r1", replicate=1)
+    m0, m1 = evals.readout_meta(r0), evals.readout_meta(r1)
+    assert (m0["seed"], m1["seed"]) == (0, 1000)
+    d0, d1 = pd.read_parquet(r0), pd.read_parquet(r1)
+    assert d0["prompt_sha256"].tolist() == d1["prompt_sha256"].tolist()
+    assert d0["completion"].tolist() != d1["completion"].tolist()  # T=0.8, another seed
+    res = evals.noise(pd.concat([d0, d1], ignore_index=True), "t")
+    assert res["k"] == 2 and res["n"] == len(POOL)

@@ -1,4 +1,4 @@
-"""arenaflow.nominate: the bar applied to each candidate, the promotion and its record."""
+"""arenaflow.nominate and arenaflow.bar: registration, refusal, clauses, promotion and its record."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from arenaflow import io, nominate
+from arenaflow import bar, evals, io, nominate
 
 BAR = [
     {"metric": "delta", "op": ">", "value": 0.0},
@@ -53,15 +53,19 @@ def test_when_nothing_clears_the_incumbent_stays_with_a_reason():
     assert "no candidate clears" in out["reason"] and "R2d" in out["reason"]
 
 
-def test_each_clause_records_observed_value_and_verdict():
+def test_each_clause_records_its_number_observed_value_threshold_and_verdict():
     comps = {"B1": comparison(1.0, 6, 4)}  # delta holds, W-L = 2 fails
     out = nominate.nominate("r3", round_(comps), comps)
     (v,) = out["candidates"]
     assert v["arm"] == "B1"
+    common = {"suite": "math", "regime": "greedy", "vs": "incumbent", "against": "R2d"}
     assert v["clauses"] == [
-        {"metric": "delta", "op": ">", "value": 0.0, "observed": 1.0, "holds": True},
-        {"metric": "wins_minus_losses", "op": ">=", "value": 3, "observed": 2, "holds": False},
+        {"clause": 1, "metric": "delta", "op": ">", "value": 0.0, **common,
+         "threshold": 0.0, "observed": 1.0, "holds": True},
+        {"clause": 2, "metric": "wins_minus_losses", "op": ">=", "value": 3, **common,
+         "threshold": 3, "observed": 2, "holds": False},
     ]
+    assert v["failed"] == [2]
     assert (v["delta"], v["wins"], v["losses"]) == (1.0, 6, 4)
     assert v["ci95"] == [-4.0, 6.0]
 
@@ -72,8 +76,8 @@ def test_each_clause_records_observed_value_and_verdict():
      ("<=", 0.05, 0.05, True), ("<", 0.04, 0.05, True), (">", -1.0, 0.0, False)],
 )
 def test_clause_operators_at_the_boundary(op, observed, value, holds):
-    bar = [{"metric": "p_value", "op": op, "value": value}]
-    v = nominate.judge("B1", comparison(1.0, 5, 1, p=observed), bar)
+    rnd = round_(["B1"], bar=[{"metric": "p_value", "op": op, "value": value}])
+    v = nominate.judge("B1", rnd, {("math", "greedy", "B1", "R2d"): comparison(1.0, 5, 1, p=observed)})
     assert v["clauses"][0]["holds"] is holds
     assert v["clears"] is holds
 
@@ -83,7 +87,7 @@ def test_output_records_round_bar_and_its_sha256():
     out = nominate.nominate("r3", round_(comps), comps)
     assert (out["round"], out["suite"], out["regime"], out["incumbent"]) == ("r3", "math", "greedy", "R2d")
     assert out["bar"] == BAR
-    assert out["bar_sha256"] == nominate.bar_sha256(BAR)
+    assert out["bar_sha256"] == nominate.bar_sha256(bar.resolve(round_(comps)))
     assert re.fullmatch(r"[0-9a-f]{64}", out["bar_sha256"])
 
 
@@ -101,24 +105,256 @@ def test_bar_sha256_ignores_key_order_within_a_clause():
 
 
 def test_missing_comparison_is_an_error_naming_the_candidate():
-    with pytest.raises(ValueError, match="B2"):
+    with pytest.raises(ValueError, match="B2 vs R2d on math/greedy"):
         nominate.nominate("r3", round_(["B1", "B2"]), {"B1": comparison(1.0, 5, 1)})
 
 
-def test_cli_writes_nomination_and_refuses_a_comparison_against_another_arm(tmp_path):
-    rnd = round_(["B1", "B3"])
-    paths = []
-    for arm, c in {"B1": comparison(1.0, 6, 2), "B3": comparison(2.0, 9, 3)}.items():
-        p = tmp_path / f"{arm}__R2d.json"
-        io.write_json(p, {**c, "cand": arm, "ref": "R2d"})
-        paths.append(str(p))
-    out = tmp_path / "nominations" / "r3.json"
-    nominate.main(["--round", "r3", "--round-json", json.dumps(rnd), "--compare", *paths,
-                   "--out", str(out)])
-    assert io.read_json(out)["promoted"] == "B3"
+def test_nothing_clears_keeps_the_incumbent_and_says_which_clause_each_failed():
+    comps = {"B1": comparison(-0.5, 4, 5), "B2": comparison(1.0, 6, 4)}
+    out = nominate.nominate("r3", round_(comps), comps)
+    assert out["promoted"] == "R2d"
+    assert [v["failed"] for v in out["candidates"]] == [[1, 2], [2]]
+    assert "B2 fails clause 2: wins_minus_losses vs R2d on math/greedy = 2 >= 3 fails" in out["reason"]
 
-    wrong = tmp_path / "B1__S1.json"
-    io.write_json(wrong, {**comparison(1.0, 6, 2), "cand": "B1", "ref": "S1"})
-    with pytest.raises(ValueError, match="not the incumbent"):
-        nominate.main(["--round", "r3", "--round-json", json.dumps(rnd), "--compare", str(wrong),
-                       paths[1], "--out", str(tmp_path / "x.json")])
+
+def test_an_undefined_number_never_holds():
+    comps = {"B1": {**comparison(3.0, 9, 1), "t": None}}  # t over replicates with K = 1
+    rnd = round_(["B1"], bar=[{"metric": "t", "op": "<", "value": 100}])
+    (v,) = nominate.nominate("r", rnd, comps)["candidates"]
+    (c,) = v["clauses"]
+    assert c["observed"] is None and c["holds"] is False and "undefined" in c["undefined"]
+    assert not v["clears"]
+
+
+def test_bar_sha256_covers_the_resolved_meaning_not_just_the_clauses():
+    a = round_(["B1"])
+    b = {**a, "incumbent": "R220"}           # same clauses, another incumbent
+    c = {**a, "regime": "served"}            # same clauses, read in another regime
+    shas = {nominate.bar_sha256(bar.resolve(r)) for r in (a, b, c)}
+    assert len(shas) == 3
+
+
+# --- clauses against a control, against the noise floor, on levels ------------------------
+
+def with_levels(delta, wins, losses, cand: dict, ref: dict, **extra) -> dict:
+    lv = dict.fromkeys(bar.LEVELS, 0.0)
+    return {**comparison(delta, wins, losses), "levels": {"cand": {**lv, **cand}, "ref": {**lv, **ref}}, **extra}
+
+
+FINAL_BLOCKS = [  # seeds/000 "Final blocks", clauses (1)-(3); (4) is a human spot check
+    {"suite": "chat", "regime": "served", "metric": "words_t", "op": ">", "value": 1.9},
+    {"suite": "chat", "regime": "served", "metric": "loop_rate", "vs": "control", "op": "<=", "value": 2.0},
+    {"suite": "chat", "regime": "served", "metric": "empty_rate", "vs": "control", "op": "<=", "value": 2.0},
+    {"suite": "math", "regime": "served", "metric": "delta", "op": ">=",
+     "noise": {"stat": "mean_abs_delta", "times": -1}},
+    {"metric": "truncation_rate", "op": "<", "value": 5.0},
+]
+
+
+def final_round(candidates=("finR", "finC")) -> dict:
+    return {"suite": "math", "regime": "served", "incumbent": "B3f", "control": "B3f",
+            "candidates": list(candidates), "bar": FINAL_BLOCKS}
+
+
+def final_comparisons(fin_r_loop=4.40) -> tuple[dict, dict]:
+    comps = {
+        # finR: length t = +2.33, but loop rate 0.00% -> 4.40% (seeds: "failed bar (2) by 2.4 pt")
+        ("chat", "served", "finR", "B3f"): with_levels(0.5, 10, 8, {"loop_rate": fin_r_loop}, {"loop_rate": 0.0},
+                                                      words_t=2.33),
+        ("math", "served", "finR", "B3f"): with_levels(-1.31, 20, 26, {"truncation_rate": 1.3}, {}),
+        ("chat", "served", "finC", "B3f"): with_levels(0.0, 5, 5, {}, {}, words_t=-0.8),
+        ("math", "served", "finC", "B3f"): with_levels(0.65, 22, 19, {"truncation_rate": 1.0}, {}),
+    }
+    noises = {("math", "served", "B3f"): {"mean_abs_delta": 2.61, "max_abs_t": 1.91}}
+    return comps, noises
+
+
+def test_seeds_final_blocks_bar_rejects_fin_r_on_clause_2_and_keeps_the_incumbent():
+    comps, noises = final_comparisons()
+    out = nominate.nominate("fin", final_round(), comps, noises)
+    assert out["promoted"] == "B3f"
+    fin_r, fin_c = out["candidates"]
+    assert fin_r["failed"] == [2] and fin_c["failed"] == [1]
+    loop = fin_r["clauses"][1]
+    assert loop["against"] == "B3f" and loop["observed"] == pytest.approx(4.40)
+    assert loop["observed"] - loop["threshold"] == pytest.approx(2.4)  # "by 2.4 pt"
+    math = fin_r["clauses"][3]
+    assert math["threshold"] == pytest.approx(-2.61) and math["holds"]
+    assert math["threshold_from"] == "-1 x mean_abs_delta of noise/math/served/B3f.json"
+    trunc = fin_r["clauses"][4]
+    assert (trunc["vs"], trunc["against"], trunc["observed"]) == ("none", None, 1.3)
+
+
+def test_a_candidate_clearing_every_final_blocks_clause_is_promoted():
+    comps, noises = final_comparisons(fin_r_loop=1.18)  # the alpha = 0.6 blend's loop rate
+    out = nominate.nominate("fin", final_round(), comps, noises)
+    assert out["promoted"] == "finR"
+    assert out["candidates"][0]["clears"]
+
+
+def test_noise_clause_is_relative_to_the_measured_floor():
+    comps, noises = final_comparisons(fin_r_loop=0.0)
+    comps[("math", "served", "finR", "B3f")]["delta"] = -2.62  # just beyond the floor
+    out = nominate.nominate("fin", final_round(), comps, noises)
+    assert out["candidates"][0]["failed"] == [4]
+    noises[("math", "served", "B3f")]["mean_abs_delta"] = 3.0
+    assert nominate.nominate("fin", final_round(), comps, noises)["promoted"] == "finR"
+
+
+def test_final_blocks_bar_is_valid_config_and_lists_what_it_reads(repo_root):
+    import copy
+
+    import yaml
+
+    from arenaflow import config
+
+    raw = yaml.safe_load((repo_root / "config/config.yaml").read_text())
+    cfg = copy.deepcopy(raw)
+    cfg["evals"]["chat"] = {"pool": "math_eval", "regimes": {"served": {"as_served": "B3f", "replicates": 3}}}
+    bar_ = [{k: v for k, v in c.items()} for c in FINAL_BLOCKS]
+    cfg["rounds"]["fin"] = {"suite": "math", "regime": "served", "incumbent": "B3", "control": "R2d",
+                            "candidates": ["B1", "B2"], "bar": bar_}
+    res = config.resolve(cfg, repo_root=repo_root)
+    need = bar.requirements(res["rounds"]["fin"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"])
+    assert need["compare"] == [
+        "compare/math/served/B1__B3.json", "compare/chat/served/B1__B3.json",
+        "compare/chat/served/B1__R2d.json",
+        "compare/math/served/B2__B3.json", "compare/chat/served/B2__B3.json",
+        "compare/chat/served/B2__R2d.json"]
+    assert need["noise"] == ["noise/math/served/B3.json"]
+    assert need["readouts"] == [f"readouts/{s}/{a}/served.r{k}.parquet"
+                                for a in ("B1", "B2") for s in ("math", "chat") for k in range(3)]
+
+
+def test_shipped_round_r3_reads_its_four_greedy_comparisons(repo_root):
+    import yaml
+
+    from arenaflow import config
+
+    res = config.resolve(yaml.safe_load((repo_root / "config/config.yaml").read_text()), repo_root=repo_root)
+    need = bar.requirements(res["rounds"]["r3"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"])
+    assert need == {"compare": [f"compare/math/greedy/{a}__R2d.json" for a in ("B1", "B2", "B3", "B4")],
+                    "noise": [],
+                    "readouts": [f"readouts/math/{a}/greedy.r0.parquet" for a in ("B1", "B2", "B3", "B4")]}
+
+
+def test_bar_levels_are_the_readouts_levels():
+    assert bar.LEVELS == evals.LEVELS
+
+
+# --- registration: the bar is written before the readouts it judges ------------------------
+
+def write_readout(path, arm, correct, replicate=0):
+    import pandas as pd
+
+    n = len(correct)
+    df = pd.DataFrame({
+        "arm": arm, "item_id": [f"i{j}" for j in range(n)], "category": "add",
+        "prompt_sha256": [f"p{j}" for j in range(n)], "target_sha256": [f"t{j}" for j in range(n)],
+        "completion": ["2 + 2 = 4. The answer is 4."] * n, "n_tokens": 12, "stopped": True,
+        "pred": "4", "strict": correct, "correct": correct, "replicate": replicate})
+    evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": replicate})
+    return str(path)
+
+
+class Round:
+    """A round r3 built on disk the way the workflow builds it: register, read out, compare."""
+
+    def __init__(self, tmp_path, bar_=BAR):
+        self.dir, self.rnd = tmp_path, round_(["B1", "B3"], bar=bar_)
+        self.reg = str(tmp_path / "nominations/r3.bar.json")
+
+    def register(self, rnd=None):
+        nominate.main(["register", "--round", "r3", "--round-json", json.dumps(rnd or self.rnd), "--out", self.reg])
+
+    def score(self):
+        d = self.dir
+        ref = write_readout(d / "R2d.r0.parquet", "R2d", [True, False, False, True, False, False] * 4)
+        self.readouts, self.compare = [], []
+        for arm, correct in {"B1": [True, True, False, True, False, False] * 4,
+                             "B3": [True, True, True, True, False, False] * 4}.items():
+            self.readouts.append(write_readout(d / f"{arm}.r0.parquet", arm, correct))
+            self.compare.append(str(d / f"compare/math/greedy/{arm}__R2d.json"))
+            evals.main(["compare", "--suite", "math", "--regime", "greedy", "--cand", self.readouts[-1],
+                        "--ref", ref, "--out", self.compare[-1]])
+
+    def judge(self, rnd=None):
+        out = self.dir / "nominations/r3.json"
+        nominate.main(["judge", "--round", "r3", "--round-json", json.dumps(rnd or self.rnd),
+                       "--registration", self.reg, "--compare", *self.compare,
+                       "--readouts", *self.readouts, "--out", str(out)])
+        return io.read_json(out)
+
+
+def test_registered_before_scoring_nominates(tmp_path):
+    r = Round(tmp_path)
+    r.register()
+    reg = io.read_json(r.reg)
+    assert reg["bar_sha256"] == nominate.bar_sha256(bar.resolve(r.rnd))
+    assert reg["bar"] == BAR and reg["round"] == "r3" and reg["registered_utc"].endswith("+00:00")
+    r.score()
+    out = r.judge()
+    # B1 fixes 4 items (+16.7 pt), B3 fixes 8 (+33.3 pt): both clear, the larger delta wins
+    assert [v["clears"] for v in out["candidates"]] == [True, True]
+    assert out["promoted"] == "B3"
+    assert out["registration"]["bar_sha256"] == reg["bar_sha256"]
+    assert out["registration"]["readouts_checked"] == 2
+
+
+def test_a_bar_edited_after_scoring_is_refused(tmp_path, capsys):
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    r.judge()
+    looser = {**r.rnd, "bar": [BAR[0], {**BAR[1], "value": 2}]}
+    with pytest.raises(SystemExit) as e:  # the config changed, the registration did not
+        r.judge(looser)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "not the bar registered" in err and "A new round id is the honest way to change a bar" in err
+    r.register(looser)  # what Snakemake's params trigger does: register again, now
+    with pytest.raises(SystemExit) as e:
+        r.judge(looser)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "after 2 of the 2 candidate readouts" in err and "recorded in the file" in err
+    assert "B1.r0.parquet" in err and "A new round id is the honest way" in err
+
+
+def test_refusal_uses_recorded_times_not_mtimes(tmp_path, capsys):
+    import os
+
+    r = Round(tmp_path)
+    r.score()          # scored first ...
+    r.register()       # ... registered after
+    for p in r.readouts:  # a later `touch` makes every readout look newer; the record does not move
+        os.utime(p, (2e9, 2e9))
+    with pytest.raises(SystemExit):
+        r.judge()
+    assert "recorded in the file" in capsys.readouterr().err
+
+
+def test_a_readout_without_a_recorded_time_falls_back_to_its_mtime(tmp_path, capsys):
+    import os
+
+    import pandas as pd
+
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    legacy = tmp_path / "legacy.parquet"
+    pd.read_parquet(r.readouts[0]).to_parquet(legacy)  # no arenaflow metadata
+    assert nominate.readout_time(str(legacy))[1] == "mtime"
+    os.utime(legacy, (1e9, 1e9))  # 2001: before the registration
+    r.readouts[0] = str(legacy)
+    with pytest.raises(SystemExit):
+        r.judge()
+    assert "file mtime" in capsys.readouterr().err
+
+
+def test_check_registration_accepts_equal_times_and_names_the_round():
+    rnd = round_(["B1"])
+    reg = nominate.register("r3", rnd, now="2026-01-01T00:00:00+00:00")
+    nominate.check_registration("r3", rnd, reg, {"x": ("2026-01-01T00:00:00+00:00", "recorded")})
+    with pytest.raises(nominate.RegistrationError, match="registration is for round 'r3'"):
+        nominate.check_registration("r4", rnd, reg, {})
