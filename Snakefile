@@ -7,7 +7,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# Absolute: `workdir:` moves the cwd to results/, and --report re-reads config files from there.
+configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 include: "rules/common.smk"
@@ -18,9 +19,11 @@ include: "rules/train.smk"
 include: "rules/evals.smk"
 include: "rules/nominate.smk"
 include: "rules/bundles.smk"
+include: "rules/report.smk"
 
 
 rule all:
     input:
         expand("bundles/{bundle}", bundle=CFG["bundles"]),
+        expand("reports/{rnd}/nomination.html", rnd=CFG["rounds"]),  # pages of --report
     default_target: True

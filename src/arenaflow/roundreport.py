@@ -1,0 +1,269 @@
+"""One report page per round: figures and the nomination table for `snakemake --report`.
+
+    python -m arenaflow.roundreport --round r3 --round-json '{...}' --arms-json '{...}' \
+        --nomination nominations/r3.json --registration nominations/r3.bar.json \
+        --compare compare/math/*/B?__R2d.json --noise noise/math/served/*.json \
+        --runs runs/B1/final ... --out-dir reports/r3
+
+Writes dose_response.png (delta with its 95% CI per candidate, in learning-rate order, per
+regime, with the incumbent's noise floor as a band), wins_losses.png, noise_floor.png,
+loss_curves.png, lineage.png and nomination.html. rules/report.smk wraps each in report() with
+a caption from workflow/report/, under one category per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from pathlib import Path
+
+from arenaflow import bar, io
+
+GREEN, RED, BLUE, GOLD, GREY = "#2e7d32", "#c62828", "#1565c0", "#f9a825", "#9e9e9e"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on a cluster node
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _empty(path: Path, text: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sweep_order(candidates: list[str], arms: dict) -> list[str]:
+    """Candidates by learning rate (the sweep's dose), then as listed."""
+    lr = lambda a: arms.get(a, {}).get("lr") or 0.0  # noqa: E731
+    return sorted(candidates, key=lambda a: (lr(a), candidates.index(a)))
+
+
+def _label(a: str, arms: dict) -> str:
+    lr = arms.get(a, {}).get("lr")
+    return f"{a}\nlr {lr:.0e}" if lr else a
+
+
+def dose_response(path: Path, rnd: dict, arms: dict, compares: dict, noises: dict) -> None:
+    plt = _plt()
+    order = sweep_order(rnd["candidates"], arms)
+    regimes = sorted({r for (r, _c) in compares})
+    fig, ax = plt.subplots(figsize=(1.6 * len(order) + 3, 4))
+    width = 0.6 / max(1, len(regimes))
+    for k, regime in enumerate(regimes):
+        xs, ys, lo, hi = [], [], [], []
+        for i, a in enumerate(order):
+            c = compares.get((regime, a))
+            if c is None:
+                continue
+            xs.append(i + (k - (len(regimes) - 1) / 2) * width)
+            ys.append(c["delta"])
+            lo.append(c["delta"] - c["ci95"][0])
+            hi.append(c["ci95"][1] - c["delta"])
+        bars = ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=4, label=f"{regime}")
+        nz = noises.get((regime, rnd["incumbent"]))
+        if nz:
+            m = nz["mean_abs_delta"]
+            ax.axhspan(-m, m, color=bars[0].get_color(), alpha=0.12,
+                       label=f"{regime}: noise floor of {rnd['incumbent']} (±{m:.2f} pt)")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(range(len(order)), [_label(a, arms) for a in order])
+    ax.set_ylabel(f"Δ accuracy vs {rnd['incumbent']} (pt), 95% CI")
+    ax.set_title(f"dose-response: {rnd['suite']}, paired by item")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def wins_losses(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
+    plt = _plt()
+    order = sweep_order(rnd["candidates"], arms)
+    regimes = sorted({r for (r, _c) in compares})
+    fig, axes = plt.subplots(1, len(regimes), figsize=(4 + 1.2 * len(order) * len(regimes), 4), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        xs = range(len(order))
+        cs = [compares.get((regime, a), {}) for a in order]
+        w = [c.get("wins", 0) for c in cs]
+        l = [c.get("losses", 0) for c in cs]
+        ax.bar([x - 0.2 for x in xs], w, 0.4, color=GREEN, label="wins (fixed)")
+        ax.bar([x + 0.2 for x in xs], l, 0.4, color=RED, label="losses (lost)")
+        for x, c, top in zip(xs, cs, map(max, w, l)):
+            if c:
+                ax.text(x, top, f"p={c['p_value']:.2g}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(list(xs), order)
+        ax.set_ylim(0, 1.15 * max([*w, *l, 1]))  # headroom for the p labels
+        ax.set_title(f"{rnd['suite']}/{regime} vs {rnd['incumbent']}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def noise_floor(path: Path, noises: dict) -> None:
+    if not noises:
+        _empty(path, "No regime of this round's suite is read out with K >= 2 replicates,\n"
+               "so no noise floor was measured (set replicates: K in config evals).")
+        return
+    plt = _plt()
+    regimes = sorted({r for r, _a in noises})
+    fig, axes = plt.subplots(1, len(regimes), figsize=(3 + 1.5 * len(noises), 4), squeeze=False)
+    for ax, regime in zip(axes[0], regimes):
+        arms = sorted(a for r, a in noises if r == regime)
+        for i, a in enumerate(arms):
+            nz = noises[(regime, a)]
+            acc = nz["replicate_accuracies"]
+            ax.vlines(i, min(acc), max(acc), color=GREY, lw=6, alpha=0.5)
+            ax.plot([i] * len(acc), acc, "o", color=BLUE)
+            t = "n/a" if nz["max_abs_t"] is None else f"{nz['max_abs_t']:.2f}"
+            ax.text(i + 0.1, sum(acc) / len(acc), f"spread {nz['spread']:.2f} pt\n"
+                    f"mean|Δ| {nz['mean_abs_delta']:.2f} pt\nmax|t| {t}", ha="left", va="center", fontsize=7)
+        ax.set_xticks(range(len(arms)), arms)
+        ax.set_xlim(-0.5, len(arms) - 0.1)
+        ax.set_ylabel("replicate accuracy (%)")
+        ax.set_title(f"self vs self, {regime} (K={noises[(regime, arms[0])]['k']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
+    curves = {a: io.read_jsonl(d / "metrics.jsonl") for a, d in runs.items()
+              if (d / "metrics.jsonl").is_file()}
+    if not curves:
+        _empty(path, "No training metrics (runs/{arm}/final/metrics.jsonl) for this round's arms.")
+        return
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for a, rows in sorted(curves.items()):
+        rows = [r for r in rows if r.get("loss") is not None]
+        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], "--" if a == incumbent else "-",
+                label=f"{a} (incumbent)" if a == incumbent else a)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.set_title("loss curves (runs/{arm}/final/metrics.jsonl)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
+    """base -> ... -> incumbent -> candidates: init edges solid, corpus-policy edges dashed."""
+    plt = _plt()
+    keep, stack = {"base"}, [rnd["incumbent"], *rnd["candidates"], rnd.get("control")]
+    while stack:
+        a = stack.pop()
+        if a in arms and a not in keep:  # 'base', 'reference' and None end a walk
+            keep.add(a)
+            stack += [arms[a]["init"], arms[a].get("policy")]
+    depth = {"base": 0}
+
+    def d(a):
+        if a not in depth:
+            depth[a] = d(arms[a]["init"]) + 1
+        return depth[a]
+
+    levels: dict[int, list[str]] = {}
+    for a in sorted(keep):
+        levels.setdefault(d(a), []).append(a)
+    pos = {a: (lv, i - (len(names) - 1) / 2) for lv, names in levels.items() for i, a in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(2 + 1.8 * len(levels), 1.5 + 0.8 * max(map(len, levels.values()))))
+    for a in keep - {"base"}:
+        for src, style in ((arms[a]["init"], "-"), (arms[a].get("policy"), "--")):
+            # a corpus sampled by the init itself adds no information: draw it once, solid
+            if src in pos and (style == "-" or src != arms[a]["init"]):
+                (x0, y0), (x1, y1) = pos[src], pos[a]
+                ax.annotate("", (x1, y1), (x0, y0), arrowprops={
+                    "arrowstyle": "-|>", "ls": style, "shrinkA": 16, "shrinkB": 16,  # stop at the boxes
+                    "color": "black" if style == "-" else GREY})
+    for a, (x, y) in pos.items():
+        color = GOLD if a == promoted else BLUE if a == rnd["incumbent"] else \
+            "#c8e6c9" if a in rnd["candidates"] else "#eeeeee"
+        ax.text(x, y, a, ha="center", va="center", fontsize=9,
+                bbox={"boxstyle": "round", "fc": color, "ec": "black"},
+                color="white" if color == BLUE else "black")
+    ax.set_xlim(-0.6, max(levels) + 0.6)
+    ax.set_ylim(min(p[1] for p in pos.values()) - 0.8, max(p[1] for p in pos.values()) + 0.8)
+    ax.axis("off")
+    ax.set_title(f"round lineage: init (solid), corpus sampled by (dashed); gold = promoted {promoted}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def nomination_html(nom: dict, registration: dict) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(str(c['clause']))}. {e(c['metric'])}"
+                   f"{' vs ' + e(c['against']) if c.get('against') else ''} {e(c['op'])} "
+                   f"{e(_fmt(c['value'])) if 'value' in c else e(str(c['noise']['times'])) + ' x ' + e(c['noise']['stat'])}"
+                   f"<br><small>{e(c['suite'])}/{e(c['regime'])}</small></th>" for c in nom["bar_resolved"])
+    rows = []
+    for v in nom["candidates"]:
+        cells = "".join(
+            f"<td class={'ok' if c['holds'] else 'no'}>{e(_fmt(c['observed']))} {e(c['op'])} "
+            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}</td>" for c in v["clauses"])
+        mark = " (promoted)" if v["arm"] == nom["promoted"] else ""
+        rows.append(f"<tr><th>{e(v['arm'])}{mark}</th><td>{_fmt(v['delta'])}</td>"
+                    f"<td>{v['wins']}/{v['losses']}</td><td>{_fmt(v['p_value'])}</td>"
+                    f"<td>{_fmt(v.get('t'))}</td>{cells}<td>{'yes' if v['clears'] else 'no'}</td></tr>")
+    notes = "".join(f"<li>{c['clause']}: {e(c['note'])}</li>" for c in nom["bar_resolved"] if c.get("note"))
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>round {e(nom['round'])}</title>
+<style>body{{font-family:sans-serif}} td,th{{border:1px solid #ccc;padding:4px 8px;text-align:center}}
+table{{border-collapse:collapse}} .ok{{background:#e8f5e9}} .no{{background:#ffebee}}</style></head><body>
+<h2>Round {e(nom['round'])}: promoted {e(nom['promoted'])}</h2>
+<p>{e(nom['reason'])}</p>
+<p>Primary comparison: {e(nom['suite'])}/{e(nom['regime'])} against the incumbent {e(nom['incumbent'])}.
+Bar sha256 <code>{e(nom['bar_sha256'])}</code>, registered {e(registration.get('registered_utc', '?'))}
+before the {e(str(nom.get('registration', {}).get('readouts_checked', '?')))} candidate readouts it judges.</p>
+<table><tr><th>arm</th><th>Δ (pt)</th><th>W/L</th><th>McNemar p</th><th>t (replicates)</th>{head}<th>clears</th></tr>
+{''.join(rows)}</table>{f'<ul>{notes}</ul>' if notes else ''}</body></html>
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--round", required=True)
+    ap.add_argument("--round-json", required=True)
+    ap.add_argument("--arms-json", required=True, help="{arm: {init, policy, lr}}")
+    ap.add_argument("--nomination", required=True)
+    ap.add_argument("--registration", required=True)
+    ap.add_argument("--compare", nargs="*", default=[], help="candidates vs the incumbent, any regime")
+    ap.add_argument("--noise", nargs="*", default=[])
+    ap.add_argument("--runs", nargs="*", default=[], help="runs/{arm}/final of the round's arms")
+    ap.add_argument("--out-dir", required=True)
+    args = ap.parse_args(argv)
+    rnd, arms = json.loads(args.round_json), json.loads(args.arms_json)
+    nom, reg = io.read_json(args.nomination), io.read_json(args.registration)
+    compares = {}
+    for p in args.compare:
+        c = io.read_json(p)
+        if c["ref"] == rnd["incumbent"] and c.get("suite", rnd["suite"]) == rnd["suite"]:
+            compares[(c.get("regime") or rnd["regime"], c["cand"])] = c
+    noises = {(n["regime"], n["arm"]): n for n in map(io.read_json, args.noise)}
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dose_response(out / "dose_response.png", rnd, arms, compares, noises)
+    wins_losses(out / "wins_losses.png", rnd, arms, compares)
+    noise_floor(out / "noise_floor.png", noises)
+    loss_curves(out / "loss_curves.png", {Path(r).parent.name: Path(r) for r in args.runs}, rnd["incumbent"])
+    lineage(out / "lineage.png", rnd, arms, nom["promoted"])
+    io.write_text(out / "nomination.html", nomination_html(nom, reg))
+    print(f"round {args.round}: report files in {out} ({bar.bar_sha256(nom['bar_resolved'])[:12]})")
+
+
+if __name__ == "__main__":
+    main()

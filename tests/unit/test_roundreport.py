@@ -1,0 +1,66 @@
+"""arenaflow.roundreport: one page of files per round, from the round's JSONs and run metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from arenaflow import io, nominate, roundreport
+
+pytest.importorskip("matplotlib")
+
+RND = {"suite": "math", "regime": "greedy", "incumbent": "R2d", "candidates": ["B1", "B2", "B3", "B4"],
+       "bar": [{"metric": "delta", "op": ">", "value": 0.0, "note": "accuracy points"},
+               {"metric": "wins_minus_losses", "op": ">=", "value": 3}]}
+ARMS = {"S1": {"init": "base", "policy": "reference", "lr": 1e-3},
+        "R220": {"init": "S1", "policy": "S1", "lr": 1e-3},
+        "R2d": {"init": "R220", "policy": "R220", "lr": 1e-3},
+        "B1": {"init": "R2d", "policy": "R2d", "lr": 1e-5}, "B2": {"init": "R2d", "policy": "R2d", "lr": 5e-6},
+        "B3": {"init": "R2d", "policy": "R2d", "lr": 2e-5}, "B4": {"init": "R2d", "policy": "R2d", "lr": 5e-5}}
+SWEEP = {"B2": (0.75, 9, 6), "B1": (1.00, 20, 14), "B3": (1.83, 22, 11), "B4": (-1.00, 10, 16)}  # seeds/000
+
+
+def test_round_report_writes_every_page_file(tmp_path):
+    compares, paths = {}, []
+    for regime, scale in (("greedy", 1.0), ("served", 0.1)):
+        for arm, (d, w, l) in SWEEP.items():
+            c = {"suite": "math", "regime": regime, "cand": arm, "ref": "R2d", "delta": d * scale,
+                 "wins": w, "losses": l, "p_value": 0.5, "ci95": [d * scale - 2, d * scale + 2],
+                 "wins_minus_losses": w - l, "accuracy": 90.0, "t": None}
+            p = tmp_path / f"compare/math/{regime}/{arm}__R2d.json"
+            io.write_json(p, c)
+            paths.append(str(p))
+            if regime == "greedy":
+                compares[arm] = c
+    noise = tmp_path / "noise/math/served/R2d.json"
+    io.write_json(noise, {"suite": "math", "regime": "served", "arm": "R2d", "k": 3,
+                          "replicate_accuracies": [84.31, 83.01, 80.39], "spread": 3.92,
+                          "mean_abs_delta": 2.61, "max_abs_t": 1.91})
+    nom = nominate.nominate("r3", RND, compares)
+    io.write_json(tmp_path / "r3.json", {**nom, "registration": {"readouts_checked": 4}})
+    io.write_json(tmp_path / "r3.bar.json", nominate.register("r3", RND))
+    runs = []
+    for arm in ("R2d", "B1", "B3"):
+        io.write_jsonl(tmp_path / f"runs/{arm}/final/metrics.jsonl",
+                       [{"step": s, "loss": 1.0 / s} for s in range(1, 6)])
+        runs.append(str(tmp_path / f"runs/{arm}/final"))
+    out = tmp_path / "reports/r3"
+    roundreport.main(["--round", "r3", "--round-json", json.dumps(RND), "--arms-json", json.dumps(ARMS),
+                      "--nomination", str(tmp_path / "r3.json"), "--registration", str(tmp_path / "r3.bar.json"),
+                      "--compare", *paths, "--noise", str(noise), "--runs", *runs, "--out-dir", str(out)])
+    for name in ("dose_response", "wins_losses", "noise_floor", "loss_curves", "lineage"):
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    page = (out / "nomination.html").read_text()
+    assert nom["promoted"] == "B3" and "promoted B3" in page
+    assert page.count("<tr><th>B") == 4 and "accuracy points" in page and nom["bar_sha256"] in page
+
+
+def test_sweep_is_ordered_by_learning_rate():
+    assert roundreport.sweep_order(RND["candidates"], ARMS) == ["B2", "B1", "B3", "B4"]
+
+
+def test_pages_without_noise_or_metrics_say_so(tmp_path):
+    roundreport.noise_floor(tmp_path / "n.png", {})
+    roundreport.loss_curves(tmp_path / "l.png", {"B1": tmp_path / "missing"}, "R2d")
+    assert (tmp_path / "n.png").stat().st_size > 0 and (tmp_path / "l.png").stat().st_size > 0
