@@ -56,6 +56,7 @@ def generate(
     seed: int = 0,
     batch_size: int = 64,
     desc: str = "generate",
+    cache_implementation: str | None = None,
 ) -> list[list[dict]]:
     """For each rendered prompt, `k` samples: {text, n_tokens, stopped}.
 
@@ -80,6 +81,8 @@ def generate(
             num_return_sequences=k,
             eos_token_id=stops,
             pad_token_id=pad,
+            # "static" preallocates the KV cache: far fewer launches per step on GPUs
+            **({"cache_implementation": cache_implementation} if cache_implementation else {}),
             **decoding.generate_kwargs(),
         )
         new = gen[:, enc["input_ids"].shape[1] :].tolist()

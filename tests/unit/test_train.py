@@ -21,6 +21,7 @@ HYPER = {
     "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1,
     "max_grad_norm": 1.0, "epochs": 1, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 256,
     "seed": 0, "nproc": 1, "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0,
+    "zero3_persistence_threshold": 0,  # partition every parameter: exposes an ungathered save
 }
 
 

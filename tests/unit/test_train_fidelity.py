@@ -28,6 +28,7 @@ HYPER = {
     "lr": 4e-3, "lm_head_lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.25, "min_lr_ratio": 0.1,
     "max_grad_norm": 1.0, "epochs": 2, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 256,
     "seed": 3, "nproc": 1, "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0,
+    "zero3_persistence_threshold": 0,  # partition every parameter: exposes an ungathered save
 }
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

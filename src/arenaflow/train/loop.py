@@ -29,7 +29,8 @@ log = logging.getLogger("arenaflow.train")
 FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
 PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
 DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
-            "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0}
+            "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
+            "zero3_persistence_threshold": 100000}  # DeepSpeed's own default
 
 
 def ensure_dist_env() -> None:
@@ -48,9 +49,9 @@ def deepspeed_config(hyper: dict, cuda: bool) -> dict:
         "train_micro_batch_size_per_gpu": hyper["micro_batch_size"],
         "gradient_accumulation_steps": hyper["grad_accum"],
         "gradient_clipping": hyper["max_grad_norm"],
-        # 0: every parameter is partitioned, however small (a tiny model otherwise stays
-        # gathered and hides save bugs, FACTS.md).
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        # Parameters smaller than this stay gathered on every rank. Tests set 0 so that every
+        # parameter is partitioned, however small (a tiny model otherwise hides save bugs).
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": hyper["zero3_persistence_threshold"]},
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": cuda},
         "steps_per_print": 10**9,
@@ -198,6 +199,7 @@ def run(args) -> None:
             io.write_json(tmp / "training_evidence.json", {
                 "arm": args.arm,
                 "job_id": os.environ.get("SLURM_JOB_ID") or f"local-{socket.gethostname()}-{os.getpid()}",
+                "gpu_env": {k: os.environ.get(k) for k in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")},
                 "optimizer_steps": len(metrics),
                 "resumed_from_step": start or None,
                 "tokens_seen": tokens_seen,
