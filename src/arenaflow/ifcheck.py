@@ -1,0 +1,328 @@
+"""Instruction-constraint checker: does a response satisfy every checkable constraint of a prompt?
+
+A constraint is a dict {"type": family, **params}; `check(response, constraints)` returns
+{"passed": bool, "checks": [{"type", "passed", "reason"}]} with one check per constraint, in
+order, and a human reason for each failure ("word_eq: 37 words, expected 40"), so failures can
+be tallied by checker reason as seeds/003 does. A prompt passes only if every check passes.
+`describe(constraint)` is the instruction text a prompt carries for it.
+
+    python -m arenaflow.ifcheck --constraints-json '[{"type": "word_eq", "n": 40}]' < response.txt
+
+Definitions (all exact, so a test can hand-compute them):
+- words are `response.split()`; word_times / contains / no_word match case-insensitively on
+  whole words (not inside a longer word), phrases allowed;
+- a sentence ends in a run of . ! ? followed by whitespace or the end (closing quotes or
+  brackets may sit between); a trailing fragment without a terminator counts as one more;
+- paragraphs are separated by blank lines; bullets are lines starting "* " or "- ", numbered
+  items lines starting "N. " (leading spaces allowed);
+- startswith / endswith compare the whitespace-stripped response, case-sensitively;
+- highlights count *text* and **text** spans with non-blank text on one line (as IFEval does);
+- json_* accept the JSON wrapped in a ``` or ```json fence and nothing else around it;
+- table_rows counts the body rows (after the |---| separator) of every markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+# param kinds: "n" a non-negative int, "words" a non-empty list of non-empty strings (a single
+# string is accepted as a list of one), "text" a non-empty string
+_SPECS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
+    # family: ({required param: kind}, {optional param: default})
+    "word_eq": ({"n": "n"}, {}),
+    "word_min": ({"n": "n"}, {}),
+    "word_max": ({"n": "n"}, {}),
+    "word_times": ({"word": "text", "n": "n"}, {}),
+    "sent": ({"n": "n"}, {}),
+    "para": ({"n": "n"}, {}),
+    "bullet": ({"n": "n"}, {}),
+    "numbered": ({"n": "n"}, {}),
+    "contains": ({"words": "words"}, {}),
+    "no_word": ({"words": "words"}, {}),
+    "no_char": ({"chars": "text"}, {}),
+    "no_digits": ({}, {}),
+    "startswith": ({"phrase": "text"}, {}),
+    "endswith": ({"phrase": "text"}, {}),
+    "is_upper": ({}, {}),
+    "is_lower": ({}, {}),
+    "quoted": ({}, {}),
+    "postscript": ({}, {"marker": "P.S."}),
+    "placeholders": ({"n": "n"}, {}),
+    "highlights": ({"n": "n"}, {}),
+    "json_keys": ({"keys": "words"}, {}),
+    "json_array_len": ({"n": "n"}, {}),
+    "table_rows": ({"n": "n"}, {}),
+}
+FAMILIES = tuple(_SPECS)
+
+_SENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s|$)")
+_BULLET = re.compile(r"^[ \t]*[*-] ", re.MULTILINE)
+_NUMBERED = re.compile(r"^[ \t]*\d+\. ", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"\[[^\[\]\n]*\S[^\[\]\n]*\]")
+_HIGHLIGHT = re.compile(r"\*\*([^\n*]*)\*\*|\*([^\n*]*)\*")
+_TABLE_SEP = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?$")
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
+               float: "a number", bool: "a boolean", type(None): "null"}
+_FENCE = re.compile(r"^```(?:json|JSON|Json)?[ \t]*\n(.*)\n```$", re.DOTALL)
+
+
+def _name(c) -> str:
+    return json.dumps(c, sort_keys=True, ensure_ascii=False) if isinstance(c, dict) else repr(c)
+
+
+def validate(constraint) -> dict:
+    """Return a normalised copy (optional params filled, single words listed); raise ValueError
+    naming the constraint when its type is unknown or a param is missing, extra or malformed."""
+    if not isinstance(constraint, dict) or "type" not in constraint:
+        raise ValueError(f"constraint {_name(constraint)}: expected a dict with a 'type'")
+    family = constraint["type"]
+    if family not in _SPECS:
+        raise ValueError(f"constraint {_name(constraint)}: unknown type {family!r}; known: {', '.join(FAMILIES)}")
+    required, optional = _SPECS[family]
+    extra = set(constraint) - {"type"} - set(required) - set(optional)
+    if extra:
+        raise ValueError(f"constraint {_name(constraint)}: unexpected param(s) {sorted(extra)} for {family}")
+    out = {"type": family, **optional}
+    for key, kind in required.items():
+        if key not in constraint:
+            raise ValueError(f"constraint {_name(constraint)}: missing param {key!r} for {family}")
+        out[key] = _param(constraint, key, kind, constraint[key])
+    for key in optional:
+        if key in constraint:
+            out[key] = _param(constraint, key, "text", constraint[key])
+    return out
+
+
+def _param(constraint, key: str, kind: str, v):
+    bad = ValueError(f"constraint {_name(constraint)}: param {key!r} must be "
+                     + {"n": "a non-negative integer", "text": "a non-empty string",
+                        "words": "a non-empty string or list of non-empty strings"}[kind])
+    if kind == "n":
+        # bool is an int subclass; True as a count is a bug in whatever wrote the constraint
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad
+        return v
+    if kind == "words" and isinstance(v, list):
+        if not v or not all(isinstance(w, str) and w.strip() for w in v):
+            raise bad
+        return list(v)
+    if not isinstance(v, str) or not v.strip():
+        raise bad
+    return [v] if kind == "words" else v
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _quoted_list(words: list[str], conj: str) -> str:
+    q = [f'"{w}"' for w in words]
+    return q[0] if len(q) == 1 else f"{', '.join(q[:-1])} {conj} {q[-1]}"
+
+
+def _occurrences(text: str, phrase: str) -> int:
+    words = r"\s+".join(re.escape(w) for w in phrase.split())
+    return len(re.findall(rf"(?<!\w){words}(?!\w)", text, flags=re.IGNORECASE))
+
+
+def count_sentences(text: str) -> int:
+    ends = list(_SENT_END.finditer(text))
+    tail = text[ends[-1].end():] if ends else text
+    return len(ends) + (1 if re.search(r"\w", tail) else 0)
+
+
+def count_paragraphs(text: str) -> int:
+    return sum(1 for p in re.split(r"\n[ \t]*\n", text) if p.strip())
+
+
+def count_highlights(text: str) -> int:
+    return sum(1 for double, single in _HIGHLIGHT.findall(text) if (double or single).strip())
+
+
+def table_body_rows(text: str) -> tuple[int, int]:
+    """(tables, body rows over all tables): a table is a run of |-lines whose second line is a
+    |---| separator."""
+    tables = rows = 0
+    block: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        s = line.strip()
+        if s.startswith("|"):
+            block.append(s)
+            continue
+        if len(block) >= 2 and _TABLE_SEP.match(block[1]):
+            tables += 1
+            rows += len(block) - 2
+        block = []
+    return tables, rows
+
+
+def _json(text: str):
+    """(value, None) or (None, reason)."""
+    s = text.strip()
+    m = _FENCE.match(s)
+    try:
+        return json.loads(m.group(1) if m else s), None
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+
+
+def _count(family: str, have: int, want: int, unit: str, op: str) -> tuple[bool, str]:
+    ok = {"==": have == want, ">=": have >= want, "<=": have <= want}[op]
+    bound = {"==": "", ">=": "at least ", "<=": "at most "}[op]
+    return ok, "" if ok else f"{family}: {_plural(have, unit)}, expected {bound}{want}"
+
+
+def _check_one(text: str, c: dict) -> tuple[bool, str]:
+    t = c["type"]
+    if t in ("word_eq", "word_min", "word_max"):
+        return _count(t, len(text.split()), c["n"], "word", {"word_eq": "==", "word_min": ">=", "word_max": "<="}[t])
+    if t == "word_times":
+        k = _occurrences(text, c["word"])
+        ok = k == c["n"]
+        return ok, "" if ok else f"word_times: {c['word']!r} appears {_plural(k, 'time')}, expected {c['n']}"
+    if t == "sent":
+        return _count(t, count_sentences(text), c["n"], "sentence", "==")
+    if t == "para":
+        return _count(t, count_paragraphs(text), c["n"], "paragraph", "==")
+    if t == "bullet":
+        return _count(t, len(_BULLET.findall(text)), c["n"], "bullet", "==")
+    if t == "numbered":
+        return _count(t, len(_NUMBERED.findall(text)), c["n"], "numbered item", "==")
+    if t == "placeholders":
+        return _count(t, len(_PLACEHOLDER.findall(text)), c["n"], "placeholder", ">=")
+    if t == "highlights":
+        return _count(t, count_highlights(text), c["n"], "highlighted section", ">=")
+    if t == "contains":
+        missing = [w for w in c["words"] if not _occurrences(text, w)]
+        return not missing, "" if not missing else f"contains: missing {_quoted_list(missing, 'and')}"
+    if t == "no_word":
+        found = [f"{w!r} x{k}" for w in c["words"] if (k := _occurrences(text, w))]
+        return not found, "" if not found else f"no_word: found {', '.join(found)}"
+    if t in ("no_char", "no_digits"):
+        hits = (re.findall(r"\d", text) if t == "no_digits"
+                else [ch for ch in text if ch in c["chars"]])
+        what = "digit" if t == "no_digits" else "forbidden character"
+        return not hits, "" if not hits else f"{t}: {_plural(len(hits), what)} ({''.join(sorted(set(hits)))!r})"
+    if t in ("startswith", "endswith"):
+        s = text.strip()
+        ok = s.startswith(c["phrase"]) if t == "startswith" else s.endswith(c["phrase"])
+        n = len(c["phrase"])
+        seen = s[:n] if t == "startswith" else s[-n:]
+        verb = "begins" if t == "startswith" else "ends"
+        return ok, "" if ok else f"{t}: {verb} with {seen!r}, expected {c['phrase']!r}"
+    if t in ("is_upper", "is_lower"):
+        # str.isupper/islower: at least one cased letter and none of the other case
+        ok = text.isupper() if t == "is_upper" else text.islower()
+        other = sum(ch.islower() if t == "is_upper" else ch.isupper() for ch in text)
+        case = "lowercase" if t == "is_upper" else "uppercase"
+        return ok, "" if ok else f"{t}: {_plural(other, case + ' letter')}" + ("" if other else " and no cased letter")
+    if t == "quoted":
+        s = text.strip()
+        ok = len(s) > 1 and s[0] == '"' and s[-1] == '"'
+        return ok, "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'"
+    if t == "postscript":
+        ok = bool(re.search(rf"^[ \t]*{re.escape(c['marker'])}", text, flags=re.MULTILINE))
+        return ok, "" if ok else f"postscript: no line starts with {c['marker']!r}"
+    if t in ("json_keys", "json_array_len"):
+        value, err = _json(text)
+        if err:
+            return False, f"{t}: {err}"
+        want = dict if t == "json_keys" else list
+        if not isinstance(value, want):
+            return False, f"{t}: top level is {_JSON_TYPES[type(value)]}, expected {_JSON_TYPES[want]}"
+        if t == "json_array_len":
+            return _count(t, len(value), c["n"], "item", "==")
+        missing = [k for k in c["keys"] if k not in value]
+        return not missing, "" if not missing else f"json_keys: missing keys {_quoted_list(missing, 'and')}"
+    if t == "table_rows":
+        tables, rows = table_body_rows(text)
+        if not tables:
+            return False, "table_rows: no markdown table (a |-row followed by a |---| separator)"
+        return _count(t, rows, c["n"], "body row", "==")
+    raise AssertionError(f"family {t!r} has a spec but no check")  # pragma: no cover
+
+
+def check(response: str, constraints: list[dict]) -> dict:
+    """Check `response` against every constraint; unknown/malformed constraints raise ValueError."""
+    if not isinstance(constraints, list) or not constraints:
+        raise ValueError(f"constraints must be a non-empty list, got {_name(constraints)}")
+    checks = []
+    for c in constraints:
+        passed, reason = _check_one(response, validate(c))
+        checks.append({"type": c["type"], "passed": passed, "reason": reason})
+    return {"passed": all(x["passed"] for x in checks), "checks": checks}
+
+
+def describe(constraint: dict) -> str:
+    """The instruction sentence a prompt carries for `constraint`."""
+    c = validate(constraint)
+    t, n = c["type"], c.get("n")
+    if t == "word_eq":
+        return f"Your answer must be exactly {_plural(n, 'word')} long."
+    if t == "word_min":
+        return f"Answer with at least {_plural(n, 'word')}."
+    if t == "word_max":
+        return f"Answer with at most {_plural(n, 'word')}."
+    if t == "word_times":
+        return f'Use the word "{c["word"]}" exactly {_plural(n, "time")}.'
+    if t == "sent":
+        return f"Answer in exactly {_plural(n, 'sentence')}."
+    if t == "para":
+        return f"Write exactly {_plural(n, 'paragraph')}, separated by blank lines."
+    if t == "bullet":
+        return f'Include exactly {_plural(n, "bullet point")}, each on its own line starting with "* ".'
+    if t == "numbered":
+        return f'Include a numbered list of exactly {_plural(n, "item")}, numbered "1.", "2.", and so on.'
+    if t == "contains":
+        return f"Include the {'word' if len(c['words']) == 1 else 'words'} {_quoted_list(c['words'], 'and')}."
+    if t == "no_word":
+        return f"Do not use the {'word' if len(c['words']) == 1 else 'words'} {_quoted_list(c['words'], 'or')}."
+    if t == "no_char":
+        named = {",": "commas", ";": "semicolons", "!": "exclamation marks", "?": "question marks",
+                 ":": "colons", "-": "hyphens"}
+        if c["chars"] in named:
+            return f"Do not use any {named[c['chars']]}."
+        return f"Do not use any of these characters: {_quoted_list(list(c['chars']), 'or')}."
+    if t == "no_digits":
+        return "Do not use any digits; write every number out in words."
+    if t == "startswith":
+        return f'Begin your answer with the exact words "{c["phrase"]}".'
+    if t == "endswith":
+        return f'End your answer with the exact phrase "{c["phrase"]}", with nothing after it.'
+    if t == "is_upper":
+        return "Write your entire answer in capital letters."
+    if t == "is_lower":
+        return "Write your entire answer in lowercase letters; no capital letters at all."
+    if t == "quoted":
+        return "Wrap your entire answer in double quotation marks."
+    if t == "postscript":
+        return f'At the end, add a postscript on its own line starting with "{c["marker"]}".'
+    if t == "placeholders":
+        return f"Include at least {_plural(n, 'placeholder')} in square brackets, such as [name]."
+    if t == "highlights":
+        return f"Highlight at least {_plural(n, 'section')} with markdown, i.e. *highlighted section*."
+    if t == "json_keys":
+        keys = c["keys"]
+        return (f"Answer with a single JSON object with the {'key' if len(keys) == 1 else 'keys'} "
+                f"{_quoted_list(keys, 'and')}, and nothing outside it.")
+    if t == "json_array_len":
+        return f"Answer with a JSON array of exactly {_plural(n, 'item')}, and nothing outside it."
+    if t == "table_rows":
+        return f"Include a markdown table with exactly {_plural(n, 'row')} below its header row."
+    raise AssertionError(f"family {t!r} has a spec but no description")  # pragma: no cover
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--constraints-json", required=True, help="a JSON list of constraint dicts")
+    args = ap.parse_args(argv)
+    result = check(sys.stdin.read(), json.loads(args.constraints_json))
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    sys.exit(0 if result["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()
