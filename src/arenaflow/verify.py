@@ -4,11 +4,15 @@ Two comparisons are recorded per sample, as the seeds report both:
 - strict: the extracted answer string equals the gold string after trimming;
 - loose: both parse as numbers (thousands separators, `$`, units and trailing `.` stripped,
   fractions `a/b` and `\\frac{a}{b}` evaluated) and agree within 1e-6 relative tolerance.
+`check(..., math_verify=True)` adds a third, symbolic comparison by Hugging Face's math-verify
+(`math_verify`: the completion's final answer equals gold as a sympy expression), which also
+covers what the numeric parse cannot (`\\frac{\\sqrt{3}}{2}`, `x+1` vs `1+x`, intervals, sets).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from fractions import Fraction
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
@@ -50,8 +54,28 @@ def to_number(s: str) -> Fraction | None:
         return None
 
 
-def check(completion: str, gold: str) -> dict:
-    """Per-sample verdict: extracted answer, strict and loose correctness."""
+def math_verify_equal(completion: str, gold: str) -> bool:
+    """math-verify's verdict: the completion's final answer (its own extraction: last \\boxed{},
+    else the last LaTeX or plain expression) equals gold symbolically. False on any failure."""
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    # math-verify's timeouts use signal.alarm, which only the main thread may set
+    main = threading.current_thread() is threading.main_thread()
+    limit = 5 if main else None
+    try:
+        gold_parsed = parse("\\boxed{" + gold.strip() + "}", parsing_timeout=limit)
+        pred_parsed = parse(completion, parsing_timeout=limit)
+        return bool(gold_parsed and pred_parsed
+                    and mv_verify(gold_parsed, pred_parsed, timeout_seconds=limit))
+    except Exception:  # noqa: BLE001 - a grader crash on odd text is a wrong answer, not a job failure
+        return False
+
+
+def check(completion: str, gold: str, math_verify: bool = False) -> dict:
+    """Per-sample verdict: extracted answer, strict and loose correctness, and (with
+    math_verify=True) math-verify's symbolic verdict under the key "math_verify".
+    """
     pred = extract_answer(completion)
     strict = pred is not None and pred.rstrip(".").strip() == gold.strip()
     loose = False
@@ -59,4 +83,7 @@ def check(completion: str, gold: str) -> dict:
         a, b = to_number(pred), to_number(gold)
         if a is not None and b is not None:
             loose = abs(a - b) <= Fraction(1, 10**6) * max(1, abs(b))
-    return {"pred": pred, "strict": bool(strict), "loose": bool(strict or loose)}
+    out = {"pred": pred, "strict": bool(strict), "loose": bool(strict or loose)}
+    if math_verify:
+        out["math_verify"] = math_verify_equal(completion, gold)
+    return out

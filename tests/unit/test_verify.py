@@ -133,3 +133,51 @@ def test_strict_implies_loose_even_for_non_numbers():
 
 def test_no_prediction_is_recorded_as_none():
     assert verify.check("no idea", "5") == {"pred": None, "strict": False, "loose": False}
+
+
+# --- math-verify beside strict/loose --------------------------------------------------------
+
+def test_math_verify_field_is_only_added_on_request():
+    assert "math_verify" not in verify.check("The answer is 7.", "7")
+    assert verify.check("The answer is 7.", "7", math_verify=True) == {
+        "pred": "7", "strict": True, "loose": True, "math_verify": True}
+
+
+@pytest.mark.parametrize(
+    "completion, gold",
+    [
+        (r"so \boxed{\frac{1}{2}}", "0.5"),
+        ("The total is 1,234 apples", "1234"),
+        ("#### 72", "72"),
+        (r"thus \boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt{3}}{2}"),  # beyond the numeric parse
+        (r"\boxed{1+x}", "x+1"),
+        (r"\boxed{4\pi}", r"4\pi"),
+    ],
+)
+def test_math_verify_accepts_equal_answers(completion, gold):
+    assert verify.check(completion, gold, math_verify=True)["math_verify"] is True
+
+
+@pytest.mark.parametrize(
+    "completion, gold",
+    [
+        ("The answer is 41.", "42"),
+        (r"\boxed{3}", r"\frac{\sqrt{3}}{2}"),
+        (r"\boxed{x+2}", "x+1"),
+        ("no idea", "5"),
+        ("", "5"),
+    ],
+)
+def test_math_verify_rejects_wrong_answers(completion, gold):
+    assert verify.check(completion, gold, math_verify=True)["math_verify"] is False
+
+
+def test_math_verify_off_the_main_thread():
+    # its timeouts use signal.alarm, which only the main thread may set
+    import threading
+
+    out = {}
+    t = threading.Thread(target=lambda: out.update(v=verify.math_verify_equal(r"\boxed{6}", "6")))
+    t.start()
+    t.join()
+    assert out["v"] is True
