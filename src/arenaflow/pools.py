@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 
 from arenaflow import ifcheck, ifpool, io
+from arenaflow.verify import last_boxed
 from arenaflow.config import REPO_ROOT
 
 CATEGORIES = ("add", "sub", "mul", "two_step")
@@ -199,19 +200,6 @@ def _text(row: dict, field: str, where: str, what: str = "") -> str:
     if not isinstance(v, str) or not v.strip():
         raise ValueError(f"{where}: {what or 'missing or empty'} {field!r}")
     return v
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last \\boxed{...} (or \\fbox{...}), braces matched to any depth."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth, j = 1, i
-    while j < len(text) and depth:
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        j += 1
-    return text[i:j - 1].strip() if depth == 0 else None
 
 
 def _gsm8k(row: dict, where: str) -> dict:

@@ -15,17 +15,32 @@ import re
 import threading
 from fractions import Fraction
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
 _ANSWER_IS = re.compile(r"answer is[:\s]*\$?\s*([^\n]*?)\s*(?:\.\s|\.?$|\n)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 _FRAC = re.compile(r"^\\d?frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
+# A whole answer that is one number, optionally with a currency sign, a percent sign or a unit
+# word ("12 apples"): anything else ("2x", "\\sqrt{3}") is not a number.
+_WHOLE_NUMBER = re.compile(r"^\$?\s*(-?\d[\d,]*(?:\.\d+)?(?:/\d+)?)(?:\s*%|\s+[A-Za-z]+(?:\s+[A-Za-z]+)?)?\.?$")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (or \\fbox{...}), braces matched to any depth."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
+    if start < 0:
+        return None
+    i = text.index("{", start) + 1
+    depth, j = 1, i
+    while j < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        j += 1
+    return text[i:j - 1].strip() if depth == 0 else None
 
 
 def extract_answer(text: str) -> str | None:
     """The final answer: the last \\boxed{}, else the last "The answer is X", else the last number."""
-    boxed = _BOXED.findall(text)
-    if boxed:
-        return boxed[-1].strip()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
     stated = _ANSWER_IS.findall(text)
     if stated and stated[-1].strip():
         return stated[-1].strip()
@@ -41,10 +56,10 @@ def to_number(s: str) -> Fraction | None:
     if m:
         den = Fraction(m.group(2))
         return Fraction(m.group(1)) / den if den else None
-    m = _NUMBER.search(s)
+    m = _WHOLE_NUMBER.match(s)
     if not m:
         return None
-    token = m.group(0).replace(",", "")
+    token = m.group(1).replace(",", "")
     try:
         if "/" in token:
             num, den = token.split("/")

@@ -181,3 +181,17 @@ def test_math_verify_off_the_main_thread():
     t.start()
     t.join()
     assert out["v"] is True
+
+
+def test_boxed_extraction_matches_braces_to_any_depth():
+    from arenaflow.verify import extract_answer
+
+    assert extract_answer(r"so \boxed{\frac{\sqrt{3}}{2}} done") == r"\frac{\sqrt{3}}{2}"
+
+
+def test_loose_comparison_refuses_answers_that_are_not_a_number():
+    from arenaflow.verify import check
+
+    assert not check(r"\boxed{3}", r"\frac{\sqrt{3}}{2}")["loose"]
+    assert not check("2y", "2x")["loose"]
+    assert check("so 12 apples", "12")["loose"] and check("75%", "75")["loose"]
