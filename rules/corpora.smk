@@ -7,6 +7,13 @@ def corpus_candidates(wc):
     }
 
 
+def eval_pools(wc):
+    """Every evaluation pool, to decontaminate the corpus against (unless it opts out)."""
+    if not CFG["corpora"][wc.corpus]["decontaminate"]:
+        return []
+    return sorted({f"pools/{s['pool']}.jsonl" for s in CFG["evals"].values()})
+
+
 def candidate_flags(wc, input):
     if "verdicts" not in input.keys():
         return ""
@@ -17,15 +24,17 @@ rule build_corpus:
     input:
         unpack(corpus_candidates),
         pool=corpus_pool,
+        evals=eval_pools,
         base=BASE_FILES,
     output:
+        # sft.npz or pairs.npz (format: pairs) is listed in the manifest
         rows="corpora/{corpus}/rows.jsonl",
-        npz="corpora/{corpus}/sft.npz",
         stats="corpora/{corpus}/stats.json",
         manifest="corpora/{corpus}/manifest.json",
     params:
         cfg=lambda wc: as_json(CFG["corpora"][wc.corpus]),
         candidates=candidate_flags,
+        evals=lambda wc, input: f"--eval-pools {' '.join(input.evals)}" if input.evals else "",
         system=CFG["system_prompt"],
         base=BASE,
     log:
@@ -34,5 +43,5 @@ rule build_corpus:
         "../envs/arenaflow.yaml"
     shell:
         "python -m arenaflow.corpora --corpus {wildcards.corpus} --pool {input.pool} "
-        "{params.candidates} --tokenizer {params.base:q} --system-prompt {params.system:q} "
+        "{params.candidates} {params.evals} --tokenizer {params.base:q} --system-prompt {params.system:q} "
         "--params-json {params.cfg:q} --out corpora/{wildcards.corpus} > {log} 2>&1"

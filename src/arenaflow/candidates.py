@@ -5,9 +5,13 @@
     python -m arenaflow.candidates verify --pool pools/P.jsonl --samples candidates/C/samples.jsonl
         --out candidates/C/verdicts.jsonl
 
-A verdict records the extracted answer, strict and loose correctness, length, whether the
-sample stopped on a stop token, and degeneracy flags (empty, U+FFFD). `correct` (what rejection
-sampling keeps) = loose-correct, stopped, non-empty and free of U+FFFD.
+A verdict records length, whether the sample stopped on a stop token and the degeneracy flags
+(empty, loop = rep_ratio(6) >= 0.25, low n-gram uniqueness, truncated, U+FFFD), plus, by pool
+kind: math, the extracted answer and strict/loose correctness; instruction following, the
+constraint checker's verdict and a reason per failed check. `correct` (what rejection sampling
+keeps): math, loose-correct; instruction following, every check passes and no loop; open-ended,
+no loop, no low uniqueness and at least the row's min_chars; and for all, stopped, non-empty,
+free of U+FFFD.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from arenaflow import chat, io, models, sampling, verify
+from arenaflow import chat, degeneracy, ifcheck, io, models, sampling, verify
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
@@ -34,31 +38,35 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
     return rows
 
 
-def verdict(sample_row: dict, gold: str) -> dict:
+def verdict(sample_row: dict, pool_row: dict) -> dict:
+    """One sample's verdict, by what the pool row carries: `gold` (math), `constraints`
+    (instruction following) or neither (open-ended, judged on form and length alone)."""
     text = sample_row["text"]
-    v = verify.check(text, gold)
-    empty, fffd = not text.strip(), "\ufffd" in text
-    return {
-        "id": sample_row["id"],
-        "prompt_id": sample_row["prompt_id"],
-        "sample": sample_row["sample"],
-        **v,
-        "chars": len(text),
-        "n_tokens": sample_row["n_tokens"],
-        "stopped": sample_row["stopped"],
-        "empty": empty,
-        "fffd": fffd,
-        "correct": v["loose"] and sample_row["stopped"] and not empty and not fffd,
-    }
+    flags = degeneracy.flags(text, sample_row["stopped"])
+    clean = sample_row["stopped"] and not (flags["empty"] or flags["fffd"])
+    out = {"id": sample_row["id"], "prompt_id": sample_row["prompt_id"], "sample": sample_row["sample"],
+           "chars": len(text), "n_tokens": sample_row["n_tokens"], "stopped": sample_row["stopped"],
+           **flags}
+    if "gold" in pool_row:
+        v = verify.check(text, pool_row["gold"])
+        out.update(v, correct=v["loose"] and clean)
+    elif "constraints" in pool_row:
+        c = ifcheck.check(text, pool_row["constraints"])
+        out.update(passed=c["passed"], reasons=[x["reason"] for x in c["checks"] if not x["passed"]],
+                   correct=c["passed"] and clean and not flags["loop"])
+    else:
+        long_enough = len(text) >= pool_row.get("min_chars", 0)
+        out.update(correct=clean and long_enough and not (flags["loop"] or flags["low_unique"]))
+    return out
 
 
 def verify_all(pool: list[dict], samples: list[dict], samples_path: str) -> list[dict]:
-    gold = {r["id"]: r["gold"] for r in pool}
+    rows = {r["id"]: r for r in pool}
     out = []
     for line, s in enumerate(samples, start=1):
-        if s.get("prompt_id") not in gold:
+        if s.get("prompt_id") not in rows:
             raise ValueError(f"{samples_path}:{line}: prompt_id {s.get('prompt_id')!r} is not in the pool")
-        out.append(verdict(s, gold[s["prompt_id"]]))
+        out.append(verdict(s, rows[s["prompt_id"]]))
     return out
 
 

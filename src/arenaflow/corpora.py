@@ -7,7 +7,9 @@ Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json} (pairs.npz ins
 sft.npz for `format: pairs`: one verified and one failed answer per prompt, for DPO/SimPO). With verdicts, each prompt
 keeps at most one verified-correct sample (by `select`: the median-length one by default);
 unsolved prompts are dropped and counted. Without (policy 'reference'), each prompt's worked
-solution is the target. sft.npz holds the token ids of each rendered conversation and an
+solution is the target. Rows whose prompt shares a 30-token shingle with an evaluation item are
+dropped and listed (stats.json `decontamination`); `coverage:` then keeps the subset an exact
+integer program picks under a row/token budget with per-group bounds (stats.json `coverage`). sft.npz holds the token ids of each rendered conversation and an
 assistant-only loss mask (arenaflow.chat.encode_with_mask), concatenated, with row offsets.
 """
 
@@ -87,7 +89,28 @@ def select(pool: list[dict], samples: list[dict], verdicts: list[dict], params: 
 
 
 def reference(pool: list[dict]) -> tuple[list[dict], dict]:
+    missing = next((r["id"] for r in pool if not r.get("reference")), None)
+    if missing is not None:
+        raise ValueError(f"pool row {missing!r} has no 'reference' answer: policy 'reference' "
+                         "needs one on every row (use policy 'base' or an arm to sample instead)")
     return [_row(r, r["reference"], source="reference") for r in pool], {"prompts": len(pool)}
+
+
+def cover(rows: list[dict], tokenizer, system_prompt: str, spec: dict) -> tuple[list[dict], dict]:
+    """Coverage selection (seeds/000 R2d): the subset that an exact integer program picks under
+    the spec's row/token budget and per-group bounds (arenaflow.coverage)."""
+    from arenaflow import coverage
+
+    _, lengths = tokenize(rows, tokenizer, system_prompt)
+    cands = [{"id": r["id"], "prompt_id": r["id"], "group": r["category"], "tokens": n}
+             for r, n in zip(rows, lengths["row_tokens"])]
+    sel = coverage.select(cands, row_budget=spec.get("row_budget"), token_budget=spec.get("token_budget"),
+                          min_per_group=spec.get("min_per_group"), max_per_group=spec.get("max_per_group"),
+                          weights=None if spec.get("weights", "uniform") == "uniform" else spec["weights"])
+    chosen = set(sel.ids)
+    return [r for r in rows if r["id"] in chosen], {
+        "objective": sel.objective, "per_group": sel.per_group, "tokens": sel.tokens, "status": sel.status,
+        "candidates": len(rows), **{k: v for k, v in spec.items()}}
 
 
 def _row(pool_row: dict, completion: str, source: str) -> dict:
@@ -122,6 +145,7 @@ def tokenize(rows: list[dict], tokenizer, system_prompt: str, field: str = "comp
     }
     n = max(len(rows), 1)
     return arrays, {
+        "row_tokens": np.diff(arrays[f"{prefix}offsets"]).tolist(),
         "tokens": len(ids),
         "supervised_tokens": int(sum(mask)),
         "mean_tokens_per_row": len(ids) / n,
@@ -130,11 +154,20 @@ def tokenize(rows: list[dict], tokenizer, system_prompt: str, field: str = "comp
 
 
 def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: dict,
-          samples: list[dict] | None = None, verdicts: list[dict] | None = None) -> dict:
+          samples: list[dict] | None = None, verdicts: list[dict] | None = None,
+          eval_items: list[dict] | None = None) -> dict:
+    """Select, decontaminate against `eval_items`, optionally coverage-select, tokenise and
+    write the corpus atomically; return its stats (with the manifest digest)."""
+    from arenaflow import decontam
+
     if verdicts is None:
         rows, stats = reference(pool)
     else:
         rows, stats = select(pool, samples, verdicts, params)
+    if eval_items is not None:
+        rows, stats["decontamination"] = decontam.decontaminate(rows, eval_items)
+    if params.get("coverage"):
+        rows, stats["coverage"] = cover(rows, tokenizer, system_prompt, params["coverage"])
     if not rows:
         raise ValueError(f"{out}: no rows survived selection ({stats}); nothing to train on")
     pairs = params.get("format") == "pairs"
@@ -143,6 +176,7 @@ def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: di
         rejected, rej_stats = tokenize(rows, tokenizer, system_prompt, "rejected", "rejected_")
         arrays.update(rejected)
         tok_stats["rejected_tokens"] = rej_stats["tokens"]
+    tok_stats.pop("row_tokens")
     stats.update(tok_stats, rows=len(rows),
                  rows_by_category=dict(sorted(collections.Counter(r["category"] for r in rows).items())))
     with io.atomic_dir(out) as tmp:
@@ -162,6 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--verdicts", help="candidates/{corpus}/verdicts.jsonl (omit for 'reference')")
     ap.add_argument("--tokenizer", required=True, help="tokenizer directory (the base model's)")
     ap.add_argument("--system-prompt", default="", help="system turn of every training row")
+    ap.add_argument("--eval-pools", nargs="*", default=None,
+                    help="evaluation pools to decontaminate against (30-token shingles)")
     ap.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
     ap.add_argument("--out", required=True, help="corpora/{corpus}")
     args = ap.parse_args(argv)
@@ -175,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         json.loads(args.params_json),
         io.read_jsonl(args.samples) if args.samples else None,
         io.read_jsonl(args.verdicts) if args.verdicts else None,
+        [row for p in args.eval_pools for row in io.read_jsonl(p)] if args.eval_pools is not None else None,
     )
     print(f"corpus {args.corpus}: {json.dumps(stats, sort_keys=True)}")
 

@@ -134,8 +134,8 @@ def fake_samples() -> list[dict]:
 
 
 def fake_verdicts(samples: list[dict]) -> list[dict]:
-    gold = {r["id"]: r["gold"] for r in POOL}
-    return [candidates.verdict(s, gold[s["prompt_id"]]) for s in samples]
+    rows = {r["id"]: r for r in POOL}
+    return [candidates.verdict(s, rows[s["prompt_id"]]) for s in samples]
 
 
 def params(**over) -> dict:
