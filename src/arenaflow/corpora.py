@@ -104,13 +104,18 @@ def cover(rows: list[dict], tokenizer, system_prompt: str, spec: dict) -> tuple[
     _, lengths = tokenize(rows, tokenizer, system_prompt)
     cands = [{"id": r["id"], "prompt_id": r["id"], "group": r["category"], "tokens": n}
              for r, n in zip(rows, lengths["row_tokens"])]
+    # A group that solved fewer rows than its minimum keeps all it has (recorded as a shortfall)
+    # rather than failing the round: on-policy sampling decides how many rows exist.
+    have = collections.Counter(c["group"] for c in cands)
+    minimum = {g: min(m, have[g]) for g, m in (spec.get("min_per_group") or {}).items()}
+    shortfall = {g: m - minimum[g] for g, m in (spec.get("min_per_group") or {}).items() if m > minimum[g]}
     sel = coverage.select(cands, row_budget=spec.get("row_budget"), token_budget=spec.get("token_budget"),
-                          min_per_group=spec.get("min_per_group"), max_per_group=spec.get("max_per_group"),
+                          min_per_group=minimum, max_per_group=spec.get("max_per_group"),
                           weights=None if spec.get("weights", "uniform") == "uniform" else spec["weights"])
     chosen = set(sel.ids)
     return [r for r in rows if r["id"] in chosen], {
         "objective": sel.objective, "per_group": sel.per_group, "tokens": sel.tokens, "status": sel.status,
-        "candidates": len(rows), **{k: v for k, v in spec.items()}}
+        "candidates": len(rows), "min_shortfall": shortfall, **spec}
 
 
 def _row(pool_row: dict, completion: str, source: str) -> dict:

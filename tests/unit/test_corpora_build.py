@@ -44,3 +44,11 @@ def test_reference_policy_names_a_row_without_a_reference(tmp_path, tok):
     with pytest.raises(ValueError, match=rf"{rows[1]['id']!r} has no 'reference'"):
         corpora.build(tmp_path / "c", rows, tok, "", {})
     assert not (tmp_path / "c").exists()
+
+
+def test_a_group_below_its_minimum_keeps_all_its_rows_and_records_the_shortfall(tmp_path, tok):
+    rows = pools.generate(30, 6, "train", {"add": 8, "mul": 1}, "t")
+    n_mul = sum(r["category"] == "mul" for r in rows)
+    stats = corpora.build(tmp_path / "c", rows, tok, "", {"coverage": {"row_budget": 12, "min_per_group": {"mul": n_mul + 5}}})
+    assert stats["coverage"]["per_group"]["mul"] == n_mul
+    assert stats["coverage"]["min_shortfall"] == {"mul": 5}
