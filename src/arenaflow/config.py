@@ -121,13 +121,24 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
             raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
         if data["corpus"] not in cfg["corpora"]:
             raise ConfigError(f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}")
+        hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
+        wants_pairs = hyper.get("objective", "sft") in ("dpo", "simpo")
+        if wants_pairs != (cfg["corpora"][data["corpus"]]["format"] == "pairs"):
+            raise ConfigError(f"{where} 'hyper/objective': {hyper.get('objective', 'sft')!r} cannot train on "
+                              f"corpus {data['corpus']!r} (format {cfg['corpora'][data['corpus']]['format']!r}); "
+                              "dpo/simpo need format 'pairs', sft needs 'sft'")
         arms[arm] = {
             "init": data["init"],
             "corpus": data["corpus"],
             "description": data.get("description", ""),
-            "hyper": merge(cfg["train_defaults"], data.get("hyper", {})),
+            "hyper": hyper,
             "file": str(files[arm]),
         }
+    for arm, a in arms.items():
+        init = arms.get(a["init"])
+        if init and init["hyper"]["method"] != a["hyper"]["method"]:
+            raise ConfigError(f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "
+                              f"{a['init']!r}, a {init['hyper']['method']} arm")
     for arm in arms:
         arms[arm]["lineage"] = _lineage(arm, arms, cfg["corpora"])
 
