@@ -58,9 +58,22 @@ def structure(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def target_of(row: dict) -> str:
+    """What an item is scored against, as text: gold answer, constraint list, or the open-ended
+    length floor, so both sides of a comparison can prove they judged the same thing."""
+    if "gold" in row:
+        return row["gold"]
+    if "constraints" in row:
+        return json.dumps(row["constraints"], sort_keys=True)
+    return json.dumps({"open": True, "min_chars": row.get("min_chars", 0)})
+
+
 def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict, seed: int,
             batch_size: int, desc: str) -> pd.DataFrame:
-    from arenaflow import chat, sampling, verify  # torch-heavy: only the readout needs them
+    """One row per item. `correct` is the same verdict rejection sampling uses
+    (arenaflow.candidates.verdict): math, the loose answer; instruction following, every
+    constraint checked; open-ended, stopped, non-degenerate and long enough."""
+    from arenaflow import candidates, chat, sampling  # torch-heavy: only the readout needs them
 
     prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
     dec = sampling.Decoding(**{k: regime[k] for k in DECODING_KEYS if k in regime})
@@ -69,18 +82,19 @@ def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict
                              batch_size=batch_size, desc=desc)
     recs = []
     for r, p, (o,) in zip(pool, prompts, outs):
-        v = verify.check(o["text"], r["gold"])
+        v = candidates.verdict({"id": r["id"], "prompt_id": r["id"], "sample": 0, **o}, r)
         recs.append({
             "item_id": r["id"],
             "category": r["category"],
             "prompt_sha256": manifest.sha256_text(p),
-            "target_sha256": manifest.sha256_text(r["gold"]),
+            "target_sha256": manifest.sha256_text(target_of(r)),
             "completion": o["text"],
             "n_tokens": o["n_tokens"],
             "stopped": o["stopped"],
-            "pred": v["pred"],
-            "strict": v["strict"],
-            "correct": v["loose"],
+            "pred": v.get("pred"),
+            "strict": v.get("strict", v["correct"]),
+            "reasons": "; ".join(v.get("reasons", [])),
+            "correct": v["correct"],
         })
     return structure(pd.DataFrame.from_records(recs))
 

@@ -180,3 +180,24 @@ def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
     assert d0["completion"].tolist() != d1["completion"].tolist()  # T=0.8, another seed
     res = evals.noise(pd.concat([d0, d1], ignore_index=True), "t")
     assert res["k"] == 2 and res["n"] == len(POOL)
+
+
+def test_readout_scores_instruction_and_open_items_with_the_candidate_verdicts():
+    from pathlib import Path
+
+    from arenaflow import models
+
+    base = Path(__file__).resolve().parents[2] / "models/tiny-arith"
+    model, tok = models.load_policy(base, None)
+    pool = [
+        {"id": "if-1", "category": "no_char", "prompt": "Ann has 3 pens and gets 4 more. How many pens now?",
+         "constraints": [{"type": "no_digits"}]},
+        {"id": "open-1", "category": "open", "prompt": "Ben has 5 cups and gets 2 more. How many cups now?",
+         "min_chars": 0},
+    ]
+    df = evals.readout(pool, model, tok, "", {"temperature": 0.0, "max_new_tokens": 48}, 0, 8, "t")
+    row_if, row_open = df.iloc[0], df.iloc[1]
+    # the tiny model answers with digits ("3 + 4 = 7."), which the constraint forbids
+    assert not row_if["correct"] and "no_digits" in row_if["reasons"]
+    assert bool(row_open["correct"]) == bool(row_open["stopped"] and not row_open["loop"])
+    assert row_if["target_sha256"] != row_open["target_sha256"]
