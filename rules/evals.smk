@@ -28,6 +28,7 @@ rule readout:
     resources:
         mem_mb=8000,
         runtime=60,
+        gres="gpu:1",  # Slurm GRES; ignored by local runs
     conda:
         "../envs/arenaflow.yaml"
     shell:

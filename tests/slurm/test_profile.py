@@ -1,0 +1,54 @@
+"""profiles/slurm without a cluster: the test profile is the real one plus test-cluster settings
+only, and a dry run through it asks GRES for exactly the GPU rules."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+REAL = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
+TEST = yaml.safe_load((REPO / "tests/slurm/profile/config.yaml").read_text())
+TEST_ONLY = {"slurm-status-command", "slurm-init-seconds-before-status-checks",
+             "slurm-keep-successful-logs", "slurm-no-account"}
+GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
+
+
+def test_the_test_profile_is_the_real_profile_plus_test_cluster_settings():
+    assert {k: v for k, v in TEST.items() if k not in TEST_ONLY} == REAL
+    assert "slurm-status-command" not in REAL  # sacct where the cluster has slurmdbd (the default)
+    assert not any("partition" in str(k) or "account" in str(k) for k in REAL["default-resources"])
+    assert "cpus_per_task" not in REAL["default-resources"]  # threads decide: train gets nproc CPUs
+
+
+def test_a_dry_run_asks_gres_for_gpu_rules_only(tmp_path):
+    arms = tmp_path / "arms"
+    shutil.copytree(REPO / "config/arms", arms)
+    (arms / "B2.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 3.0e-3, nproc: 2}\n")
+    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", "bundles/B3f",
+           "--profile", str(REPO / "profiles/slurm"), "--configfile", str(REPO / "config/config.yaml"),
+           str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    seen = set()
+    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) )", out):
+        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
+        if not m or m.group(1) == "all":
+            continue
+        rule = m.group(1)
+        res = re.search(r"resources: (.*)", block).group(1)
+        gres = re.search(r"\bgres=gpu:(\d+)", res)
+        assert not re.search(r"\bgpus?=", res), (rule, res)  # never the plugin's gpu=N
+        if rule in GPU_RULES:
+            want = GPU_RULES[rule] or (2 if "arm=B2" in block else 1)
+            assert gres and int(gres.group(1)) == want, (rule, res)
+        else:
+            assert gres is None, (rule, res)
+        seen.add(rule)
+    assert set(GPU_RULES) <= seen and {"build_pool", "build_corpus", "compare", "nominate"} <= seen, seen
