@@ -68,3 +68,27 @@ def lineage_comparisons(arm):
         for suite, s in CFG["evals"].items():
             out += [f"compare/{suite}/{regime}/{a}__{init}.json" for regime in s["regimes"]]
     return out
+
+
+# The GPU-minute budget (config `budget:`, arenaflow.budget). The train rule's input function
+# calls budget_gate for every arm the DAG holds, while the DAG is built: the pending arms seen so
+# far are costed together, and a run that would overrun the budget is refused there, naming the
+# arm, its estimate and the budget left, before any job is submitted. Not re-checked inside a
+# submitted job (the decision was made before sbatch), nor by --touch or --report (no executor).
+from arenaflow import budget as afbudget
+
+BUDGET = afbudget.Budget(CFG, results=REPO / CFG["results_dir"]) if "budget" in CFG else None
+BUDGET_ARMS = set()
+
+
+def budget_gate(wc):
+    if (BUDGET is None or not workflow.is_main_process or workflow.executor_plugin is None
+            or workflow.touch or wc.arm in BUDGET_ARMS):
+        return []
+    BUDGET_ARMS.add(wc.arm)
+    BUDGET.refresh()  # a DAG update after a checkpoint sees what has run since
+    try:
+        BUDGET.check(BUDGET_ARMS, wc.arm)
+    except afbudget.BudgetError as e:
+        raise WorkflowError(str(e)) from None
+    return []

@@ -14,6 +14,7 @@ rule train_arm:
         init=lambda wc: run_dir(arm(wc)["init"]),
         arm_file=lambda wc: arm(wc)["file"],
         base=BASE_FILES,
+        budget=budget_gate,  # [] or a refusal naming the arm, before any sbatch (rules/common.smk)
     output:
         directory("runs/{arm}/final"),
     params:

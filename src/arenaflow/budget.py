@@ -1,0 +1,301 @@
+"""The GPU-minute budget: what each GPU job is estimated to cost, what has been spent, what a
+set of pending arms would spend, and the refusal before anything is submitted.
+
+seeds/003 ended when the Slurm association hit its GrpTRESMins gres/gpu cap: every later
+sbatch was rejected (AssocGrpGRESMinutes) while arms were half-planned. Here the config holds
+the budget (`budget:` in config.yaml, schema in workflow/schemas/config.schema.yaml) and the
+workflow refuses, while the DAG is built, a run whose pending arms would overrun it
+(rules/common.smk); `python -m arenaflow.plan` picks which arms fit (arenaflow.plan).
+
+The cost model, in GPU-minutes (a GPU-minute is one allocated GPU for one minute, what
+GrpTRESMins counts):
+
+  training  gpus x (steps x step_s + overhead) / 60, gpus = nproc x nodes
+            steps  = min(max_steps, epochs x max(1, rows // (micro_batch_size x grad_accum x gpus)))
+            rows   = corpora/{c}/stats.json's rows once the corpus is built, else the pool's
+                     prompt count (an upper bound: one kept row per prompt)
+            step_s = row_seconds x micro_batch_size x grad_accum x seq_len / 1024 (ranks run in
+                     parallel); row_seconds is the median measured over the history (wall_time_s
+                     / (optimizer_steps x micro_batch_size x grad_accum x seq_len / 1024)) of runs
+                     of the same base model, else of any run, else `estimate.row_seconds`
+  generation (sampling k per prompt, a readout replicate): 1 GPU x
+            (ceil(prompts x k / batch_size) x max_new_tokens x decode_step_seconds + overhead) / 60
+  an arm    its training + every readout of it not yet on disk (what it takes to judge it), plus
+            the sampling of its corpus when that is not on disk (shared by the arms that use it)
+  spent     spent_gpu_minutes (outside these results) + measured training history
+            (world_size x (wall_time_s + overhead) / 60) + estimates of readouts and samples
+            already on disk (those jobs record no time)
+"""
+
+from __future__ import annotations
+
+import glob as globmod
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from arenaflow.config import REPO_ROOT
+
+DEFAULT_HISTORY = ["runs/*/final/training_evidence.json"]
+DEFAULT_ESTIMATE = {"row_seconds": 0.05, "decode_step_seconds": 0.05, "overhead_minutes": 1.0}
+KTOK = 1024
+
+
+class BudgetError(RuntimeError):
+    pass
+
+
+def settings(cfg: dict) -> dict | None:
+    """The config's budget section with its defaults, or None when there is none."""
+    b = cfg.get("budget")
+    if b is None:
+        return None
+    return {"gpu_minutes": float(b["gpu_minutes"]),
+            "spent_gpu_minutes": float(b.get("spent_gpu_minutes", 0.0)),
+            "history": list(b.get("history", DEFAULT_HISTORY)),
+            "estimate": {**DEFAULT_ESTIMATE, **b.get("estimate", {})}}
+
+
+def gpus(hyper: dict) -> int:
+    return int(hyper.get("nproc", 1)) * int(hyper.get("nodes", 1))
+
+
+def train_steps(rows: int, hyper: dict) -> int:
+    """Optimizer steps, as arenaflow.train.data.total_steps counts them (floor, at least 1)."""
+    per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * gpus(hyper)
+    steps = max(1, rows // per_step) * hyper.get("epochs", 1) if rows else 0
+    return min(steps, hyper.get("max_steps") or steps)
+
+
+def row_ktokens(hyper: dict) -> float:
+    """Rows of 1024 tokens one rank processes per optimizer step (padded to seq_len)."""
+    return hyper["micro_batch_size"] * hyper["grad_accum"] * hyper["seq_len"] / KTOK
+
+
+def train_minutes(rows: int, hyper: dict, row_seconds: float, overhead_minutes: float) -> float:
+    step_s = row_seconds * row_ktokens(hyper)
+    return gpus(hyper) * (train_steps(rows, hyper) * step_s / 60 + overhead_minutes)
+
+
+def generate_minutes(prompts: int, k: int, batch_size: int, max_new_tokens: int,
+                     decode_step_seconds: float, overhead_minutes: float) -> float:
+    """One GPU generating k completions per prompt in batches (sampling; a readout: k=1)."""
+    batches = math.ceil(prompts * k / batch_size) if prompts else 0
+    return batches * max_new_tokens * decode_step_seconds / 60 + overhead_minutes
+
+
+def measured_row_seconds(record: dict) -> float | None:
+    h, steps = record.get("hyperparameters") or {}, record.get("optimizer_steps") or 0
+    try:
+        work = steps * row_ktokens(h)
+    except KeyError:
+        return None
+    return record["wall_time_s"] / work if work and record.get("wall_time_s") else None
+
+
+def record_minutes(record: dict, overhead_minutes: float) -> float:
+    """GPU-minutes a finished training job held: every rank's GPU for its wall time."""
+    world = record.get("world_size") or gpus(record.get("hyperparameters") or {})
+    return world * (record.get("wall_time_s", 0.0) / 60 + overhead_minutes)
+
+
+def count_rows(path: Path) -> int:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path) as f:
+        return sum(1 for line in f if line.strip())
+
+
+@dataclass
+class ArmEstimate:
+    arm: str
+    priority: float
+    gpus: int
+    rows: int
+    steps: int
+    train: float
+    readouts: float
+    corpus: str
+    sampling: float  # of its corpus, when not on disk (shared with other arms on it)
+    needs: list[str] = field(default_factory=list)  # pending arms it cannot run without
+
+    @property
+    def own(self) -> float:
+        return self.train + self.readouts
+
+
+class Budget:
+    """Estimates and spending for one resolved config (arenaflow.config.resolve) and its results."""
+
+    def __init__(self, cfg: dict, results: Path | str | None = None, repo_root: Path = REPO_ROOT,
+                 gpu_minutes: float | None = None):
+        self.cfg = cfg
+        self.repo = Path(repo_root)
+        self.results = Path(results) if results is not None else self.repo / cfg["results_dir"]
+        s = settings(cfg) or {"gpu_minutes": float("inf"), "spent_gpu_minutes": 0.0,
+                              "history": DEFAULT_HISTORY, "estimate": dict(DEFAULT_ESTIMATE)}
+        if gpu_minutes is not None:
+            s["gpu_minutes"] = float(gpu_minutes)
+        self.settings = s
+        self.est = s["estimate"]
+        self._records: list[tuple[str, dict]] | None = None
+        self._estimates: dict[str, ArmEstimate] = {}
+
+    def refresh(self) -> None:
+        """Forget what was read from disk (history, estimates): jobs may have run since."""
+        self._records, self._estimates = None, {}
+
+    # ---- what exists -------------------------------------------------------------------
+    def history(self) -> list[tuple[str, dict]]:
+        """(path, record) of every training_evidence.json the history globs match, deduplicated
+        by (arm, job id, dataset): a bundle's copy of a run's evidence is not a second run."""
+        if self._records is None:
+            seen, out = set(), []
+            for pattern in self.settings["history"]:
+                p = pattern if Path(pattern).is_absolute() else str(self.results / pattern)
+                for path in sorted(globmod.glob(p)):
+                    try:
+                        rec = json.loads(Path(path).read_text())
+                    except (OSError, json.JSONDecodeError):
+                        continue
+                    key = (rec.get("arm"), rec.get("job_id"), rec.get("dataset_sha256"))
+                    if key not in seen:
+                        seen.add(key)
+                        out.append((path, rec))
+            self._records = out
+        return self._records
+
+    def row_seconds(self) -> tuple[float, str]:
+        """Seconds per 1024-token row per rank, and where the number comes from."""
+        base = self.cfg["base"].get("name", self.cfg["base"]["path"])
+        recs = [r for _, r in self.history()]
+        for subset, what in (([r for r in recs if r.get("base_model") == base], f"runs of {base}"),
+                             (recs, "runs")):
+            vals = [v for v in map(measured_row_seconds, subset) if v]
+            if vals:
+                return statistics.median(vals), f"median of {len(vals)} measured {what}"
+        return float(self.est["row_seconds"]), "prior (estimate.row_seconds)"
+
+    def pending(self, arm: str) -> bool:
+        return not (self.results / "runs" / arm / "final").exists()
+
+    def pool_rows(self, pool: str) -> int:
+        built = self.results / "pools" / f"{pool}.jsonl"
+        if built.exists():
+            return count_rows(built)
+        p = self.cfg["pools"][pool]
+        if "n" in p:
+            return int(p["n"])
+        f = Path(p["file"])
+        return count_rows(f if f.is_absolute() else self.repo / f)
+
+    def corpus_rows(self, corpus: str) -> int:
+        stats = self.results / "corpora" / corpus / "stats.json"
+        if stats.exists():
+            return int(json.loads(stats.read_text())["rows"])
+        return self.pool_rows(self.cfg["corpora"][corpus]["pool"])
+
+    # ---- per GPU job -------------------------------------------------------------------
+    def train(self, arm: str) -> tuple[int, int, float]:
+        """(rows, steps, GPU-minutes) of training `arm`."""
+        hyper = self.cfg["arms"][arm]["hyper"]
+        rows = self.corpus_rows(self.cfg["arms"][arm]["corpus"])
+        return rows, train_steps(rows, hyper), train_minutes(
+            rows, hyper, self.row_seconds()[0], self.est["overhead_minutes"])
+
+    def sampling(self, corpus: str) -> float:
+        c = self.cfg["corpora"][corpus]
+        if c["policy"] == "reference":
+            return 0.0
+        return generate_minutes(self.pool_rows(c["pool"]), c.get("k", 4), c.get("batch_size", 256),
+                                c.get("max_new_tokens", 64), self.est["decode_step_seconds"],
+                                self.est["overhead_minutes"])
+
+    def readout(self, suite: str, regime: str) -> float:
+        s = self.cfg["evals"][suite]
+        g = s["regimes"][regime]
+        return generate_minutes(self.pool_rows(s["pool"]), 1, s.get("batch_size", 256),
+                                g.get("max_new_tokens", 256), self.est["decode_step_seconds"],
+                                self.est["overhead_minutes"])
+
+    def readout_files(self, arm: str):
+        """(suite, regime, path) of every readout replicate of `arm`."""
+        for suite, s in self.cfg["evals"].items():
+            for regime, g in s["regimes"].items():
+                for r in range(g.get("replicates", s.get("replicates", 1))):
+                    yield suite, regime, self.results / "readouts" / suite / arm / f"{regime}.r{r}.parquet"
+
+    def sampling_pending(self, corpus: str) -> bool:
+        return (self.cfg["corpora"][corpus]["policy"] != "reference"
+                and not (self.results / "candidates" / corpus / "samples.jsonl").exists())
+
+    # ---- arms --------------------------------------------------------------------------
+    def priority(self, arm: str) -> float:
+        data = yaml.safe_load(Path(self.cfg["arms"][arm]["file"]).read_text()) or {}
+        return float(data.get("priority", 1))
+
+    def estimate(self, arm: str) -> ArmEstimate:
+        if arm not in self._estimates:
+            a = self.cfg["arms"][arm]
+            rows, steps, train = self.train(arm)
+            readouts = sum(self.readout(s, g) for s, g, p in self.readout_files(arm) if not p.exists())
+            policy = self.cfg["corpora"][a["corpus"]]["policy"]
+            needs = [d for d in dict.fromkeys([a["init"], policy]) if d in self.cfg["arms"] and self.pending(d)]
+            self._estimates[arm] = ArmEstimate(
+                arm=arm, priority=self.priority(arm), gpus=gpus(a["hyper"]), rows=rows, steps=steps,
+                train=train, readouts=readouts, corpus=a["corpus"],
+                sampling=self.sampling(a["corpus"]) if self.sampling_pending(a["corpus"]) else 0.0,
+                needs=needs)
+        return self._estimates[arm]
+
+    def pending_arms(self) -> list[str]:
+        return [a for a in sorted(self.cfg["arms"]) if self.pending(a)]
+
+    def cost(self, arms) -> float:
+        """GPU-minutes of running `arms` (pending ones; a shared corpus is sampled once)."""
+        ests = [self.estimate(a) for a in arms if self.pending(a)]
+        corpora = {e.corpus: e.sampling for e in ests}
+        return sum(e.own for e in ests) + sum(corpora.values())
+
+    # ---- spending ----------------------------------------------------------------------
+    def spent(self) -> dict:
+        over = self.est["overhead_minutes"]
+        measured = sum(record_minutes(r, over) for _, r in self.history())
+        on_disk = 0.0
+        for suite, s in self.cfg["evals"].items():
+            for regime in s["regimes"]:
+                n = len(list((self.results / "readouts" / suite).glob(f"*/{regime}.r*.parquet")))
+                on_disk += n * self.readout(suite, regime)
+        for corpus in self.cfg["corpora"]:
+            if (self.results / "candidates" / corpus / "samples.jsonl").exists():
+                on_disk += self.sampling(corpus)
+        before = self.settings["spent_gpu_minutes"]
+        return {"before": before, "training_measured": measured, "generation_estimated": on_disk,
+                "runs": len(self.history()), "total": before + measured + on_disk}
+
+    def left(self) -> float:
+        return self.settings["gpu_minutes"] - self.spent()["total"]
+
+    def check(self, arms, arm: str) -> None:
+        """Raise BudgetError when running the pending arms in `arms` (the ones this run needs so
+        far, `arm` the last one added) would overrun what is left of the budget."""
+        need, left = self.cost(arms), self.left()
+        if need <= left + 1e-9:
+            return
+        e = self.estimate(arm)
+        others = sorted(a for a in arms if a != arm and self.pending(a))
+        with_others = (f"; with the other pending arms this run needs ({', '.join(others)}) "
+                       f"{need:.1f}") if others else ""
+        raise BudgetError(
+            f"GPU-minute budget: arm {arm!r} would overrun the budget: its estimate is "
+            f"{e.own + e.sampling:.1f} GPU-minutes (training {e.train:.1f}, readouts {e.readouts:.1f}"
+            f"{f', sampling corpus {e.corpus} {e.sampling:.1f}' if e.sampling else ''}){with_others}, "
+            f"and {left:.1f} of {self.settings['gpu_minutes']:.1f} GPU-minutes are left. Nothing was "
+            "submitted. `python -m arenaflow.plan` lists the pending arms with their estimates and "
+            "picks the ones that fit; raise budget.gpu_minutes only if the allocation allows it.")
