@@ -2,9 +2,19 @@ def arm(wc):
     return CFG["arms"][wc.arm]
 
 
+def arm_nodes(wc):
+    return arm(wc)["hyper"].get("nodes", 1)
+
+
 def launcher(wc):
     # One task that starts its own ranks: the Slurm plugin's gpu=N can start a script twice.
-    n = arm(wc)["hyper"]["nproc"]
+    # Several nodes: srun starts one task per node, each a torchrun whose rendezvous comes from
+    # the Slurm environment (arenaflow.launch: first host of SLURM_JOB_NODELIST, SLURM_NNODES,
+    # SLURM_NODEID).
+    n, k = arm(wc)["hyper"]["nproc"], arm_nodes(wc)
+    if k > 1:
+        return (f"srun --nodes {k} --ntasks-per-node 1 --kill-on-bad-exit=1 "
+                f"python -m arenaflow.launch --nproc-per-node {n}")
     return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
 
 
@@ -32,8 +42,14 @@ rule train_arm:
         mem_mb=lambda wc: arm(wc)["hyper"]["mem_mb"],
         runtime=lambda wc: arm(wc)["hyper"]["runtime_min"],
         nproc=lambda wc: arm(wc)["hyper"]["nproc"],
-        # One Slurm task holding all of the arm's GPUs; torchrun starts the ranks.
+        # One Slurm task (per node) holding all of the arm's GPUs (of that node); torchrun starts
+        # the ranks. Several nodes: the plugin's MPI path runs the job script on the first node
+        # (mpi), which calls srun itself; tasks_per_gpu=0 keeps --ntasks-per-gpu off.
         gres=lambda wc: f"gpu:{arm(wc)['hyper']['nproc']}",
+        nodes=arm_nodes,
+        mpi=lambda wc: "srun" if arm_nodes(wc) > 1 else None,
+        tasks=lambda wc: arm_nodes(wc) if arm_nodes(wc) > 1 else None,
+        tasks_per_gpu=lambda wc: 0 if arm_nodes(wc) > 1 else None,
     conda:
         "../envs/arenaflow.yaml"
     shell:
