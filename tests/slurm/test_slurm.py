@@ -51,9 +51,9 @@ def cluster_problem() -> str | None:
     if shutil.which("sinfo") is None:
         return "sinfo is not installed (no Slurm client)"
     try:
-        proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
     except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 30 s"
+        return "sinfo did not answer within 15 s (no slurm.conf, or no slurmctld)"
     if proc.returncode != 0:
         return f"the Slurm cluster is not up (sinfo: {proc.stderr.strip()[:300]})"
     states = proc.stdout.split()
