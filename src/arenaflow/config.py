@@ -134,7 +134,7 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
             "hyper": hyper,
             "file": str(files[arm]),
         }
-    for arm, a in arms.items():
+    for a in arms.values():
         init = arms.get(a["init"])
         if init and init["hyper"]["method"] != a["hyper"]["method"]:
             raise ConfigError(f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "

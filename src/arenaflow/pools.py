@@ -34,8 +34,8 @@ import re
 from pathlib import Path
 
 from arenaflow import ifcheck, ifpool, io
-from arenaflow.verify import last_boxed
 from arenaflow.config import REPO_ROOT
+from arenaflow.verify import last_boxed
 
 CATEGORIES = ("add", "sub", "mul", "two_step")
 NAMES = ("Ann", "Ben", "Cal", "Dee", "Eva", "Finn", "Gus", "Ivy", "Jo", "Kim", "Leo", "Max")

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from arenaflow import corpora, pools, tinymodel
-from arenaflow.train import data, model as tmodel, objective
+from arenaflow.train import data, objective
+from arenaflow.train import model as tmodel
 from arenaflow.train.loop import DEFAULTS
 
 REPO = Path(__file__).resolve().parents[2]

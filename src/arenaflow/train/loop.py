@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from arenaflow import io, manifest, models
-from arenaflow.train import data, model as tmodel, objective
+from arenaflow.train import data, objective
+from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
 FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
