@@ -69,7 +69,7 @@ def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int
     _precheck(groups, prompts, tokens, row_budget, token_budget, min_per_group, max_per_group)
 
     prob = pulp.LpProblem("coverage", pulp.LpMaximize)
-    x = [_binary(prob, f"x{i}") for i in range(len(rows))]
+    x = [binary(prob, f"x{i}") for i in range(len(rows))]
     prob += pulp.lpSum(w[g] * xi for g, xi in zip(groups, x))
     by_prompt, by_group = collections.defaultdict(list), collections.defaultdict(list)
     for i, (p, g) in enumerate(zip(prompts, groups)):
@@ -88,7 +88,7 @@ def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int
         prob += pulp.lpSum(x) <= row_budget
     if token_budget is not None:
         prob += pulp.lpSum(t * xi for t, xi in zip(tokens, x)) <= token_budget
-    status = pulp.LpStatus[prob.solve(_cbc())]
+    status = pulp.LpStatus[prob.solve(cbc())]
     if status != "Optimal":
         raise CoverageError(
             f"CBC status {status}: no subset keeps at most one row per prompt and meets the minimums "
@@ -102,14 +102,15 @@ def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int
                      per_group=per_group, tokens=sum(tokens[i] for i in chosen), status=status)
 
 
-def _binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
+def binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
+    """A 0/1 variable of `prob`."""
     # PuLP >= 3.3 wants variables made by their problem; older PuLP only has LpVariable(...)
     if hasattr(prob, "add_variable"):
         return prob.add_variable(name, 0, 1, cat="Binary")
     return pulp.LpVariable(name, cat="Binary")
 
 
-def _cbc():
+def cbc():
     """CBC: a system `cbc` (COIN_CMD, what PuLP 4 expects) if there is one, else the binary
     PuLP 3 bundles (PULP_CBC_CMD, deprecated there but the one every pip install has)."""
     coin = pulp.COIN_CMD(msg=False)

@@ -70,8 +70,10 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
             f.write(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Read a JSONL file; a line that is not a JSON object fails with path:line."""
+def read_jsonl_numbered(path: str | os.PathLike, shown: str | None = None) -> list[tuple[int, dict]]:
+    """(line number, row) of a JSONL file, blank lines skipped; a line that is not a JSON
+    object fails with `shown` (default: the path):line."""
+    shown = shown or str(path)
     rows = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -80,8 +82,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+                raise ValueError(f"{shown}:{line_no}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
+                raise ValueError(f"{shown}:{line_no}: expected a JSON object, got {type(row).__name__}")
+            rows.append((line_no, row))
     return rows
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read a JSONL file; a line that is not a JSON object fails with path:line."""
+    return [row for _, row in read_jsonl_numbered(path)]

@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import sys
-import warnings
 from pathlib import Path
 
 import pulp
@@ -33,26 +32,9 @@ import yaml
 
 from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
+from arenaflow.coverage import binary, cbc
 
 TIE = 1e-6  # the cost tie-break is worth less than this much priority
-
-
-def binary(prob, name: str):
-    """A binary variable of `prob` (PuLP 4's prob.add_variable where there is one)."""
-    if hasattr(prob, "add_variable"):
-        return prob.add_variable(name, 0, 1, cat="Integer")
-    return pulp.LpVariable(name, cat="Binary")
-
-
-def cbc():
-    """CBC, quiet: a system `cbc` (COIN_CMD, what PuLP 4 expects) if there is one, else the
-    binary PuLP 3 bundles (PULP_CBC_CMD, deprecated there but in every pip install)."""
-    coin = pulp.COIN_CMD(msg=False)
-    if coin.available():
-        return coin
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False)
 
 
 def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:

@@ -165,19 +165,7 @@ def read_table(path: Path, shown: str) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise ValueError(f"{shown}: no such file ({path}; a relative path is relative to the repo root)")
     if path.suffix == ".jsonl":
-        out = []
-        with open(path, encoding="utf-8") as f:
-            for line, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{shown}:{line}: not valid JSON ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{shown}:{line}: expected a JSON object, got {type(row).__name__}")
-                out.append((line, row))
-        return out
+        return io.read_jsonl_numbered(path, shown)
     if path.suffix == ".parquet":
         import pandas as pd
 
