@@ -28,21 +28,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from arenaflow import io, manifest, stats
+from arenaflow import degeneracy, io, manifest, stats
 
 DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
-LOOP_N, LOOP_AT = 6, 0.25  # seeds/000's scorer predicate: rep_ratio(n=6) >= 0.25
+# seeds/000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy)
+LOOP_N, LOOP_AT = degeneracy.LOOP_N, degeneracy.LOOP_THRESHOLD
+rep_ratio = degeneracy.rep_ratio
 # Per-side levels of a comparison, in points for rates; clause metrics of arenaflow.bar.
 LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
           "mean_words", "mean_tokens")
 META_KEY = b"arenaflow"
-
-
-def rep_ratio(text: str, n: int = LOOP_N) -> float:
-    """Share of repeated word n-grams: 1 - distinct / total (0 with fewer than n words)."""
-    words = text.split()
-    grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
-    return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
 def structure(df: pd.DataFrame) -> pd.DataFrame:
@@ -174,6 +169,9 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
         out["words_sign_p"] = stats.sign_test(words)
         out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
+        for c in out["by_category"]:  # the battery's rates and lengths per category too
+            out["by_category"][c]["levels"] = {"cand": levels(cand[cand["category"] == c]),
+                                               "ref": levels(ref[ref["category"] == c])}
     out["replicates"] = int(m["replicate"].nunique())
     return out
 

@@ -201,3 +201,16 @@ def test_readout_scores_instruction_and_open_items_with_the_candidate_verdicts()
     assert not row_if["correct"] and "no_digits" in row_if["reasons"]
     assert bool(row_open["correct"]) == bool(row_open["stopped"] and not row_open["loop"])
     assert row_if["target_sha256"] != row_open["target_sha256"]
+
+
+def test_compare_splits_the_structural_battery_by_category():
+    cats = ["x", "x", "y", "y"]
+    cand = battery([1, 1, 0, 1], completions=["a b", "", "c d e", "f"], stopped=[True, True, False, True])
+    cand["category"] = cats
+    ref = battery([1, 0, 0, 1])
+    ref["category"] = cats
+    res = evals.compare(cand, ref, "t")
+    x, y = res["by_category"]["x"]["levels"], res["by_category"]["y"]["levels"]
+    assert x["cand"]["empty_rate"] == 50.0 and y["cand"]["empty_rate"] == 0.0
+    assert y["cand"]["truncation_rate"] == 50.0 and x["cand"]["truncation_rate"] == 0.0
+    assert x["ref"]["empty_rate"] == 0.0
