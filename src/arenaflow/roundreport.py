@@ -79,6 +79,10 @@ def dose_response(path: Path, rnd: dict, arms: dict, compares: dict, noises: dic
     ax.set_ylabel(f"Δ accuracy vs {rnd['incumbent']} (pt), 95% CI")
     ax.set_title(f"dose-response: {rnd['suite']}, paired by item")
     ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -103,9 +107,7 @@ def wins_losses(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
         ax.set_ylim(0, 1.15 * max([*w, *l, 1]))  # headroom for the p labels
         ax.set_title(f"{rnd['suite']}/{regime} vs {rnd['incumbent']}")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def noise_floor(path: Path, noises: dict) -> None:
@@ -130,9 +132,7 @@ def noise_floor(path: Path, noises: dict) -> None:
         ax.set_xlim(-0.5, len(arms) - 0.1)
         ax.set_ylabel("replicate accuracy (%)")
         ax.set_title(f"self vs self, {regime} (K={noises[(regime, arms[0])]['k']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
@@ -151,9 +151,7 @@ def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
     ax.set_ylabel("training loss")
     ax.set_title("loss curves (runs/{arm}/final/metrics.jsonl)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
@@ -196,9 +194,7 @@ def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
     ax.axis("off")
     ax.set_title(f"round lineage: init (solid), corpus sampled by (dashed); gold = promoted {promoted}",
                  fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _fmt(x) -> str:
