@@ -159,6 +159,38 @@ def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path
     assert not (cut.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
 
 
+def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(one_rank, corpus, tmp_path):
+    """1 rank -> killed at step 3 -> 2 ranks -> killed at step 6 -> 1 rank, at one global batch
+    of 8 rows, through DeepSpeed's universal checkpoint, ends where the uninterrupted run ends."""
+    one, two = {**HYPER, "checkpoint_every": 3}, {**HYPER, "checkpoint_every": 3, "micro_batch_size": 2}
+    out = tmp_path / "U" / "final"
+    assert train(out, corpus, one, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False).returncode == 75
+    proc = train(out, corpus, two, nproc=2, env={"ARENAFLOW_FAIL_AFTER_STEP": "6"}, check=False)
+    assert "resumed from" in proc.stderr and "another world size" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0 and (out.parent / "checkpoints/step_000006").is_dir()
+    proc = train(out, corpus, one)
+    assert "step_000006 at step 6 (universal checkpoint" in proc.stderr
+    ev = json.loads((out / "training_evidence.json").read_text())
+    assert ev["resumed_from_step"] == 6 and ev["world_size"] == 1
+    want, got = metrics(one_rank), metrics(out)
+    assert [m["lr"] for m in got] == [m["lr"] for m in want]  # every LR group kept its own schedule
+    assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in want], abs=1e-6)
+    wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    for k in wa:  # steps 4-6 ran on 2 ranks: the 2-vs-1-rank tolerance
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
+
+
+def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(corpus, tmp_path):
+    hyper = {**HYPER, "checkpoint_every": 3, "epochs": 1}
+    out = tmp_path / "G" / "final"
+    train(out, corpus, hyper, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False)
+    proc = train(out, corpus, hyper, nproc=2, check=False)  # 2 ranks x 4 rows x 2: a global batch of 16
+    assert proc.returncode != 0
+    assert "written by 1 ranks with a global batch of 8 rows" in proc.stderr
+    assert "set micro_batch_size x grad_accum = 4 per rank" in proc.stderr
+    assert (out.parent / "checkpoints/step_000003").is_dir(), "the refused checkpoint was deleted"
+
+
 def test_checkpoint_of_another_configuration_is_not_resumed(corpus, tmp_path):
     hyper = {**HYPER, "checkpoint_every": 3, "epochs": 1}
     out = tmp_path / "C" / "final"

@@ -1,10 +1,10 @@
 """The training loop: DeepSpeed ZeRO-3 always (CPU/gloo here, CUDA/NCCL on GPUs), resumable.
 
 Checkpoints go to runs/{arm}/checkpoints/step_NNNNNN every `checkpoint_every` optimizer steps,
-tagged with a fingerprint of everything that defines the run (hyperparameters, corpus digest,
-init, base revision, world size). A retried job resumes from the latest checkpoint with the
-same fingerprint and, since batches are a pure function of (seed, step), ends with the same
-weights as an uninterrupted run; a checkpoint with another fingerprint is discarded.
+tagged with a fingerprint of everything that defines the run (train/checkpoints.py). A retried
+job resumes from the latest checkpoint with the same fingerprint, also at another world size,
+and, since global batches are a pure function of (seed, step), ends with the same weights as an
+uninterrupted run; a checkpoint with another fingerprint is discarded.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from arenaflow import io, manifest, models
-from arenaflow.train import data, objective
+from arenaflow.train import checkpoints, data, objective
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
@@ -45,7 +45,7 @@ def ensure_dist_env() -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
-def deepspeed_config(hyper: dict, cuda: bool) -> dict:
+def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
     return {
         "train_micro_batch_size_per_gpu": hyper["micro_batch_size"],
         "gradient_accumulation_steps": hyper["grad_accum"],
@@ -56,6 +56,7 @@ def deepspeed_config(hyper: dict, cuda: bool) -> dict:
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": cuda},
         "steps_per_print": 10**9,
+        "checkpoint": {"load_universal": universal},
     }
 
 
@@ -72,28 +73,6 @@ def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
                 vals.append(objective.token_logprobs(model, batch)[0])
             out[side] = torch.cat(vals)
     return out
-
-
-def fingerprint(hyper: dict, corpus_digest: str, init: str, base_rev: str, world: int) -> str:
-    init_id = "base" if init == "base" else manifest.verify(init)["digest"]
-    return manifest.sha256_text(json.dumps([hyper, corpus_digest, init_id, base_rev, world], sort_keys=True))
-
-
-def resume(engine, ckpt_dir: Path, fp: str) -> tuple[int, list]:
-    """(step, metrics so far) from the latest matching checkpoint, or (0, [])."""
-    if not (ckpt_dir / "latest").exists():
-        return 0, []
-    meta = io.read_json(ckpt_dir / "fingerprint.json") if (ckpt_dir / "fingerprint.json").exists() else {}
-    if meta.get("fingerprint") != fp:
-        log.info("discarding checkpoints in %s: they belong to another configuration", ckpt_dir)
-        torch.distributed.barrier()
-        if int(os.environ["RANK"]) == 0:
-            shutil.rmtree(ckpt_dir)
-        torch.distributed.barrier()
-        return 0, []
-    _, client = engine.load_checkpoint(str(ckpt_dir))
-    log.info("resumed from %s at step %d", ckpt_dir / client["tag"], client["step"])
-    return client["step"], client["metrics"]
 
 
 def run(args) -> None:
@@ -128,6 +107,12 @@ def run(args) -> None:
     n_steps = data.total_steps(len(rows), hyper, world)
     warmup = math.ceil(hyper["warmup_ratio"] * n_steps)
     base_rev = models.base_revision(args.base_model, args.base_revision)
+    out = Path(args.out)
+    ckpt_dir = out.parent / "checkpoints"
+    run_id = checkpoints.identity(hyper, corpus_record["digest"], args.init, base_rev, world)
+    plan = checkpoints.plan(ckpt_dir, run_id, world)
+    if plan.universal:
+        checkpoints.to_universal(ckpt_dir, plan.tag)
     engine, optimizer, _, _ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper)),
@@ -135,12 +120,9 @@ def run(args) -> None:
         # WarmupCosineLR runs one step behind (FACTS.md).
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
             opt, warmup, n_steps, min_lr_rate=hyper["min_lr_ratio"]),
-        config=deepspeed_config(hyper, cuda),
+        config=deepspeed_config(hyper, cuda, plan.universal),
     )
-    out = Path(args.out)
-    ckpt_dir = out.parent / "checkpoints"
-    fp = fingerprint(hyper, corpus_record["digest"], args.init, base_rev, world)
-    start, metrics = resume(engine, ckpt_dir, fp)
+    start, metrics = checkpoints.resume(engine, ckpt_dir, plan)
     tokens_seen = metrics[-1]["tokens_seen"] if metrics else 0
     t0 = time.time() - (metrics[-1]["elapsed_s"] if metrics else 0.0)
     for step, glob in data.global_batches(len(rows), hyper, world):
@@ -183,10 +165,7 @@ def run(args) -> None:
                      m["loss"], m["grad_norm"] or 0.0, {k: f"{v:.2e}" for k, v in lrs.items()},
                      tokens_seen, m["elapsed_s"])
         if hyper["checkpoint_every"] and step % hyper["checkpoint_every"] == 0 and step < n_steps:
-            engine.save_checkpoint(str(ckpt_dir), tag=f"step_{step:06d}",
-                                   client_state={"step": step, "metrics": metrics, "tag": f"step_{step:06d}"})
-            if rank == 0:
-                io.write_json(ckpt_dir / "fingerprint.json", {"fingerprint": fp})
+            checkpoints.save(engine, ckpt_dir, step, metrics, run_id, world)
             if os.environ.get(FAIL_AFTER_STEP) == str(step):
                 log.warning("%s=%d: exiting as if preempted", FAIL_AFTER_STEP, step)
                 sys.stdout.flush()

@@ -1,0 +1,128 @@
+"""Resumable checkpoints, at the same or another world size.
+
+A run is identified by its fingerprint: the hyperparameters that change the optimisation, with
+the batch layout (rows per micro-batch, accumulation, ranks) reduced to the global batch, plus
+the corpus digest, the init and the base revision. Resources (runtime, memory, checkpoint
+cadence) are not part of it. So a run checkpointed on 2 GPUs resumes on 1 (with twice the
+accumulation) and the other way round: DeepSpeed's ZeRO-3 shards are laid out per rank, so the
+checkpoint is first converted to DeepSpeed's world-size-free *universal* format
+(`deepspeed.checkpoint.ds_to_universal`) and loaded with `checkpoint.load_universal`.
+A checkpoint of another configuration is discarded; one that differs only in its global batch
+because the world size changed is refused, with the numbers, since discarding it would silently
+throw away the run's progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from arenaflow import io, manifest
+
+log = logging.getLogger("arenaflow.train")
+META = "fingerprint.json"
+# Keys that decide where and how fast the run goes, not what it computes.
+LAYOUT_KEYS = ("micro_batch_size", "grad_accum", "nproc", "nodes", "runtime_min", "mem_mb", "checkpoint_every")
+
+
+def identity(hyper: dict, corpus_digest: str, init: str, base_rev: str, world: int) -> dict:
+    run = {k: v for k, v in sorted(hyper.items()) if k not in LAYOUT_KEYS}
+    run["global_batch"] = hyper["micro_batch_size"] * hyper["grad_accum"] * world
+    run["corpus"] = corpus_digest
+    run["init"] = "base" if init == "base" else manifest.verify(init)["digest"]
+    run["base_revision"] = base_rev
+    return run
+
+
+def fingerprint(run: dict) -> str:
+    return manifest.sha256_text(json.dumps(run, sort_keys=True, default=str))
+
+
+@dataclass
+class Plan:
+    tag: str | None = None  # the checkpoint to resume; None: start from step 0
+    universal: bool = False  # it was written at another world size
+
+
+def plan(ckpt_dir: Path, run: dict, world: int) -> Plan:
+    """What to resume, decided before DeepSpeed starts (universal loading is an engine setting).
+    Every rank reads the same files and comes to the same answer."""
+    if not (ckpt_dir / "latest").exists() or not (ckpt_dir / META).exists():
+        return Plan()
+    meta = io.read_json(ckpt_dir / META)
+    old = meta.get("run", {})
+    differ = sorted(k for k in old.keys() | run.keys() if old.get(k) != run.get(k))
+    if differ == ["global_batch"] and meta.get("world_size") != world:
+        b = old["global_batch"]
+        raise SystemExit(
+            f"{ckpt_dir}: checkpoint {meta['tag']} was written by {meta['world_size']} ranks with a global batch of "
+            f"{b} rows; this run has {world} ranks and a global batch of {run['global_batch']}. To resume, set "
+            f"micro_batch_size x grad_accum = {b / world:g} per rank; to start over, delete {ckpt_dir}.")
+    if meta.get("fingerprint") != fingerprint(run):
+        log.info("discarding checkpoints in %s: they belong to another configuration (%s differ)",
+                 ckpt_dir, ", ".join(differ) or "fingerprint")
+        discard(ckpt_dir)
+        return Plan()
+    return Plan(meta["tag"], universal=meta["world_size"] != world)
+
+
+def discard(ckpt_dir: Path) -> None:
+    torch.distributed.barrier()
+    if int(os.environ["RANK"]) == 0:
+        shutil.rmtree(ckpt_dir)
+    torch.distributed.barrier()
+
+
+def to_universal(ckpt_dir: Path, tag: str) -> None:
+    """Rank 0 converts `tag` to the universal format once (kept if already done); all ranks wait."""
+    done = ckpt_dir / f"{tag}_universal"
+    if int(os.environ["RANK"]) == 0 and not done.is_dir():
+        tmp = ckpt_dir / f".{tag}_universal.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                               "--input_folder", str(ckpt_dir / tag), "--output_folder", str(tmp),
+                               "--num_extract_workers", "2", "--num_merge_workers", "1"],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SystemExit(f"{ckpt_dir / tag}: could not convert this checkpoint to DeepSpeed's universal "
+                             f"format to resume it at another world size:\n{proc.stderr[-3000:]}")
+        tmp.rename(done)
+        log.info("converted %s to the universal format for a new world size", ckpt_dir / tag)
+    torch.distributed.barrier()
+
+
+def resume(engine, ckpt_dir: Path, p: Plan) -> tuple[int, list]:
+    """(step, metrics so far) from the planned checkpoint, or (0, [])."""
+    if p.tag is None:
+        return 0, []
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
+    _, client = engine.load_checkpoint(str(ckpt_dir), tag=f"{p.tag}_universal" if p.universal else p.tag)
+    if p.universal:
+        # Two slips of DeepSpeed 0.19's universal ZeRO-3 loader, mended so the resumed run takes
+        # the same steps as an uninterrupted one: it copies param group 0's settings (name, lr,
+        # weight decay) onto every group, and gives every group one shared Adam step tensor,
+        # which AdamW then increments once per group per step.
+        for g, mine, lr in zip(engine.optimizer.param_groups, groups, engine.lr_scheduler.get_last_lr()):
+            g.update(mine, lr=lr)
+        for state in engine.optimizer.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+    log.info("resumed from %s at step %d%s", ckpt_dir / client["tag"], client["step"],
+             " (universal checkpoint: another world size)" if p.universal else "")
+    return client["step"], client["metrics"]
+
+
+def save(engine, ckpt_dir: Path, step: int, metrics: list, run: dict, world: int) -> None:
+    tag = f"step_{step:06d}"
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step, "metrics": metrics, "tag": tag})
+    if int(os.environ["RANK"]) == 0:
+        io.write_json(ckpt_dir / META, {"fingerprint": fingerprint(run), "run": run, "world_size": world, "tag": tag})
