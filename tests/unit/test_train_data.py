@@ -25,6 +25,25 @@ def test_global_batches_are_a_seeded_permutation_per_epoch_and_ranks_partition_t
     assert all(len(m) == 2 for r in (0, 1) for m in data.micro_batches(glob, HYPER, 2, r))
 
 
+def test_length_bucketing_keeps_each_steps_rows_and_removes_the_padding_of_mixed_lengths():
+    rs = rows([10, 100] * 12)  # one global batch of 8 = 4 short + 4 long rows, on average
+    hyper = {**HYPER, "micro_batch_size": 4, "grad_accum": 2, "epochs": 1, "seq_len": 512}
+    lengths = data.row_lengths(rs, hyper["seq_len"])
+    for _, glob in data.global_batches(len(rs), hyper, world=1):
+        plain = data.micro_batches(glob, hyper, 1, 0)
+        bucketed = data.micro_batches(glob, hyper, 1, 0, lengths)
+        assert sorted(np.concatenate(bucketed).tolist()) == sorted(np.concatenate(plain).tolist())
+        # sorted, a micro-batch's longest row is at most the next one's shortest
+        assert max(lengths[bucketed[0]]) <= min(lengths[bucketed[1]])
+    # the oracle: count pad tokens by hand for the bucketed split of every step
+    pad = sum(int(lengths[m].max()) * len(m) - int(lengths[m].sum())
+              for _, g in data.global_batches(len(rs), hyper, 1) for m in data.micro_batches(g, hyper, 1, 0, lengths))
+    total = sum(int(lengths[m].max()) * len(m)
+                for _, g in data.global_batches(len(rs), hyper, 1) for m in data.micro_batches(g, hyper, 1, 0, lengths))
+    assert data.padding_fraction(rs, hyper, 1, bucketing=True) == pytest.approx(pad / total)
+    assert data.padding_fraction(rs, hyper, 1, bucketing=True) < data.padding_fraction(rs, hyper, 1, bucketing=False)
+
+
 def test_too_small_a_corpus_is_refused_with_the_numbers():
     with pytest.raises(SystemExit, match="corpus has 5 rows, fewer than one per micro-batch"):
         data.total_steps(5, HYPER, world=2)

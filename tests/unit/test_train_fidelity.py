@@ -79,10 +79,11 @@ def reference_losses(corpus: Path, hyper: dict) -> tuple[list[float], list[dict]
         opt, math.ceil(hyper["warmup_ratio"] * n_steps), n_steps, min_lr_rate=hyper["min_lr_ratio"])
     pad = tinymodel.build_tokenizer().pad_token_id
     losses, lrs = [], []
+    lengths = data.row_lengths(rows, hyper["seq_len"]) if hyper["length_bucketing"] else None
     for _, glob in data.global_batches(len(rows), hyper, 1):
         n_tok = data.supervised_tokens(rows, glob, hyper["seq_len"])
         total = 0.0
-        for micro in data.micro_batches(glob, hyper, 1, 0):
+        for micro in data.micro_batches(glob, hyper, 1, 0, lengths):
             loss_sum, _ = objective.sft_sum(net, data.collate(rows, micro, hyper["seq_len"], pad))
             (loss_sum / n_tok).backward()
             total += loss_sum.item()

@@ -113,9 +113,11 @@ def resume(engine, ckpt_dir: Path, p: Plan) -> tuple[int, list]:
         # which AdamW then increments once per group per step.
         for g, mine, lr in zip(engine.optimizer.param_groups, groups, engine.lr_scheduler.get_last_lr()):
             g.update(mine, lr=lr)
-        for state in engine.optimizer.optimizer.state.values():
+        inner = engine.optimizer.optimizer
+        on_device = any(g.get("fused") or g.get("capturable") for g in inner.param_groups)  # torch's rule
+        for param, state in inner.state.items():  # ZeRO-3's flat fp32 partitions
             if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].clone()
+                state["step"] = state["step"].detach().clone().float().to(param.device if on_device else "cpu")
     log.info("resumed from %s at step %d%s", ckpt_dir / client["tag"], client["step"],
              " (universal checkpoint: another world size)" if p.universal else "")
     return client["step"], client["metrics"]

@@ -73,9 +73,33 @@ def global_batches(n_rows: int, hyper: dict, world: int):
             yield step, order[s * per_step : (s + 1) * per_step]
 
 
-def micro_batches(glob: np.ndarray, hyper: dict, world: int, rank: int) -> list[np.ndarray]:
-    """This rank's share of a global batch, split into grad_accum micro-batches."""
+def micro_batches(glob: np.ndarray, hyper: dict, world: int, rank: int,
+                  lengths: np.ndarray | None = None) -> list[np.ndarray]:
+    """This rank's share of a global batch, split into grad_accum micro-batches.
+
+    With `lengths` (each row's token count), the global batch is ordered by length first, so a
+    micro-batch holds rows of similar length (less padding: collate pads to the longest row)
+    and the ranks get similar loads. The rows of a step, and so the objective, are unchanged."""
+    if lengths is not None:
+        glob = glob[np.argsort(lengths[glob], kind="stable")]
     return np.array_split(glob[rank::world], hyper["grad_accum"])
+
+
+def row_lengths(rows, seq_len: int) -> np.ndarray:
+    return np.array([min(len(ids), seq_len) for ids, _ in rows])
+
+
+def padding_fraction(rows, hyper: dict, world: int, bucketing: bool) -> float:
+    """Pad tokens / all tokens computed over one epoch's micro-batches (what bucketing saves)."""
+    lengths = row_lengths(rows, hyper["seq_len"])
+    real = padded = 0
+    for _, glob in global_batches(len(rows), {**hyper, "epochs": 1}, world):
+        for rank in range(world):
+            for micro in micro_batches(glob, hyper, world, rank, lengths if bucketing else None):
+                if len(micro):
+                    real += int(lengths[micro].sum())
+                    padded += int(lengths[micro].max()) * len(micro)
+    return 1 - real / max(padded, 1)
 
 
 def supervised_tokens(rows, idx, seq_len: int) -> int:

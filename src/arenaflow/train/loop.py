@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from arenaflow import io, manifest, models
@@ -29,9 +30,11 @@ from arenaflow.train import model as tmodel
 log = logging.getLogger("arenaflow.train")
 FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
 PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
+PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
 DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
             "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
-            "zero3_persistence_threshold": 100000}  # DeepSpeed's own default
+            "zero3_persistence_threshold": 100000,  # DeepSpeed's own default
+            "length_bucketing": True}
 
 
 def ensure_dist_env() -> None:
@@ -58,6 +61,30 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
         "steps_per_print": 10**9,
         "checkpoint": {"load_universal": universal},
     }
+
+
+class profiler(contextlib.AbstractContextManager):
+    """torch.profiler over one optimizer step when PROFILE_STEP names it; a no-op otherwise."""
+
+    def __init__(self, step: int, where: Path, rank: int):
+        self.prof, self.path = None, where / f"profile_rank{rank}.txt"
+        if os.environ.get(PROFILE_STEP) == str(step):
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=acts)
+            self.prof.__enter__()
+
+    def __exit__(self, *exc):
+        if self.prof is not None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.prof.__exit__(None, None, None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+            self.path.write_text(self.prof.key_averages().table(sort_by=by, row_limit=40) + "\n" +
+                                 self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+            self.prof = None
 
 
 def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
@@ -105,6 +132,11 @@ def run(args) -> None:
         rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
     ref = reference_logprobs(net, corpus, hyper, pad) if hyper["objective"] == "dpo" else None
     n_steps = data.total_steps(len(rows), hyper, world)
+    lengths = None
+    if hyper["length_bucketing"]:
+        lengths = data.row_lengths(rows, hyper["seq_len"])
+        if preference:
+            lengths = np.maximum(lengths, data.row_lengths(corpus["rejected"], hyper["seq_len"]))
     warmup = math.ceil(hyper["warmup_ratio"] * n_steps)
     base_rev = models.base_revision(args.base_model, args.base_revision)
     out = Path(args.out)
@@ -115,7 +147,7 @@ def run(args) -> None:
         checkpoints.to_universal(ckpt_dir, plan.tag)
     engine, optimizer, _, _ = deepspeed.initialize(
         model=net,
-        optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper)),
+        optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=cuda or None),
         # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
         # WarmupCosineLR runs one step behind (FACTS.md).
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
@@ -130,28 +162,37 @@ def run(args) -> None:
             break
         if step <= start:
             continue
+        prof = profiler(step, out.parent, rank)
         # Divide each micro-batch's *sum* by the global count; DeepSpeed divides by grad_accum
         # and averages over ranks, hence the world * accum factor.
         n_global = len(glob) if preference else data.supervised_tokens(rows, glob, hyper["seq_len"])
         scale = world * hyper["grad_accum"] / max(n_global, 1)
-        sums = torch.zeros(4)  # loss, tokens, margin, pref_acc
-        for micro in data.micro_batches(glob, hyper, world, rank):
+        # Summed on the device and read once per step: a .item() per micro-batch would stall
+        # the host until the GPU drains, every micro-batch.
+        loss_acc = torch.zeros((), dtype=torch.float64, device=engine.device)
+        host = [0.0, 0.0, 0.0]  # tokens, margin, pref_acc
+        for micro in data.micro_batches(glob, hyper, world, rank, lengths):
             if preference:
-                batch = {s: {k: v.to(engine.device) for k, v in data.collate(corpus[s], micro, hyper["seq_len"], pad).items()}
-                         for s in ("chosen", "rejected")}
+                cpu = {s: data.collate(corpus[s], micro, hyper["seq_len"], pad) for s in ("chosen", "rejected")}
+                batch = {s: {k: v.to(engine.device) for k, v in b.items()} for s, b in cpu.items()}
                 r = (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device)) if ref else None
                 loss_sum, diag = objective.preference_sum(engine, batch["chosen"], batch["rejected"], r, hyper)
-                ntok = int(batch["chosen"]["attention_mask"].sum() + batch["rejected"]["attention_mask"].sum())
+                ntok = int(cpu["chosen"]["attention_mask"].sum() + cpu["rejected"]["attention_mask"].sum())
             else:
-                batch = {k: v.to(engine.device) for k, v in data.collate(rows, micro, hyper["seq_len"], pad).items()}
+                cpu = data.collate(rows, micro, hyper["seq_len"], pad)
+                batch = {k: v.to(engine.device, non_blocking=True) for k, v in cpu.items()}
                 loss_sum, diag = objective.sft_sum(engine, batch)
-                ntok = int(batch["attention_mask"].sum())
+                ntok = int(cpu["attention_mask"].sum())
             engine.backward(loss_sum * scale)
             lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}  # the LRs this step applies
             engine.step()
-            sums += torch.tensor([loss_sum.item(), ntok, diag.get("margin", 0.0), diag.get("pref_acc", 0.0)])
+            loss_acc += loss_sum.detach()
+            host = [host[0] + ntok, host[1] + diag.get("margin", 0.0), host[2] + diag.get("pref_acc", 0.0)]
+        sums = torch.cat([loss_acc.reshape(1), torch.tensor(host, dtype=torch.float64, device=engine.device)])
         if world > 1:
-            torch.distributed.all_reduce(sums)
+            torch.distributed.all_reduce(sums)  # on the device: NCCL reduces CUDA tensors only
+        sums = sums.cpu()
+        prof.__exit__(None, None, None)
         tokens_seen += int(sums[1])
         gn = engine.get_global_grad_norm()
         m = {"step": step, "loss": float(sums[0]) / max(n_global, 1),
@@ -196,6 +237,7 @@ def run(args) -> None:
                 "code": manifest.code_version(),
                 "wall_time_s": round(wall, 2),
                 "gpu_hours": round(wall * world / 3600, 4) if cuda else 0.0,
+                "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                 "final_loss": metrics[-1]["loss"] if metrics else None,
             })
             io.write_jsonl(tmp / "metrics.jsonl", metrics)
