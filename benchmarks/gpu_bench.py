@@ -9,7 +9,8 @@ measures, in one run:
 - ceilings: device-to-device copy bandwidth and a bf16 8192^3 matmul;
 - training tokens/s through `python -m arenaflow.train` (DeepSpeed ZeRO-3, NCCL, 1 GPU), one
   run per --train spec (keys: method lora|full, micro rows per micro-batch, persist the ZeRO-3
-  persistence threshold, corpus fixed|mixed row lengths, bucket 1|0 length bucketing). MFU =
+  persistence threshold, corpus fixed|mixed row lengths, bucket 1|0 length bucketing, leaf
+  auto|none|Class+Class: ZeRO-3 leaf modules). MFU =
   model FLOPs per token x tokens/s / matmul peak, with model FLOPs per token 6 N (full) or
   4 N (LoRA: no weight gradients) over the N weights that multiply (all but the input
   embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
@@ -95,7 +96,7 @@ def build_corpus(root: Path, rows: int, seq: int, mixed: bool) -> Path:
 
 
 def parse_spec(text: str) -> dict:
-    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1}
+    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1, "leaf": "auto"}
     for item in text.split(","):
         key, _, value = item.partition("=")
         if key not in spec:
@@ -113,7 +114,8 @@ def train(root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_t
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
         "lr": 1e-5, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
         "epochs": 1, "max_steps": steps, "micro_batch_size": spec["micro"], "grad_accum": 1, "seq_len": seq,
-        "seed": 0, "zero3_persistence_threshold": int(spec["persist"]), "length_bucketing": bool(spec["bucket"])}
+        "seed": 0, "zero3_persistence_threshold": int(spec["persist"]), "length_bucketing": bool(spec["bucket"]),
+        "zero3_leaf_modules": "auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"]}
     if spec["corpus"] == "mixed":
         hyper["micro_batch_size"], hyper["grad_accum"] = spec["micro"], 4  # micro-batches to bucket
     name = "-".join(f"{k}{v}" for k, v in spec.items())

@@ -142,6 +142,28 @@ def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path):
     assert json.loads((out / "training_evidence.json").read_text())["world_size"] == 2
 
 
+def test_zero3_leaf_blocks_change_no_number(one_rank, corpus, tmp_path):
+    """'auto' (one ZeRO-3 unit per decoder layer, the default) and [] (hooks on every
+    submodule) optimise identically; only the host time differs (benchmarks/zero3_hooks_cpu.py)."""
+    out = tmp_path / "H" / "final"
+    proc = train(out, corpus, {**HYPER, "zero3_leaf_modules": []})
+    assert "ZeRO-3 leaf modules: none" in proc.stderr
+    assert [m["loss"] for m in metrics(out)] == pytest.approx([m["loss"] for m in metrics(one_rank)], abs=1e-6)
+    wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
+
+
+def test_zero3_leaf_classes_resolve_auto_and_refuse_what_deepspeed_cannot_do():
+    net = tmodel.build(str(BASE), "base", {**DEFAULTS, **HYPER})
+    assert tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER}) == ["LlamaDecoderLayer"]
+    assert tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER, "objective": "dpo"}) == []
+    with pytest.raises(SystemExit, match="objective 'simpo' runs two forward passes"):
+        tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER, "objective": "simpo", "zero3_leaf_modules": ["X"]})
+    with pytest.raises(SystemExit, match=r"zero3_leaf_modules \['MambaBlock'\]: no module of tiny has such a class"):
+        tmodel.mark_zero3_leaves(net, {**DEFAULTS, **HYPER, "zero3_leaf_modules": ["MambaBlock"]}, "tiny")
+
+
 def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path):
     hyper = {**HYPER, "checkpoint_every": 3}
     whole = tmp_path / "W" / "final"

@@ -47,6 +47,45 @@ def build(base_model: str, init: str, hyper: dict):
     return get_peft_model(model, cfg)
 
 
+def zero3_leaf_classes(model, hyper: dict) -> list[str]:
+    """The module classes ZeRO-3 treats as one unit: all their parameters gathered on entry,
+    one set of hooks, instead of hooks on every submodule. 'auto' is the model's own
+    transformer block (`_no_split_modules`, what FSDP wraps); [] hooks every submodule.
+    PEFT turns each adapted Linear into five modules, and per-module hooks kept the GPU idle
+    most of a LoRA step (BENCHMARKS.md).
+
+    Not for DPO/SimPO: they run the model twice (chosen, rejected) before one backward, and
+    DeepSpeed 0.19 then reduces a leaf's gradients twice (an assertion in its bucketing)."""
+    setting = hyper["zero3_leaf_modules"]
+    preference = hyper["objective"] in ("dpo", "simpo")
+    if setting == "auto":
+        if preference:
+            return []
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return sorted(getattr(base, "_no_split_modules", None) or [])
+    if setting and preference:
+        raise SystemExit(f"zero3_leaf_modules {setting}: objective {hyper['objective']!r} runs two forward passes "
+                         "per backward, which DeepSpeed's leaf modules do not support; use 'auto' or []")
+    return list(setting or [])
+
+
+def mark_zero3_leaves(model, hyper: dict, where: str) -> list[str]:
+    from deepspeed.utils import set_z3_leaf_modules
+
+    leaf = zero3_leaf_classes(model, hyper)
+    if not leaf:
+        return leaf
+    try:
+        set_z3_leaf_modules(model, leaf)
+    except ValueError:
+        raise SystemExit(f"zero3_leaf_modules {leaf}: no module of {where} has such a class") from None
+    # DeepSpeed 0.19 loses track of a leaf whose input needs no gradient (layer 0 under LoRA,
+    # the embeddings being frozen) and meets a released LoRA weight in the backward pass;
+    # an embedding output that requires grad costs layer 0's input gradient only.
+    model.enable_input_require_grads()
+    return leaf
+
+
 def param_groups(model, hyper: dict) -> list[dict]:
     """Named AdamW groups: 'lora' (or 'all' for full FT) at lr, 'modules_to_save' at lm_head_lr."""
     head, rest = [], []
