@@ -25,10 +25,10 @@ SKIP = {MANIFEST, ".snakemake_timestamp"}
 CHUNK = 1 << 20
 
 
-def sha256_file(path: str | os.PathLike) -> str:
+def sha256_file(path: str | os.PathLike, chunk_size: int = CHUNK) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
+        while chunk := f.read(chunk_size):
             h.update(chunk)
     return h.hexdigest()
 
