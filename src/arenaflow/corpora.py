@@ -134,26 +134,24 @@ def tokenize(rows: list[dict], tokenizer, system_prompt: str, field: str = "comp
              prefix: str = "") -> tuple[dict, dict]:
     """npz arrays (ids, assistant-only loss mask, row offsets) of each row's prompt + `field`,
     and token statistics."""
-    ids, mask, offsets = [], [], [0]
-    for r in rows:
-        msgs = chat.prompt_messages(system_prompt, r["prompt"]) + [
-            {"role": "assistant", "content": r[field]}
-        ]
-        i, m = chat.encode_with_mask(tokenizer, msgs)
-        ids.extend(i)
-        mask.extend(m)
-        offsets.append(len(ids))
+    convs = [chat.prompt_messages(system_prompt, r["prompt"]) + [{"role": "assistant", "content": r[field]}]
+             for r in rows]
+    ids, mask = [], []
+    for i, m in chat.encode_many_with_mask(tokenizer, convs):
+        ids.append(i)
+        mask.append(m)
+    lengths = [len(i) for i in ids]
     arrays = {
-        f"{prefix}input_ids": np.asarray(ids, dtype=np.int32),
-        f"{prefix}loss_mask": np.asarray(mask, dtype=np.int8),
-        f"{prefix}offsets": np.asarray(offsets, dtype=np.int64),
+        f"{prefix}input_ids": np.concatenate(ids) if ids else np.zeros(0, np.int32),
+        f"{prefix}loss_mask": np.concatenate(mask) if mask else np.zeros(0, np.int8),
+        f"{prefix}offsets": np.r_[0, np.cumsum(lengths)].astype(np.int64),
     }
     n = max(len(rows), 1)
     return arrays, {
         "row_tokens": np.diff(arrays[f"{prefix}offsets"]).tolist(),
-        "tokens": len(ids),
-        "supervised_tokens": int(sum(mask)),
-        "mean_tokens_per_row": len(ids) / n,
+        "tokens": int(sum(lengths)),
+        "supervised_tokens": int(arrays[f"{prefix}loss_mask"].sum()),
+        "mean_tokens_per_row": sum(lengths) / n,
         "mean_completion_chars": sum(len(r[field]) for r in rows) / n,
     }
 

@@ -165,3 +165,15 @@ def test_mask_matches_render_with_unknown_roles(tokenizer):
     ids, mask = chat.encode_with_mask(tokenizer, msgs)
     assert tokenizer.decode(ids) == chat.render(msgs)
     assert masked_text(tokenizer, ids, mask) == "y<|im_end|>"
+
+
+def test_batched_masks_across_batch_boundaries_cover_exactly_each_assistant_turn(tokenizer):
+    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"Réponse {i} 日本" * (i % 3)}]
+             for i in range(10)] + [CONVERSATIONS["multi-turn"], CONVERSATIONS["system+user"]]
+    got = list(chat.encode_many_with_mask(tokenizer, convs, batch_size=3))
+    assert len(got) == len(convs)
+    for msgs, (ids, mask) in zip(convs, got):
+        assert tokenizer.decode(ids) == chat.render(msgs)
+        want = "".join(f"{m['content'] or ''}<|im_end|>" for m in msgs if m["role"] == "assistant")
+        assert masked_text(tokenizer, ids, mask) == want
+
