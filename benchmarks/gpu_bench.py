@@ -105,19 +105,31 @@ def parse_spec(text: str) -> dict:
     return spec
 
 
+def hyperparameters(method: str, micro: int, accum: int, steps: int, seq: int, lr: float, **extra) -> dict:
+    """An arm's training settings: LoRA r=64 on all seven projections (or full FT), no warmup."""
+    return {"method": method, "lora": {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+        "lr": lr, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
+        "epochs": 1, "max_steps": steps, "micro_batch_size": micro, "grad_accum": accum, "seq_len": seq,
+        "seed": 0, "zero3_persistence_threshold": 100000, **extra}
+
+
+def timed_rate(metrics: list[dict], skip: int = 3) -> tuple[float, float]:
+    """(tokens/s, s/step) over the steps after the first `skip` (allocator and kernel warm-up)."""
+    tok = metrics[-1]["tokens_seen"] - metrics[skip - 1]["tokens_seen"]
+    dt = metrics[-1]["elapsed_s"] - metrics[skip - 1]["elapsed_s"]
+    return tok / dt, dt / (len(metrics) - skip)
+
+
 def train(root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_token: float, peak: float) -> dict:
     rows = steps * spec["micro"] + 8
     if spec["corpus"] == "mixed":
         rows *= seq // 300 + 1  # the same number of steps holds fewer tokens per row
     corpus = build_corpus(root, rows, seq, spec["corpus"] == "mixed")
-    hyper = {"method": spec["method"], "lora": {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
-        "lr": 1e-5, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-        "epochs": 1, "max_steps": steps, "micro_batch_size": spec["micro"], "grad_accum": 1, "seq_len": seq,
-        "seed": 0, "zero3_persistence_threshold": int(spec["persist"]), "length_bucketing": bool(spec["bucket"]),
-        "zero3_leaf_modules": "auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"]}
-    if spec["corpus"] == "mixed":
-        hyper["micro_batch_size"], hyper["grad_accum"] = spec["micro"], 4  # micro-batches to bucket
+    hyper = hyperparameters(
+        spec["method"], spec["micro"], 4 if spec["corpus"] == "mixed" else 1,  # mixed: micro-batches to bucket
+        steps, seq, 1e-5, zero3_persistence_threshold=int(spec["persist"]), length_bucketing=bool(spec["bucket"]),
+        zero3_leaf_modules="auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"])
     name = "-".join(f"{k}{v}" for k, v in spec.items())
     out = root / f"runs/{name}/final"
     t = time.time()
@@ -128,11 +140,9 @@ def train(root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_t
         return {"spec": spec, "error": proc.stderr[-3000:]}
     m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     ev = json.loads((out / "training_evidence.json").read_text())
-    skip = 3  # the first steps include allocator warm-up
-    tok = m[-1]["tokens_seen"] - m[skip - 1]["tokens_seen"]
-    dt = m[-1]["elapsed_s"] - m[skip - 1]["elapsed_s"]
-    return {"spec": spec, "tokens_per_s": tok / dt, "step_s": dt / (len(m) - skip), "steps_timed": len(m) - skip,
-            "mfu": flops_per_token * tok / dt / peak, "wall_s": time.time() - t,
+    rate, step_s = timed_rate(m)
+    return {"spec": spec, "tokens_per_s": rate, "step_s": step_s, "steps_timed": len(m) - 3,
+            "mfu": flops_per_token * rate / peak, "wall_s": time.time() - t,
             "peak_gpu_mem_gib": ev.get("peak_gpu_mem_gib"), "final_loss": m[-1]["loss"]}
 
 

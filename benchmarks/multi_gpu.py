@@ -32,11 +32,8 @@ import gpu_bench  # noqa: E402  (a sibling script, not a package)
 
 
 def hyper(method: str, micro: int, accum: int, steps: int, seq: int, **extra) -> dict:
-    return {"method": method, "lora": {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
-        "lr": 2e-4 if method == "lora" else 2e-5, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1,
-        "max_grad_norm": 1.0, "epochs": 1, "max_steps": steps, "micro_batch_size": micro, "grad_accum": accum,
-        "seq_len": seq, "seed": 0, "zero3_persistence_threshold": 100000, **extra}
+    # learning rates that move a random model's loss visibly in 10 steps, so agreement means something
+    return gpu_bench.hyperparameters(method, micro, accum, steps, seq, 2e-4 if method == "lora" else 2e-5, **extra)
 
 
 def train(root: Path, name: str, model: Path, corpus: Path, hp: dict, gpus: int, env: dict | None = None) -> dict:
@@ -52,9 +49,7 @@ def train(root: Path, name: str, model: Path, corpus: Path, hp: dict, gpus: int,
          "log_tail": proc.stderr[-2500:]}
     if proc.returncode == 0:
         m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        skip = 3
-        r.update(losses=[x["loss"] for x in m],
-                 tokens_per_s=(m[-1]["tokens_seen"] - m[skip - 1]["tokens_seen"]) / (m[-1]["elapsed_s"] - m[skip - 1]["elapsed_s"]),
+        r.update(losses=[x["loss"] for x in m], tokens_per_s=gpu_bench.timed_rate(m)[0],
                  evidence=json.loads((out / "training_evidence.json").read_text()))
     print(name, {k: v for k, v in r.items() if k not in ("log_tail", "losses", "evidence")}, flush=True)
     return r

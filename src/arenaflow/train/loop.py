@@ -63,28 +63,26 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
     }
 
 
-class profiler(contextlib.AbstractContextManager):
-    """torch.profiler over one optimizer step when PROFILE_STEP names it; a no-op otherwise."""
+def start_profile(step: int):
+    """A running torch.profiler when PROFILE_STEP names this step, else None."""
+    if os.environ.get(PROFILE_STEP) != str(step):
+        return None
+    from torch.profiler import ProfilerActivity, profile
 
-    def __init__(self, step: int, where: Path, rank: int):
-        self.prof, self.path = None, where / f"profile_rank{rank}.txt"
-        if os.environ.get(PROFILE_STEP) == str(step):
-            from torch.profiler import ProfilerActivity, profile
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    prof.start()
+    return prof
 
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-            self.prof = profile(activities=acts)
-            self.prof.__enter__()
 
-    def __exit__(self, *exc):
-        if self.prof is not None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            self.prof.__exit__(None, None, None)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-            self.path.write_text(self.prof.key_averages().table(sort_by=by, row_limit=40) + "\n" +
-                                 self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-            self.prof = None
+def finish_profile(prof, path: Path) -> None:
+    """Stop the profiler and write its tables: device time first, then host time."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    prof.stop()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = prof.key_averages()
+    path.write_text(table.table(sort_by=by, row_limit=40) + "\n" + table.table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
@@ -164,7 +162,7 @@ def run(args) -> None:
             break
         if step <= start:
             continue
-        prof = profiler(step, out.parent, rank)
+        prof = start_profile(step)
         # Divide each micro-batch's *sum* by the global count; DeepSpeed divides by grad_accum
         # and averages over ranks, hence the world * accum factor.
         n_global = len(glob) if preference else data.supervised_tokens(rows, glob, hyper["seq_len"])
@@ -194,7 +192,8 @@ def run(args) -> None:
         if world > 1:
             torch.distributed.all_reduce(sums)  # on the device: NCCL reduces CUDA tensors only
         sums = sums.cpu()
-        prof.__exit__(None, None, None)
+        if prof:
+            finish_profile(prof, out.parent / f"profile_rank{rank}.txt")
         tokens_seen += int(sums[1])
         gn = engine.get_global_grad_norm()
         m = {"step": step, "loss": float(sums[0]) / max(n_global, 1),
