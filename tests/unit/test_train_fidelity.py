@@ -164,6 +164,13 @@ def test_zero3_leaf_classes_resolve_auto_and_refuse_what_deepspeed_cannot_do():
         tmodel.mark_zero3_leaves(net, {**DEFAULTS, **HYPER, "zero3_leaf_modules": ["MambaBlock"]}, "tiny")
 
 
+def test_profile_step_writes_the_profilers_table_next_to_the_run(corpus, tmp_path):
+    out = tmp_path / "P" / "final"
+    train(out, corpus, {**HYPER, "max_steps": 2}, env={"ARENAFLOW_PROFILE_STEP": "2"})
+    table = (out.parent / "profile_rank0.txt").read_text()
+    assert "aten::mm" in table and table.count("Self CPU time total") == 2  # device-time and host-time tables
+
+
 def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path):
     hyper = {**HYPER, "checkpoint_every": 3}
     whole = tmp_path / "W" / "final"
