@@ -10,13 +10,13 @@ measures, in one run:
 - training tokens/s through `python -m arenaflow.train` (DeepSpeed ZeRO-3, NCCL, 1 GPU), one
   run per --train spec (keys: method lora|full, micro rows per micro-batch, persist the ZeRO-3
   persistence threshold, corpus fixed|mixed row lengths, bucket 1|0 length bucketing, leaf
-  auto|none|Class+Class: ZeRO-3 leaf modules). MFU =
+  auto|none|Class+Class: ZeRO-3 leaf modules, fuse 1|0 fused LoRA linears). MFU =
   model FLOPs per token x tokens/s / matmul peak, with model FLOPs per token 6 N (full) or
   4 N (LoRA: no weight gradients) over the N weights that multiply (all but the input
   embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
-- generation tokens/s through arenaflow.sampling.generate at batch sizes 1..256, each timed
-  on its second identical call (the first pays allocation and, for the static cache,
-  compilation), against the bandwidth bound: batch x copy bandwidth / (weight bytes + the
+- generation tokens/s through arenaflow.sampling.generate at batch sizes 1..256 on each
+  --gen-paths entry (GEN_PATHS), each timed on its second identical call (the first pays
+  allocation, and compilation or graph capture), against the bandwidth bound: batch x copy bandwidth / (weight bytes + the
   KV-cache bytes read per decode step).
 """
 
@@ -96,12 +96,12 @@ def build_corpus(root: Path, rows: int, seq: int, mixed: bool) -> Path:
 
 
 def parse_spec(text: str) -> dict:
-    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1, "leaf": "auto"}
+    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1, "leaf": "auto", "fuse": 1}
     for item in text.split(","):
         key, _, value = item.partition("=")
         if key not in spec:
             raise SystemExit(f"--train {text!r}: unknown key {key!r} (known: {', '.join(spec)})")
-        spec[key] = type(spec[key])(float(value)) if key in ("micro", "persist", "bucket") else value
+        spec[key] = type(spec[key])(float(value)) if key in ("micro", "persist", "bucket", "fuse") else value
     return spec
 
 
@@ -129,7 +129,8 @@ def train(root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_t
     hyper = hyperparameters(
         spec["method"], spec["micro"], 4 if spec["corpus"] == "mixed" else 1,  # mixed: micro-batches to bucket
         steps, seq, 1e-5, zero3_persistence_threshold=int(spec["persist"]), length_bucketing=bool(spec["bucket"]),
-        zero3_leaf_modules="auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"])
+        zero3_leaf_modules="auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"],
+        fused_lora=bool(spec["fuse"]))
     name = "-".join(f"{k}{v}" for k, v in spec.items())
     out = root / f"runs/{name}/final"
     t = time.time()
@@ -151,8 +152,15 @@ def flops_per_token(shape: dict, method: str, seq: int) -> float:
 
 
 @torch.no_grad()
+GEN_PATHS = {  # name: sampling.generate keyword arguments
+    "hf": {},  # transformers' generate(), dynamic cache
+    "hf-static": {"cache_implementation": "static"},  # generate() with its static cache (compiled)
+    "static": {"engine": "static"},  # arenaflow.decode: static cache, CUDA-graph steps
+}
+
+
 def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len: int, bw: float,
-               cache: str | None = None) -> list[dict]:
+               path: str = "hf") -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
@@ -169,13 +177,13 @@ def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len:
             torch.cuda.synchronize()
             t = time.perf_counter()
             outs = sampling.generate(model, tok, [prompt] * bs, dec, k=1, seed=0, batch_size=bs, desc=f"bs{bs}",
-                                     cache_implementation=cache)
+                                     **GEN_PATHS[path])
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         made = sum(o[0]["n_tokens"] for o in outs)
         ctx = prompt_len + new_tokens / 2  # mean context length during decoding
         bound = bs * bw / (weight_bytes + bs * ctx * kv_per_token)
-        rows.append({"batch": bs, "cache": cache or "dynamic", "tokens_per_s": made / times[1],
+        rows.append({"batch": bs, "path": path, "tokens_per_s": made / times[1],
                      "first_call_s": times[0], "timed_call_s": times[1], "step_ms": times[1] / new_tokens * 1e3,
                      "bound_tokens_per_s": bound, "fraction_of_bound": made / times[1] / bound})
         print(json.dumps(rows[-1]), flush=True)
@@ -195,7 +203,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--train", nargs="+", default=TRAIN_DEFAULT, help="key=value,... per training run")
     ap.add_argument("--gen-batches", default="1,16,64,256")
-    ap.add_argument("--gen-caches", default="dynamic,static")
+    ap.add_argument("--gen-paths", default="hf,hf-static,static", help=f"of {', '.join(GEN_PATHS)}")
     ap.add_argument("--new-tokens", type=int, default=128)
     args = ap.parse_args()
     root, parts = Path(args.root), args.parts.split(",")
@@ -215,9 +223,9 @@ def main() -> None:
         res["train"].append(r)
         print(json.dumps(r)[:600], flush=True)
     res["generation"] = []
-    for cache in args.gen_caches.split(",") if "generate" in parts else []:
+    for path in args.gen_paths.split(",") if "generate" in parts else []:
         res["generation"] += generation(model, [int(b) for b in args.gen_batches.split(",")], args.new_tokens, 128,
-                                        c["copy_bytes_per_s"], None if cache == "dynamic" else cache)
+                                        c["copy_bytes_per_s"], path)
     Path(args.out).write_text(json.dumps(res, indent=2))
     for r in res["train"]:
         s = ",".join(f"{k}={v}" for k, v in r["spec"].items())
@@ -227,7 +235,7 @@ def main() -> None:
             print(f"train {s:60s} {r['tokens_per_s']:9.0f} tok/s  {r['step_s']:.3f} s/step  MFU {r['mfu']:.1%}  "
                   f"peak {r['peak_gpu_mem_gib']} GiB")
     for g in res["generation"]:
-        print(f"generate {g['cache']:7s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
+        print(f"generate {g['path']:9s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
               f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
               f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)")
 

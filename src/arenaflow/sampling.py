@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
+from arenaflow import decode
+
+PROMPT_BUCKET = 32  # static engine: prompts are left-padded to a multiple of this
+
 log = logging.getLogger(__name__)
 
 
@@ -57,12 +61,18 @@ def generate(
     batch_size: int = 64,
     desc: str = "generate",
     cache_implementation: str | None = None,
+    engine: str = "hf",
 ) -> list[list[dict]]:
     """For each rendered prompt, `k` samples: {text, n_tokens, stopped}.
 
+    engine "hf" decodes with transformers' generate() (`cache_implementation` goes to it);
+    "static" with arenaflow.decode's static-cache loop, CUDA graphs on a GPU (the same greedy
+    output; samples from the same distributions, drawn from another random stream).
     Each batch is seeded with seed + batch index, so results depend only on (seed, prompts,
-    batch_size, k), never on what ran before in the process.
+    batch_size, k, engine), never on what ran before in the process.
     """
+    if engine not in ("hf", "static"):
+        raise ValueError(f"engine {engine!r}: expected 'hf' or 'static'")
     model.eval()
     stops = stop_token_ids(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
@@ -72,20 +82,26 @@ def generate(
     t0, done_tokens = time.time(), 0
     for b, start in enumerate(range(0, len(prompts), per_batch)):
         chunk = prompts[start : start + per_batch]
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+        # the static loop keeps one decoder (and its CUDA graphs) per padded prompt length
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False,
+                        pad_to_multiple_of=PROMPT_BUCKET if engine == "static" else None)
         enc = {key: v.to(model.device) for key, v in enc.items()}
         torch.manual_seed(seed + b)
-        gen = model.generate(
-            **enc,
-            max_new_tokens=decoding.max_new_tokens,
-            num_return_sequences=k,
-            eos_token_id=stops,
-            pad_token_id=pad,
-            # "static" preallocates the KV cache: far fewer launches per step on GPUs
-            **({"cache_implementation": cache_implementation} if cache_implementation else {}),
-            **decoding.generate_kwargs(),
-        )
-        new = gen[:, enc["input_ids"].shape[1] :].tolist()
+        if engine == "static":
+            ids, mask = (enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask"))
+            decoder = decode.decoder_for(model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad)
+            new = decoder.run(ids, mask)
+        else:
+            gen = model.generate(
+                **enc,
+                max_new_tokens=decoding.max_new_tokens,
+                num_return_sequences=k,
+                eos_token_id=stops,
+                pad_token_id=pad,
+                **({"cache_implementation": cache_implementation} if cache_implementation else {}),
+                **decoding.generate_kwargs(),
+            )
+            new = gen[:, enc["input_ids"].shape[1] :].tolist()
         for i in range(len(chunk)):
             samples = []
             for ids in new[i * k : (i + 1) * k]:

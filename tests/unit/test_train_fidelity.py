@@ -61,7 +61,8 @@ def corpus(tmp_path_factory):
 def one_rank(tmp_path_factory, corpus):
     out = tmp_path_factory.mktemp("r1") / "L1" / "final"
     probe = out.parent / "probe.pt"
-    train(out, corpus, HYPER, env={"ARENAFLOW_PROBE_LOGITS": str(probe)})
+    proc = train(out, corpus, HYPER, env={"ARENAFLOW_PROBE_LOGITS": str(probe)})
+    assert "fused LoRA linears: 6" in proc.stderr  # q_proj, v_proj, up_proj x 2 layers
     return out
 
 
@@ -142,12 +143,16 @@ def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path):
     assert json.loads((out / "training_evidence.json").read_text())["world_size"] == 2
 
 
-def test_zero3_leaf_blocks_change_no_number(one_rank, corpus, tmp_path):
-    """'auto' (one ZeRO-3 unit per decoder layer, the default) and [] (hooks on every
-    submodule) optimise identically; only the host time differs (benchmarks/zero3_hooks_cpu.py)."""
+@pytest.mark.parametrize("change, log_line", [
+    ({"zero3_leaf_modules": []}, "ZeRO-3 leaf modules: none"),
+    ({"fused_lora": False}, "ZeRO-3 leaf modules: ['LlamaDecoderLayer']"),
+])
+def test_zero3_leaf_blocks_and_fused_lora_change_no_number(one_rank, corpus, tmp_path, change, log_line):
+    """The default (one ZeRO-3 unit per decoder layer, LoRA linears fused) optimises as hooks on
+    every submodule and PEFT's own LoRA forward do; only the time differs (BENCHMARKS.md)."""
     out = tmp_path / "H" / "final"
-    proc = train(out, corpus, {**HYPER, "zero3_leaf_modules": []})
-    assert "ZeRO-3 leaf modules: none" in proc.stderr
+    proc = train(out, corpus, {**HYPER, **change})
+    assert log_line in proc.stderr and "fused LoRA linears" not in proc.stderr
     assert [m["loss"] for m in metrics(out)] == pytest.approx([m["loss"] for m in metrics(one_rank)], abs=1e-6)
     wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
     for k in wa:

@@ -1,0 +1,73 @@
+"""A PEFT LoRA Linear as one autograd function, its adds folded into the matrix products.
+
+PEFT computes base(x) + lora_B(lora_A(dropout(x))) * scaling. At 16 rows x 2048 tokens the
+scaling multiply and the add (forward), the multiply again and the sum of x's two gradients
+(backward) each pass over a [tokens, out] or [tokens, in] activation; on an H200 these passes
+cost about a sixth of a LoRA step of a 1.2 B model (BENCHMARKS.md). Here the scaling multiplies
+the rank-r product, and both sums happen inside the matrix products (addmm with beta 1): the
+same arithmetic and gradients, four activation passes fewer per adapted Linear.
+
+The function reads the base, lora_A and lora_B weights without calling those modules, so it is
+used only where ZeRO-3 gathers a whole transformer block on entry (zero3_leaf_modules): with
+hooks on every submodule the weights would not be gathered.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+
+
+class LoraLinearFunction(torch.autograd.Function):
+    """y = x W^T + b + s (x A^T) B^T, for x [..., in], W [out, in], A [r, in], B [out, r]."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
+        x2 = x.reshape(-1, x.shape[-1])
+        h = (x2 @ lora_a.t()).mul_(scaling)  # [tokens, r]
+        y = x2 @ weight.t() if bias is None else torch.addmm(bias, x2, weight.t())
+        y.addmm_(h, lora_b.t())
+        ctx.save_for_backward(x2, weight, lora_a, lora_b, h)
+        ctx.scaling, ctx.has_bias = scaling, bias is not None
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x2, weight, lora_a, lora_b, h = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        gh = (g @ lora_b).mul_(ctx.scaling)  # [tokens, r]: the gradient at the rank-r product
+        need = ctx.needs_input_grad
+        grad_x = (g @ weight).addmm_(gh, lora_a).view(*grad.shape[:-1], x2.shape[-1]) if need[0] else None
+        grad_w = g.t() @ x2 if need[1] else None
+        grad_bias = g.sum(0) if ctx.has_bias and need[2] else None
+        grad_a = gh.t() @ x2 if need[3] else None
+        grad_b = g.t() @ h if need[4] else None
+        return grad_x, grad_w, grad_bias, grad_a, grad_b, None
+
+
+def _forward(self, x, *args, **kwargs):
+    """PEFT lora.Linear.forward, through LoraLinearFunction when nothing needs PEFT's own path."""
+    name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
+    if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
+            or name in self.lora_variant  # DoRA and other variants
+            or not isinstance(self.base_layer, nn.Linear) or getattr(self, "fan_in_fan_out", False)
+            or not isinstance(self.lora_dropout[name], nn.Identity) or self.lora_B[name].bias is not None
+            or x.dtype != self.lora_A[name].weight.dtype):
+        return type(self).forward(self, x, *args, **kwargs)
+    base = self.base_layer
+    return LoraLinearFunction.apply(x, base.weight, base.bias, self.lora_A[name].weight,
+                                    self.lora_B[name].weight, self.scaling[name])
+
+
+def fuse(model) -> int:
+    """Routes every PEFT lora.Linear of `model` through LoraLinearFunction; how many."""
+    from peft.tuners.lora import Linear
+
+    n = 0
+    for module in model.modules():
+        if type(module) is Linear:  # not the quantised variants, which subclass it
+            module.forward = types.MethodType(_forward, module)
+            n += 1
+    return n
