@@ -10,7 +10,7 @@ measures, in one run:
 - training tokens/s through `python -m arenaflow.train` (DeepSpeed ZeRO-3, NCCL, 1 GPU), one
   run per --train spec (keys: method lora|full, micro rows per micro-batch, persist the ZeRO-3
   persistence threshold, corpus fixed|mixed row lengths, bucket 1|0 length bucketing, leaf
-  auto|none|Class+Class: ZeRO-3 leaf modules, fuse 1|0 fused LoRA linears). MFU =
+  auto|none|Class+Class: ZeRO-3 leaf modules, fuse 1|0 fused LoRA linears, ew 1|0 fused norm and SwiGLU kernels). MFU =
   model FLOPs per token x tokens/s / matmul peak, with model FLOPs per token 6 N (full) or
   4 N (LoRA: no weight gradients) over the N weights that multiply (all but the input
   embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import chat, manifest, sampling, tinymodel
+from arenaflow import chat, decode, manifest, sampling, tinymodel
 
 TRAIN_DEFAULT = ["method=lora,micro=4", "method=full,micro=4"]
 
@@ -96,12 +97,12 @@ def build_corpus(root: Path, rows: int, seq: int, mixed: bool) -> Path:
 
 
 def parse_spec(text: str) -> dict:
-    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1, "leaf": "auto", "fuse": 1}
+    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1, "leaf": "auto", "fuse": 1, "ew": 1}
     for item in text.split(","):
         key, _, value = item.partition("=")
         if key not in spec:
             raise SystemExit(f"--train {text!r}: unknown key {key!r} (known: {', '.join(spec)})")
-        spec[key] = type(spec[key])(float(value)) if key in ("micro", "persist", "bucket", "fuse") else value
+        spec[key] = type(spec[key])(float(value)) if key in ("micro", "persist", "bucket", "fuse", "ew") else value
     return spec
 
 
@@ -130,7 +131,7 @@ def train(root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_t
         spec["method"], spec["micro"], 4 if spec["corpus"] == "mixed" else 1,  # mixed: micro-batches to bucket
         steps, seq, 1e-5, zero3_persistence_threshold=int(spec["persist"]), length_bucketing=bool(spec["bucket"]),
         zero3_leaf_modules="auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"],
-        fused_lora=bool(spec["fuse"]))
+        fused_lora=bool(spec["fuse"]), fused_kernels=bool(spec["ew"]))
     name = "-".join(f"{k}{v}" for k, v in spec.items())
     out = root / f"runs/{name}/final"
     t = time.time()
@@ -151,18 +152,41 @@ def flops_per_token(shape: dict, method: str, seq: int) -> float:
     return (6 if method == "full" else 4) * shape["matmul_parameters"] + 12 * shape["layers"] * shape["hidden"] * seq
 
 
-@torch.no_grad()
+def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
+    """The static engine's decode steps alone (its last run, prompt pass excluded), and a
+    profile of the same step run eagerly: kernels per step and their summed GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder = list(model.__dict__["_arenaflow_decoders"].values())[-1]
+    step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
+    ids = tok([prompt] * bs, return_tensors="pt", padding=True, add_special_tokens=False,
+              pad_to_multiple_of=sampling.PROMPT_BUCKET).to("cuda")
+    eager = decode.StaticDecoder(model, *ids["input_ids"].shape, dec.max_new_tokens, dec,
+                                 sampling.stop_token_ids(tok), tok.pad_token_id, graphs=False)
+    eager.run(ids["input_ids"], ids["attention_mask"])  # warm-up
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager.run(ids["input_ids"], ids["attention_mask"])
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    steps = eager.last_decode["steps"] + 1  # + the prompt pass, whose kernels are counted too
+    return {"graph_step_ms": step_ms, "eager_step_ms": eager.last_decode["seconds"] / eager.last_decode["steps"] * 1e3,
+            "kernels_per_step": len(kernels) / steps,
+            "kernel_ms_per_step": sum(e.device_time for e in kernels) / 1e3 / steps}
+
+
 GEN_PATHS = {  # name: sampling.generate keyword arguments
     "hf": {},  # transformers' generate(), dynamic cache
     "hf-static": {"cache_implementation": "static"},  # generate() with its static cache (compiled)
-    "static": {"engine": "static"},  # arenaflow.decode: static cache, CUDA-graph steps
+    "static": {"engine": "static"},  # arenaflow.decode: static cache, CUDA-graph steps, fused kernels
+    "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (ARENAFLOW_FUSED=0)
 }
 
 
+@torch.no_grad()
 def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len: int, bw: float,
                path: str = "hf") -> list[dict]:
     from transformers import AutoModelForCausalLM
 
+    os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()
     cfg = model.config
@@ -181,11 +205,14 @@ def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len:
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         made = sum(o[0]["n_tokens"] for o in outs)
+        engine = {}
+        if GEN_PATHS[path].get("engine") == "static":
+            engine = decode_step(model, tok, prompt, dec, bs)
         ctx = prompt_len + new_tokens / 2  # mean context length during decoding
         bound = bs * bw / (weight_bytes + bs * ctx * kv_per_token)
         rows.append({"batch": bs, "path": path, "tokens_per_s": made / times[1],
                      "first_call_s": times[0], "timed_call_s": times[1], "step_ms": times[1] / new_tokens * 1e3,
-                     "bound_tokens_per_s": bound, "fraction_of_bound": made / times[1] / bound})
+                     "bound_tokens_per_s": bound, "fraction_of_bound": made / times[1] / bound, **engine})
         print(json.dumps(rows[-1]), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -235,9 +262,12 @@ def main() -> None:
             print(f"train {s:60s} {r['tokens_per_s']:9.0f} tok/s  {r['step_s']:.3f} s/step  MFU {r['mfu']:.1%}  "
                   f"peak {r['peak_gpu_mem_gib']} GiB")
     for g in res["generation"]:
-        print(f"generate {g['path']:9s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
+        print(f"generate {g['path']:14s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
               f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
-              f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)")
+              f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)" + (
+                  f"; decode step {g['graph_step_ms']:.2f} ms (eager {g['eager_step_ms']:.2f}), "
+                  f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms of GPU time per step"
+                  if "graph_step_ms" in g else ""))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ rule readout:
         adapter=lambda wc, input: adapter_flag(input.adapter),
         seed=lambda wc: suite(wc)["seed"],
         batch=lambda wc: suite(wc)["batch_size"],
+        engine=lambda wc: suite(wc)["engine"],
         system=CFG["system_prompt"],
         base=BASE,
     log:
@@ -35,7 +36,7 @@ rule readout:
         "python -m arenaflow.evals readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
-        "--seed {params.seed} --batch-size {params.batch} --system-prompt {params.system:q} "
+        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt {params.system:q} "
         "--out {output} > {log} 2>&1"
 
 

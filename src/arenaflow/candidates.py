@@ -30,7 +30,7 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
         max_new_tokens=params["max_new_tokens"],
     )
     outs = sampling.generate(model, tokenizer, prompts, dec, k=params["k"], seed=params["seed"],
-                             batch_size=params["batch_size"], desc="sample")
+                             batch_size=params["batch_size"], desc="sample", engine=params.get("engine", "hf"))
     rows = []
     for r, samples in zip(pool, outs):
         for j, s in enumerate(samples):

@@ -149,6 +149,7 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
         suite.setdefault("replicates", 1)
         suite.setdefault("seed", 0)
         suite.setdefault("batch_size", 256)
+        suite.setdefault("engine", "hf")
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
     for cid, c in cfg["corpora"].items():

@@ -16,12 +16,17 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
+import time
 
 import torch
 from transformers import AttentionInterface, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from arenaflow import fused
+
 ATTENTION = "arenaflow_decode"
+FUSED_ENV = "ARENAFLOW_FUSED"  # diagnosis: "0" keeps transformers' unfused norm and SwiGLU on CUDA
 KV_BUCKET = 32  # key positions per captured graph: a step reads < 32 cache rows it cannot see
 SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has stopped
 
@@ -109,6 +114,9 @@ class StaticDecoder:
         self.seen = (torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, **new)
                      if decoding.repetition_penalty != 1.0 else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.last_decode = {"steps": 0, "seconds": 0.0}  # the decode steps of the last run, timed
+        if dev.type == "cuda" and os.environ.get(FUSED_ENV, "1") != "0":
+            fused.install(model)  # a step is ~1,200 small kernels without (BENCHMARKS.md)
         # graphs=False runs the step eagerly on a GPU too (the tests compare the two)
         use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
@@ -192,6 +200,8 @@ class StaticDecoder:
             if self.pool is not None and not self.graphs:
                 self._capture()
             self._prefill(input_ids, attention_mask.bool())
+            written = int(self.written)  # waits for the prompt pass: the clock below times decoding
+            t0 = time.perf_counter()
             for i in range(self.new_tokens - 1):
                 if self.graphs:
                     self.graphs[self._bucket(i)].replay()
@@ -199,7 +209,9 @@ class StaticDecoder:
                     self._step(self._bucket(i))
                 if (i + 1) % SYNC_EVERY == 0 and bool(self.finished.all()):
                     break
-        return self.out[:, : int(self.written)].tolist()
+        out = self.out[:, : int(self.written)].tolist()
+        self.last_decode = {"steps": int(self.written) - written, "seconds": time.perf_counter() - t0}
+        return out
 
     def _prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
         p = self.prompt_len

@@ -64,7 +64,7 @@ def target_of(row: dict) -> str:
 
 
 def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict, seed: int,
-            batch_size: int, desc: str) -> pd.DataFrame:
+            batch_size: int, desc: str, engine: str = "hf") -> pd.DataFrame:
     """One row per item. `correct` is the same verdict rejection sampling uses
     (arenaflow.candidates.verdict): math, the loose answer; instruction following, every
     constraint checked; open-ended, stopped, non-degenerate and long enough."""
@@ -74,7 +74,7 @@ def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict
     dec = sampling.Decoding(**{k: regime[k] for k in DECODING_KEYS if k in regime})
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(model, tokenizer, prompts, dec, k=1, seed=seed,
-                             batch_size=batch_size, desc=desc)
+                             batch_size=batch_size, desc=desc, engine=engine)
     recs = []
     for r, p, (o,) in zip(pool, prompts, outs):
         v = candidates.verdict({"id": r["id"], "prompt_id": r["id"], "sample": 0, **o}, r)
@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--batch-size", type=int, default=256)
+    r.add_argument("--engine", choices=["hf", "static"], default="hf", help="decode loop (arenaflow.sampling)")
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", required=True, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")
@@ -229,12 +230,13 @@ def main(argv: list[str] | None = None) -> None:
         seed = args.seed + 1000 * args.replicate
         model, tok = models.load_policy(args.base_model, args.adapter)
         df = readout(io.read_jsonl(args.pool), model, tok, args.system_prompt, regime, seed,
-                     args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}")
+                     args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
+                     engine=args.engine)
         df.insert(0, "arm", args.arm)
         df["replicate"] = args.replicate
         write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
                                      "decoding": regime, "replicate": args.replicate, "seed": seed,
-                                     "batch_size": args.batch_size, "pool": args.pool})
+                                     "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool})
         print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
     elif args.cmd == "compare":
         cand, ref = load(args.cand), load(args.ref)

@@ -215,6 +215,15 @@ def test_corpus_with_k_zero_names_file_and_key(cfg, repo_root):
     assert_names(e.value, CONFIG_FILE, "corpora/rft_r2/k")
 
 
+@pytest.mark.parametrize("section", ["corpora/rft_r2", "evals/math"])
+def test_an_unknown_decode_engine_names_file_and_key(cfg, repo_root, section):
+    kind, name = section.split("/")
+    cfg[kind][name]["engine"] = "vllm"
+    with pytest.raises(ConfigError, match="'hf', 'static'") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, f"{section}/engine")
+
+
 def test_unknown_top_level_key_names_file_and_key(cfg, repo_root):
     cfg["result_dir"] = "typo"
     with pytest.raises(ConfigError, match="Additional properties") as e:

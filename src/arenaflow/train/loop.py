@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import io, manifest, models
+from arenaflow import fused, io, manifest, models
 from arenaflow.train import checkpoints, data, lora_fused, objective
 from arenaflow.train import model as tmodel
 
@@ -34,7 +34,8 @@ PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of th
 DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
             "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
             "zero3_persistence_threshold": 100000,  # DeepSpeed's own default
-            "length_bucketing": True, "zero3_leaf_modules": "auto", "fused_lora": True}
+            "length_bucketing": True, "zero3_leaf_modules": "auto", "fused_lora": True,
+            "fused_kernels": True}
 
 
 def ensure_dist_env() -> None:
@@ -147,6 +148,8 @@ def run(args) -> None:
     log.info("ZeRO-3 leaf modules: %s", leaf or "none (hooks on every submodule)")
     if leaf and hyper["method"] == "lora" and hyper["fused_lora"]:  # needs whole blocks gathered
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
+    if cuda and hyper["fused_kernels"]:  # inductor kernels: GPUs only (gains measured there)
+        log.info("fused norm and SwiGLU kernels: %d modules", fused.install(net))
     engine, optimizer, _, _ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=cuda or None),
