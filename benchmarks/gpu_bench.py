@@ -168,9 +168,29 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
         eager.run(ids["input_ids"], ids["attention_mask"])
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     steps = eager.last_decode["steps"] + 1  # + the prompt pass, whose kernels are counted too
+    by_kind: dict[str, float] = {}
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_kind[kernel_kind(e.name)] = by_kind.get(kernel_kind(e.name), 0.0) + e.device_time_total / 1e3 / steps
+        by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + e.device_time_total / 1e3 / steps
     return {"graph_step_ms": step_ms, "eager_step_ms": eager.last_decode["seconds"] / eager.last_decode["steps"] * 1e3,
             "kernels_per_step": len(kernels) / steps,
-            "kernel_ms_per_step": sum(e.device_time for e in kernels) / 1e3 / steps}
+            "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
+            "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+            "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])}
+
+
+def kernel_kind(name: str) -> str:
+    """A CUDA kernel's family, from its name: matrix products, compiled (Triton) fusions, the rest."""
+    low = name.lower()
+    if any(k in low for k in ("gemm", "nvjet", "cutlass", "cublas", "gemv", "splitk")):
+        return "matmul"
+    if low.startswith("triton"):
+        return "triton (fused)"
+    for kind in ("softmax", "index", "copy", "reduce", "cat", "exponential", "argmax", "fill"):
+        if kind in low:
+            return kind
+    return "other elementwise"
 
 
 GEN_PATHS = {  # name: sampling.generate keyword arguments
@@ -266,7 +286,8 @@ def main() -> None:
               f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
               f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)" + (
                   f"; decode step {g['graph_step_ms']:.2f} ms (eager {g['eager_step_ms']:.2f}), "
-                  f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms of GPU time per step"
+                  f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms of GPU time per step: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
                   if "graph_step_ms" in g else ""))
 
 

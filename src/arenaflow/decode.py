@@ -14,6 +14,7 @@ from the same distributions as generate() but from another random stream.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -43,10 +44,21 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     kv_heads, seen = key.shape[1], attention_mask.shape[-1]
     # [B, H_kv, group, D] x [B, H_kv, D, S]: the query heads sharing a KV head read it together
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(q, key[:, :, :seen].transpose(-1, -2)).float() * scaling
-    scores = scores.masked_fill(~attention_mask.view(batch, 1, 1, seen), float("-inf"))
-    out = torch.matmul(scores.softmax(-1).to(value.dtype), value[:, :, :seen])
+    scores = torch.matmul(q, key[:, :, :seen].transpose(-1, -2))
+    softmax = _compiled_softmax() if query.is_cuda and os.environ.get(FUSED_ENV, "1") != "0" else masked_softmax
+    probs = softmax(scores, attention_mask.view(batch, 1, 1, seen), scaling)
+    out = torch.matmul(probs, value[:, :, :seen])
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:
+    return (scores.float() * scaling).masked_fill(~mask, float("-inf")).softmax(-1).to(scores.dtype)
+
+
+@functools.cache
+def _compiled_softmax():
+    # one kernel instead of five (scale, mask, softmax, casts): ~0.7 ms of a 4.5 ms step at batch 256
+    return torch.compile(masked_softmax, dynamic=True)
 
 
 AttentionInterface.register(ATTENTION, _attention)

@@ -11,8 +11,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from arenaflow import fused
 
-CASES = [("cpu", "aot_eager", torch.float32),
-         pytest.param("cuda", "inductor", torch.bfloat16, marks=[pytest.mark.gpu, pytest.mark.skipif(
+CASES = [("cpu", "aot_eager"),
+         pytest.param("cuda", "inductor", marks=[pytest.mark.gpu, pytest.mark.skipif(
              not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
@@ -30,20 +30,30 @@ def loss_and_grads(model, ids):
     return loss.detach().float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("device, backend, dtype", CASES)
-def test_fused_model_computes_the_same_loss_and_gradients(device, backend, dtype):
-    model = llama(device, dtype)
+@pytest.mark.parametrize("device, backend", CASES)
+def test_fused_model_computes_the_same_loss_and_gradients(device, backend):
+    """float32: equal to 1e-5. bfloat16 (the GPU case): fused kernels round once where
+    transformers rounds after each op, so the oracle is float32, and the fused model must be no
+    farther from it than transformers' own bfloat16 forward is."""
     ids = torch.randint(0, 96, (3, 11), device=device)
     lengths = (11, 7)  # the second length runs through the same dynamic-shape graph
-    want = [loss_and_grads(model, ids[:, :n]) for n in lengths]
+    truth = [loss_and_grads(llama(device, torch.float32), ids[:, :n]) for n in lengths]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = llama(device, dtype)
+    plain = [loss_and_grads(model, ids[:, :n]) for n in lengths]
     assert fused.install(model, backend) == 2 * 2 + 1 + 2  # two norms and an MLP per layer, the final norm
     assert fused.install(model, backend) == 7  # idempotent
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-3)
-    for n, (want_loss, want_grads) in zip(lengths, want):
-        got_loss, got_grads = loss_and_grads(model, ids[:, :n])
-        torch.testing.assert_close(got_loss, want_loss, **tol)
-        for name in want_grads:
-            torch.testing.assert_close(got_grads[name], want_grads[name], **tol, msg=name)
+    for n, (true_loss, true_grads), (plain_loss, plain_grads) in zip(lengths, truth, plain):
+        loss, grads = loss_and_grads(model, ids[:, :n])
+        if dtype == torch.float32:
+            torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
+            for name in grads:
+                torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+            continue
+        assert abs(loss - true_loss) <= 2 * abs(plain_loss - true_loss) + 1e-3 * abs(true_loss)
+        for name in grads:
+            err, plain_err = ((g - true_grads[name]).norm() for g in (grads[name], plain_grads[name]))
+            assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
 
 
 def test_other_formulas_are_left_alone():
