@@ -147,13 +147,13 @@ def tiny_readout(tmp_path_factory, repo_root):
     io.write_jsonl(pool, POOL)
     sampled = json.dumps({"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 24})
 
-    def run(name, replicate=0, seed=0, regime=sampled):
+    def run(name, replicate=0, seed=0, regime=sampled, engine="hf"):
         out = d / f"{name}.parquet"
         evals.main(["readout", "--suite", "math", "--arm", "base", "--pool", str(pool),
                     "--base-model", str(repo_root / "models/tiny-arith"), "--regime", "served",
                     "--regime-json", regime, "--replicate", str(replicate), "--seed", str(seed),
                     "--batch-size", "4", "--system-prompt", "You are a careful math tutor.",
-                    "--out", str(out)])
+                    "--engine", engine, "--out", str(out)])
         return out
 
     return run
@@ -180,6 +180,13 @@ def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
     assert d0["completion"].tolist() != d1["completion"].tolist()  # T=0.8, another seed
     res = evals.noise(pd.concat([d0, d1], ignore_index=True), "t")
     assert res["k"] == 2 and res["n"] == len(POOL)
+
+
+def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tiny_readout):
+    greedy = json.dumps({"temperature": 0.0, "max_new_tokens": 24})
+    hf, static = (tiny_readout(f"g-{e}", regime=greedy, engine=e) for e in ("hf", "static"))
+    pd.testing.assert_frame_equal(pd.read_parquet(static), pd.read_parquet(hf))
+    assert (evals.readout_meta(hf)["engine"], evals.readout_meta(static)["engine"]) == ("hf", "static")
 
 
 def test_readout_scores_instruction_and_open_items_with_the_candidate_verdicts():
