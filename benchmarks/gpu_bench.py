@@ -35,7 +35,7 @@ import torch
 
 from arenaflow import chat, decode, manifest, sampling, tinymodel
 
-TRAIN_DEFAULT = ["method=lora,micro=4", "method=full,micro=4"]
+TRAIN_DEFAULT = ["method=lora,micro=16", "method=full,micro=16"]  # the H200 headline runs (BENCHMARKS.md)
 
 
 def ceilings() -> dict:

@@ -159,6 +159,23 @@ def test_zero3_leaf_blocks_and_fused_lora_change_no_number(one_rank, corpus, tmp
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_kernels_on_cuda_train_as_transformers_modules_do(corpus, tmp_path):
+    """On a GPU (bf16) the compiled norm and SwiGLU kernels follow the same LoRA loss curve as
+    transformers' modules; a wrong formula (eps, weight, activation) would move it by far more.
+    Measured on an H200: full fine-tuning at this config (lr 4e-3) agreed for two steps (1.5e-3)
+    and then drifted 2-13 % per step, so it is left out until a stable config is found; the
+    norm weights' gradients are checked on the GPU in test_fused."""
+    losses = {}
+    for on in (True, False):
+        out = tmp_path / f"k{int(on)}" / "final"
+        proc = train(out, corpus, {**HYPER, "fused_kernels": on, "epochs": 1})
+        assert ("fused norm and SwiGLU kernels: 7 modules" in proc.stderr) == on  # 2 x (2 norms + MLP) + final norm
+        losses[on] = [m["loss"] for m in metrics(out)]
+    assert len(losses[True]) == 5 and losses[True] == pytest.approx(losses[False], rel=2e-2)
+
+
 def test_zero3_leaf_classes_resolve_auto_and_refuse_what_deepspeed_cannot_do():
     net = tmodel.build(str(BASE), "base", {**DEFAULTS, **HYPER})
     assert tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER}) == ["LlamaDecoderLayer"]
