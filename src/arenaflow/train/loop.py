@@ -31,6 +31,7 @@ log = logging.getLogger("arenaflow.train")
 FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
 PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
+FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"  # verification: "aot_eager" traces the fused kernels on CPU too
 DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
             "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
             "zero3_persistence_threshold": 100000,  # DeepSpeed's own default
@@ -148,8 +149,9 @@ def run(args) -> None:
     log.info("ZeRO-3 leaf modules: %s", leaf or "none (hooks on every submodule)")
     if leaf and hyper["method"] == "lora" and hyper["fused_lora"]:  # needs whole blocks gathered
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
-    if cuda and hyper["fused_kernels"]:  # inductor kernels: GPUs only (gains measured there)
-        log.info("fused norm and SwiGLU kernels: %d modules", fused.install(net))
+    backend = os.environ.get(FUSED_BACKEND)
+    if hyper["fused_kernels"] and (cuda or backend):  # inductor kernels: GPUs only (gains measured there)
+        log.info("fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor"))
     engine, optimizer, _, _ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=cuda or None),
