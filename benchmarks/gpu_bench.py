@@ -157,12 +157,12 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
     profile of the same step run eagerly: kernels per step and their summed GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    decoder = list(model.__dict__["_arenaflow_decoders"].values())[-1]
-    step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
     ids = tok([prompt] * bs, return_tensors="pt", padding=True, add_special_tokens=False,
               pad_to_multiple_of=sampling.PROMPT_BUCKET).to("cuda")
-    eager = decode.StaticDecoder(model, *ids["input_ids"].shape, dec.max_new_tokens, dec,
-                                 sampling.stop_token_ids(tok), tok.pad_token_id, graphs=False)
+    shape = (*ids["input_ids"].shape, dec.max_new_tokens, dec, sampling.stop_token_ids(tok), tok.pad_token_id)
+    decoder = decode.decoder_for(model, *shape)  # the one sampling.generate just ran
+    step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
+    eager = decode.StaticDecoder(model, *shape, graphs=False)
     eager.run(ids["input_ids"], ids["attention_mask"])  # warm-up
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eager.run(ids["input_ids"], ids["attention_mask"])

@@ -45,10 +45,14 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     # [B, H_kv, group, D] x [B, H_kv, D, S]: the query heads sharing a KV head read it together
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(q, key[:, :, :seen].transpose(-1, -2))
-    softmax = _compiled_softmax() if query.is_cuda and os.environ.get(FUSED_ENV, "1") != "0" else masked_softmax
+    softmax = _compiled_softmax() if query.is_cuda and fused_kernels_on() else masked_softmax
     probs = softmax(scores, attention_mask.view(batch, 1, 1, seen), scaling)
     out = torch.matmul(probs, value[:, :, :seen])
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def fused_kernels_on() -> bool:
+    return os.environ.get(FUSED_ENV, "1") != "0"
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -111,7 +115,7 @@ class StaticDecoder:
         self.cache = StaticCache(config=model.config, max_cache_len=self.length)
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
             raise ValueError(f"{type(model).__name__}: the static decode loop supports full attention "
-                             "layers only; use engine='hf' for sliding-window models")
+                             "layers only; set `engine: hf` for sliding-window models")
         dev = model.device
         new = dict(device=dev)
         self.token = torch.zeros(batch, 1, dtype=torch.long, **new)  # the token fed next
@@ -127,7 +131,7 @@ class StaticDecoder:
                      if decoding.repetition_penalty != 1.0 else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.last_decode = {"steps": 0, "seconds": 0.0}  # the decode steps of the last run, timed
-        if dev.type == "cuda" and os.environ.get(FUSED_ENV, "1") != "0":
+        if dev.type == "cuda" and fused_kernels_on():
             fused.install(model)  # a step is ~1,200 small kernels without (BENCHMARKS.md)
         # graphs=False runs the step eagerly on a GPU too (the tests compare the two)
         use_graphs = dev.type == "cuda" if graphs is None else graphs
