@@ -262,7 +262,6 @@ def run(args) -> None:
         shutil.rmtree(ckpt_dir, ignore_errors=True)  # the final weights supersede them
         log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", args.arm, len(metrics),
                  metrics[-1]["loss"], wall, out)
-    # A rank that exits with the process group alive can abort in its teardown ("terminate
-    # called without an active exception", seen once in CI on gloo) and fail a finished run.
+    # No rank leaves before rank 0 has committed the outputs (see __main__ on the exit itself).
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
