@@ -15,10 +15,10 @@ What is checked, from Slurm's own records (`scontrol show job`), the plugin's sb
     --gpus/--ntasks-per-gpu; training ran with SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES set;
   - CPU rules (build_pool, build_corpus, verify_candidates, compare, noise, nominate,
     build_bundle) got no GPU;
-  - preemption: a training job that dies after its step-10 checkpoint is resubmitted (--retries)
-    and resumes from it; the final weights equal an uninterrupted run's. (A job requeued by
-    Slurm itself, `scontrol requeue`, is not tested: the executor plugin read such a job as
-    failed in one CI run; see README's Preemption paragraph.)
+  - preemption, two ways: a training job that dies after its step-10 checkpoint is resubmitted
+    by Snakemake (--retries) and resumes from it; a running training job requeued by Slurm
+    (`scontrol requeue`) restarts as the same job and resumes from its checkpoint. Both end at
+    the weights of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -190,32 +190,45 @@ def squeue(*args: str) -> str:
     return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30).stdout.strip()
 
 
-def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_weights(e2e):
-    """Attempt 1 dies right after its step-10 checkpoint (ARENAFLOW_FAIL_AFTER_STEP=10, exit 75,
-    as a killed job would); Snakemake resubmits it to Slurm (--retries 1) and the new job resumes
-    at step 10. The weights equal an uninterrupted run's of the same hyperparameters (arm P0, run
-    locally). Runs in the e2e results, where pools and corpora exist: only training is left.
-    (An `scontrol requeue` of the running job was tried too and is not tested: the executor
-    plugin intermittently reads the requeued job as failed; see the session note.)"""
-    import torch
-    from safetensors.torch import load_file
-
-    arms, results, root = e2e["arms"], e2e["results"], e2e["root"]
-    for arm in ("P0", "P1"):
+@pytest.fixture(scope="module")
+def uninterrupted(e2e):
+    """Arms P0-P2 share PREEMPT_HYPER; P0 trains locally (the default profile) without a break
+    and is the reference for the interrupted P1 and P2. Runs in the e2e results, where pools and
+    corpora exist: only training is left."""
+    arms, results = e2e["arms"], e2e["results"]
+    for arm in ("P0", "P1", "P2"):
         (arms / f"{arm}.yaml").write_text(f"init: base\ncorpus: sft_s1\nhyper: {json.dumps(PREEMPT_HYPER)}\n")
-
-    # the uninterrupted reference, locally (the default profile)
     local = ["timeout", "-k", "30", str(TIMEOUT), sys.executable, "-m", "snakemake", "runs/P0/final",
              "--cores", "2", "--configfile", str(REPO / "config/config.yaml"),
              str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={results}", f"arms_dir={arms}"]
     proc = subprocess.run(local, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT + 90)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "rule train_arm" in proc.stdout + proc.stderr and "rule build_corpus" not in proc.stdout + proc.stderr
+    return results / "runs/P0/final"
 
+
+def assert_same_training(run: Path, whole: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    m = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    r = [json.loads(x)["loss"] for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    assert m == pytest.approx(r, abs=1e-6)
+    wa, wb = load_file(whole / "adapter_model.safetensors"), load_file(run / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
+    assert not (run.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
+
+
+def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_weights(e2e, uninterrupted):
+    """Attempt 1 dies right after its step-10 checkpoint (ARENAFLOW_FAIL_AFTER_STEP=10, exit 75,
+    as a killed job would); Snakemake resubmits it to Slurm (--retries 1) and the new job resumes
+    at step 10. The weights equal the uninterrupted run's."""
+    results, root = e2e["results"], e2e["root"]
     logdir = root / "slurm_logs_preempt"
-    cmd = snakemake_cmd("runs/P1/final", "--retries", "1", results=results, arms=arms, logdir=logdir)
+    cmd = snakemake_cmd("runs/P1/final", "--retries", "1", results=results, arms=e2e["arms"], logdir=logdir)
     log = root / "snakemake_preempt.log"
-    ckpt = results / "runs/P1/checkpoints"
     with open(log, "w") as f:
         sm = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "ARENAFLOW_FAIL_AFTER_STEP": "10"})
@@ -235,16 +248,59 @@ def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_we
     assert "returned non-zero exit status 75" in first_log  # the training's own exit, as if preempted
     assert all(gres_count(j.get("TresPerNode")) == 1 for j in attempts)
 
-    run, whole = results / "runs/P1/final", results / "runs/P0/final"
+    run = results / "runs/P1/final"
     ev = json.loads((run / "training_evidence.json").read_text())
     assert ev["job_id"] == attempts[1]["JobId"] and ev["optimizer_steps"] == 60
     assert ev["resumed_from_step"] == 10, ev["resumed_from_step"]
     assert "resumed from" in (results / "logs/train/P1.log").read_text()
-    m = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    r = [json.loads(x)["loss"] for x in (whole / "metrics.jsonl").read_text().splitlines()]
-    assert m == pytest.approx(r, abs=1e-6)
-    wa, wb = load_file(whole / "adapter_model.safetensors"), load_file(run / "adapter_model.safetensors")
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
-    assert not ckpt.exists(), "checkpoints outlived the final weights"
+    assert_same_training(run, uninterrupted)
+
+
+def running_job(comment_part: str, deadline: float) -> str:
+    while time.time() < deadline:
+        for line in squeue("-o", "%i|%k|%T").splitlines():
+            jid, comment, state = line.split("|")
+            if comment_part in comment and state == "RUNNING":
+                return jid
+        time.sleep(0.5)
+    raise AssertionError(f"no RUNNING Slurm job with {comment_part!r} in its comment:\n{squeue()}")
+
+
+def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_weights(e2e, uninterrupted):
+    """`scontrol requeue` of the running training job once its step-10 checkpoint exists, as a
+    preempting scheduler does: Slurm restarts the same job (Restarts=1), Snakemake keeps waiting
+    on it (slurm-requeue: true; no resubmission) and the job resumes from its checkpoint to the
+    uninterrupted run's weights."""
+    results, root = e2e["results"], e2e["root"]
+    log = root / "snakemake_requeue.log"
+    cmd = snakemake_cmd("runs/P2/final", results=results, arms=e2e["arms"], logdir=root / "slurm_logs_requeue")
+    first_ckpt = results / "runs/P2/checkpoints/fingerprint.json"  # written once a checkpoint is whole
+    with open(log, "w") as f:
+        sm = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + TIMEOUT
+        while not first_ckpt.exists() and sm.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert first_ckpt.exists(), f"no step-10 checkpoint:\n{log.read_text()[-4000:]}"
+        jid = running_job("train_arm_wildcards_P2", deadline)
+        subprocess.run(["scontrol", "requeue", jid], check=True, timeout=30)
+        # Slurm holds a requeued job ~2 min (BeginTime); an administrator's StartTime=now skips it
+        while squeue("-j", jid, "-o", "%T") != "PENDING" and time.time() < deadline:
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "update", f"jobid={jid}", "StartTime=now"], check=True, timeout=30)
+        sm.wait(timeout=max(1, deadline - time.time()))
+    finally:
+        if sm.poll() is None:
+            sm.kill()
+    out = log.read_text()
+    assert sm.returncode == 0, out[-8000:]
+
+    jobs = slurm_jobs(run_id(out))
+    assert [(j["JobId"], j["JobState"], j["Restarts"]) for j in jobs] == [(jid, "COMPLETED", "1")], jobs
+    run = results / "runs/P2/final"
+    ev = json.loads((run / "training_evidence.json").read_text())
+    assert ev["job_id"] == jid and ev["optimizer_steps"] == 60
+    # the requeue lands a few steps after the first checkpoint: the resume is from step 10 or a later one
+    assert ev["resumed_from_step"] in (10, 20, 30, 40, 50), ev["resumed_from_step"]
+    assert "resumed from" in (results / "logs/train/P2.log").read_text()
+    assert_same_training(run, uninterrupted)
