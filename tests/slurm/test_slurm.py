@@ -207,10 +207,34 @@ def uninterrupted(e2e):
     return results / "runs/P0/final"
 
 
-def assert_same_training(run: Path, whole: Path) -> None:
+def in_background(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
+    """Snakemake's output, once it has exited 0 (it is killed if it outlives `timeout`)."""
+    try:
+        sm.wait(timeout=max(1.0, timeout))
+    finally:
+        if sm.poll() is None:
+            sm.kill()
+    out = log.read_text()
+    assert sm.returncode == 0, out[-8000:]
+    return out
+
+
+def assert_resumed_to_the_same_weights(results: Path, arm: str, job_id: str, from_steps, whole: Path) -> None:
+    """runs/{arm} was finished by job `job_id`, resumed from a checkpoint at one of `from_steps`,
+    and has the uninterrupted run's losses and weights."""
     import torch
     from safetensors.torch import load_file
 
+    run = results / f"runs/{arm}/final"
+    ev = json.loads((run / "training_evidence.json").read_text())
+    assert ev["job_id"] == job_id and ev["optimizer_steps"] == 60, ev
+    assert ev["resumed_from_step"] in from_steps, ev["resumed_from_step"]
+    assert "resumed from" in (results / f"logs/train/{arm}.log").read_text()
     m = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     r = [json.loads(x)["loss"] for x in (whole / "metrics.jsonl").read_text().splitlines()]
     assert m == pytest.approx(r, abs=1e-6)
@@ -226,19 +250,10 @@ def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_we
     as a killed job would); Snakemake resubmits it to Slurm (--retries 1) and the new job resumes
     at step 10. The weights equal the uninterrupted run's."""
     results, root = e2e["results"], e2e["root"]
-    logdir = root / "slurm_logs_preempt"
+    logdir, log = root / "slurm_logs_preempt", root / "snakemake_preempt.log"
     cmd = snakemake_cmd("runs/P1/final", "--retries", "1", results=results, arms=e2e["arms"], logdir=logdir)
-    log = root / "snakemake_preempt.log"
-    with open(log, "w") as f:
-        sm = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "ARENAFLOW_FAIL_AFTER_STEP": "10"})
-    try:
-        sm.wait(timeout=TIMEOUT + 60)
-    finally:
-        if sm.poll() is None:
-            sm.kill()
-    out = log.read_text()
-    assert sm.returncode == 0, out[-8000:]
+    sm = in_background(cmd, log, env={**os.environ, "ARENAFLOW_FAIL_AFTER_STEP": "10"})
+    out = finished(sm, log, TIMEOUT + 60)
 
     jobs = slurm_jobs(run_id(out))
     assert {rule_of(j["Comment"]) for j in jobs} == {"train_arm"}, "pools and corpora were not reused"
@@ -247,13 +262,7 @@ def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_we
     first_log = (logdir / "rule_train_arm/P1" / f"{attempts[0]['JobId']}.log").read_text()
     assert "returned non-zero exit status 75" in first_log  # the training's own exit, as if preempted
     assert all(gres_count(j.get("TresPerNode")) == 1 for j in attempts)
-
-    run = results / "runs/P1/final"
-    ev = json.loads((run / "training_evidence.json").read_text())
-    assert ev["job_id"] == attempts[1]["JobId"] and ev["optimizer_steps"] == 60
-    assert ev["resumed_from_step"] == 10, ev["resumed_from_step"]
-    assert "resumed from" in (results / "logs/train/P1.log").read_text()
-    assert_same_training(run, uninterrupted)
+    assert_resumed_to_the_same_weights(results, "P1", attempts[1]["JobId"], {10}, uninterrupted)
 
 
 def running_job(comment_part: str, deadline: float) -> str:
@@ -275,10 +284,9 @@ def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_we
     log = root / "snakemake_requeue.log"
     cmd = snakemake_cmd("runs/P2/final", results=results, arms=e2e["arms"], logdir=root / "slurm_logs_requeue")
     first_ckpt = results / "runs/P2/checkpoints/fingerprint.json"  # written once a checkpoint is whole
-    with open(log, "w") as f:
-        sm = subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + TIMEOUT
+    sm = in_background(cmd, log)
     try:
-        deadline = time.time() + TIMEOUT
         while not first_ckpt.exists() and sm.poll() is None and time.time() < deadline:
             time.sleep(0.2)
         assert first_ckpt.exists(), f"no step-10 checkpoint:\n{log.read_text()[-4000:]}"
@@ -288,19 +296,12 @@ def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_we
         while squeue("-j", jid, "-o", "%T") != "PENDING" and time.time() < deadline:
             time.sleep(0.2)
         subprocess.run(["scontrol", "update", f"jobid={jid}", "StartTime=now"], check=True, timeout=30)
-        sm.wait(timeout=max(1, deadline - time.time()))
-    finally:
-        if sm.poll() is None:
-            sm.kill()
-    out = log.read_text()
-    assert sm.returncode == 0, out[-8000:]
+    except BaseException:
+        sm.kill()
+        raise
+    out = finished(sm, log, deadline - time.time())
 
     jobs = slurm_jobs(run_id(out))
     assert [(j["JobId"], j["JobState"], j["Restarts"]) for j in jobs] == [(jid, "COMPLETED", "1")], jobs
-    run = results / "runs/P2/final"
-    ev = json.loads((run / "training_evidence.json").read_text())
-    assert ev["job_id"] == jid and ev["optimizer_steps"] == 60
     # the requeue lands a few steps after the first checkpoint: the resume is from step 10 or a later one
-    assert ev["resumed_from_step"] in (10, 20, 30, 40, 50), ev["resumed_from_step"]
-    assert "resumed from" in (results / "logs/train/P2.log").read_text()
-    assert_same_training(run, uninterrupted)
+    assert_resumed_to_the_same_weights(results, "P2", jid, {10, 20, 30, 40, 50}, uninterrupted)
