@@ -134,7 +134,7 @@ def levels(df: pd.DataFrame) -> dict:
             "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0}
 
 
-def _pair(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
+def paired_rows(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
     m = cand.merge(ref, on=["item_id", "replicate"], suffixes=("", "_ref"), how="outer", indicator=True)
     unpaired = m[m["_merge"] != "both"]
     if len(unpaired):
@@ -150,7 +150,7 @@ def _pair(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
 def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     """Paired statistics pooled over replicates, per replicate, and per category; items (and
     replicate indices) must match one to one."""
-    m = _pair(cand, ref, where)
+    m = paired_rows(cand, ref, where)
     out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
     out["by_category"] = {
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
