@@ -36,6 +36,7 @@ wildcard_constraints:
     suite=ids(CFG["evals"]),
     rnd=ids(CFG["rounds"]),
     bundle=ids(CFG["bundles"]),
+    read=ids(CFG["judged"]),
     rarm=ids(READOUT_ARMS),
     ref=ids(READOUT_ARMS),
     regime="[A-Za-z0-9][A-Za-z0-9_-]*",

@@ -177,6 +177,23 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
             raise ConfigError(f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate")
         for key, msg in afbar.validate(rnd, replicates, known_arms):
             raise ConfigError(f"{where}/{key}': {msg}")
+    for jid, j in cfg.setdefault("judged", {}).items():
+        where = f"{config_file}: key 'judged/{jid}"
+        if j["suite"] not in cfg["evals"]:
+            raise ConfigError(f"{where}/suite': unknown suite {j['suite']!r}")
+        if j["regime"] not in cfg["evals"][j["suite"]]["regimes"]:
+            raise ConfigError(f"{where}/regime': suite {j['suite']!r} has no regime {j['regime']!r}")
+        for key in ("a", "b"):
+            if j[key] not in known_arms:
+                raise ConfigError(f"{where}/{key}': unknown arm {j[key]!r}")
+        if j["a"] == j["b"]:
+            raise ConfigError(f"{where}/b': a judged read compares two arms; a and b are both {j['a']!r}")
+        j.setdefault("replicate", 0)
+        if j["replicate"] >= replicates(j["suite"], j["regime"]):
+            raise ConfigError(f"{where}/replicate': regime {j['regime']!r} has {replicates(j['suite'], j['regime'])} "
+                              f"replicate(s), numbered from 0; got {j['replicate']}")
+        if "scores" in j:
+            j["scores"] = str(root / j["scores"])  # an absolute path stays as it is
     bundle_props = schema["properties"]["bundles"]["additionalProperties"]
     for bid, b in cfg["bundles"].items():
         where = f"{config_file}: key 'bundles/{bid}"

@@ -22,10 +22,11 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def snakemake(*args: str, results: Path, arms: Path, check: bool = True, timeout: int = 1200):
+def snakemake(*args: str, results: Path, arms: Path, check: bool = True, timeout: int = 1200,
+              configfiles: tuple[Path, ...] = ()):
     # targets first: --configfile and --config take every word after them
     cmd = [sys.executable, "-m", "snakemake", *args, "--cores", "2", "--configfile",
-           str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml"),
+           str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml"), *map(str, configfiles),
            "--config", f"results_dir={results}", f"arms_dir={arms}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -159,3 +160,33 @@ def test_a_bundle_differing_only_in_serving_files_retrains_nothing(built):
     assert same, "weights differ between bundles of one arm"
     assert {"serving_config.json", "generation_config.json"} <= set(differ)
     assert not {"adapter_model.safetensors", "adapter_config.json", "chat_template.jinja"} & set(differ)
+
+
+def test_a_judged_read_packs_the_bundles_readouts_and_unblinds_the_judges_csv(built, tmp_path):
+    """config.yaml's judged read B3_vs_R2d: the packet comes from readouts the bundle already
+    needed (only judged_pack runs), its key lies outside the judge's directory, and a judge's
+    CSV named in config is unblinded into the comparison."""
+    import yaml
+
+    res, arms = built["results"], built["arms"]
+    dry = snakemake("-n", "judged/B3_vs_R2d/pairs.jsonl", results=res, arms=arms)
+    assert {r for r, _ in planned_jobs(dry)} == {"judged_pack"}
+    proc = snakemake("-n", "judged/B3_vs_R2d.json", results=res, arms=arms, check=False)
+    assert proc.returncode != 0 and "judged/B3_vs_R2d/scores" in proc.stdout + proc.stderr
+
+    snakemake("judged/B3_vs_R2d/pairs.jsonl", results=res, arms=arms)
+    assert [p.name for p in (res / "judged/B3_vs_R2d").iterdir()] == ["pairs.jsonl"]
+    pairs = [json.loads(x) for x in (res / "judged/B3_vs_R2d/pairs.jsonl").read_text().splitlines()]
+    key = json.loads((res / "judged/B3_vs_R2d.key.json").read_text())
+    assert len(pairs) == 40 and {p["pair"] for p in pairs} == set(key["pairs"])
+    assert key["arms"] == ["B3", "R2d"] and all("B3" not in json.dumps(p) for p in pairs)
+
+    scores = tmp_path / "scores.csv"  # a judge who always prefers side A
+    scores.write_text("pair,verdict\n" + "".join(f"{p['pair']},A\n" for p in pairs))
+    read = {**yaml.safe_load((REPO / "config/config.yaml").read_text())["judged"]["B3_vs_R2d"], "scores": str(scores)}
+    extra = tmp_path / "judged.yaml"
+    extra.write_text(yaml.safe_dump({"judged": {"B3_vs_R2d": read}}))
+    snakemake("judged/B3_vs_R2d.json", results=res, arms=arms, configfiles=(extra,))
+    out = json.loads((res / "judged/B3_vs_R2d.json").read_text())
+    sides = [k["A"] for k in key["pairs"].values()]
+    assert out["preferred"] == {"B3": sides.count("B3"), "R2d": sides.count("R2d")} and out["ties"] == 0

@@ -371,3 +371,24 @@ def test_unknown_control_or_incumbent_as_candidate_names_the_key(cfg, repo_root)
     with pytest.raises(ConfigError, match="incumbent") as e:
         resolve(cfg, repo_root)
     assert_names(e.value, CONFIG_FILE, "rounds/r3/candidates")
+
+
+@pytest.mark.parametrize("change, key, message", [
+    ({"a": "B7"}, "judged/B3_vs_R2d/a", "unknown arm 'B7'"),
+    ({"b": "B3"}, "judged/B3_vs_R2d/b", "compares two arms"),
+    ({"suite": "chat"}, "judged/B3_vs_R2d/suite", "unknown suite 'chat'"),
+    ({"regime": "sampled"}, "judged/B3_vs_R2d/regime", "no regime 'sampled'"),
+    ({"replicate": 3}, "judged/B3_vs_R2d/replicate", "has 3 replicate"),
+    ({"n": 0}, "judged/B3_vs_R2d/n", "minimum"),
+])
+def test_a_bad_judged_read_names_the_key(cfg, repo_root, change, key, message):
+    cfg["judged"]["B3_vs_R2d"].update(change)
+    with pytest.raises(ConfigError, match=message) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, key)
+
+
+def test_a_judged_read_resolves_its_replicate_and_scores_path(cfg, repo_root):
+    cfg["judged"]["B3_vs_R2d"]["scores"] = "config/judged/B3_vs_R2d.csv"
+    j = resolve(cfg, repo_root)["judged"]["B3_vs_R2d"]
+    assert j["replicate"] == 0 and j["scores"] == str(repo_root / "config/judged/B3_vs_R2d.csv")

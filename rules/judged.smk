@@ -1,0 +1,57 @@
+# Blinded judged reads (arenaflow.judged): the judge's packet and its key, written apart, and the
+# unblinded comparison once config names the judge's CSV. Light work: both run in the main process.
+
+
+def judged(wc):
+    return CFG["judged"][wc.read]
+
+
+def judged_readout(wc, side):
+    j = judged(wc)
+    return f"readouts/{j['suite']}/{j[side]}/{j['regime']}.r{j['replicate']}.parquet"
+
+
+def judged_scores(wc):
+    j = judged(wc)
+    if "scores" not in j:
+        raise ValueError(f"config key 'judged/{wc.read}/scores' is not set: name the judge's CSV "
+                         f"(pair,verdict or pair,A,B) for judged/{wc.read}/pairs.jsonl")
+    return j["scores"]
+
+
+rule judged_pack:
+    input:
+        pool=lambda wc: f"pools/{CFG['evals'][judged(wc)['suite']]['pool']}.jsonl",
+        a=lambda wc: judged_readout(wc, "a"),
+        b=lambda wc: judged_readout(wc, "b"),
+    output:
+        pairs="judged/{read}/pairs.jsonl",
+        key="judged/{read}.key.json",
+    params:
+        n=lambda wc: judged(wc)["n"],
+        seed=lambda wc: judged(wc)["seed"],
+    log:
+        "logs/judged/{read}.pack.log",
+    localrule: True
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.judged pack --pool {input.pool} --a {input.a} --b {input.b} "
+        "--n {params.n} --seed {params.seed} --out judged/{wildcards.read} --key {output.key} > {log} 2>&1"
+
+
+rule judged_score:
+    input:
+        pairs="judged/{read}/pairs.jsonl",
+        key="judged/{read}.key.json",
+        scores=judged_scores,
+    output:
+        "judged/{read}.json",
+    log:
+        "logs/judged/{read}.score.log",
+    localrule: True
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.judged score --pairs {input.pairs} --key {input.key} "
+        "--scores {input.scores:q} --out {output} > {log} 2>&1"
