@@ -3,8 +3,8 @@
 config.yaml is validated against workflow/schemas/config.schema.yaml, each arms_dir/<arm>.yaml
 against arm.schema.yaml (additionalProperties: false everywhere, IDs that cannot escape a
 path). Then every name is resolved: a corpus's pool and policy, an arm's init and corpus, a
-round's arms, a bundle's arm or round. An unknown name or a lineage cycle raises ConfigError
-with the file and key at fault.
+round's arms, a bundle's arm or round, a judged read's suite, regime and arms. An unknown name
+or a lineage cycle raises ConfigError with the file and key at fault.
 
     python -m arenaflow.config config/config.yaml   # validate and print the lineage of each arm
 """
