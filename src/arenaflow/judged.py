@@ -80,11 +80,11 @@ def pack(pool: list[dict], a: pd.DataFrame, b: pd.DataFrame, n: int, seed: int, 
     out, key = [], {}
     for i, (j, s) in enumerate(zip(order, swap), 1):
         row = chosen.iloc[j]
-        sides = [(labels[1], row["completion_ref"]), (labels[0], row["completion"])] if s else \
-                [(labels[0], row["completion"]), (labels[1], row["completion_ref"])]
+        sides = [(labels[0], row["completion"]), (labels[1], row["completion_ref"])]
+        (a_arm, a_text), (b_arm, b_text) = sides[::-1] if s else sides
         pid = f"p{i:0{len(str(n))}d}"
-        out.append({"pair": pid, "prompt": prompts[row["item_id"]], "A": sides[0][1], "B": sides[1][1]})
-        key[pid] = {"A": sides[0][0], "B": sides[1][0], "item_id": row["item_id"],
+        out.append({"pair": pid, "prompt": prompts[row["item_id"]], "A": a_text, "B": b_text})
+        key[pid] = {"A": a_arm, "B": b_arm, "item_id": row["item_id"],
                     "category": row["category"], "stratum": row["stratum"]}
     strata = chosen.groupby("stratum").size().to_dict()
     return out, {"arms": labels, "n": n, "seed": seed, "pairs": key, "strata": strata,
@@ -142,11 +142,12 @@ def score(key: dict, scores: pd.DataFrame, shown: str) -> dict:
     def compare(d: pd.DataFrame) -> dict:
         if "preferred" in d:
             w, l_ = int((d["preferred"] == x).sum()), int((d["preferred"] == y).sum())
-            return {"preferred": {x: w, y: l_}, "ties": int((d["preferred"] == "tie").sum()),
-                    "discordant": w + l_, "p_value": stats.mcnemar_exact(w, l_)}
-        w, l_ = int((d[x] & ~d[y]).sum()), int((d[y] & ~d[x]).sum())
-        return {"positive": {x: int(d[x].sum()), y: int(d[y].sum())}, "only": {x: w, y: l_},
-                "discordant": w + l_, "p_value": stats.mcnemar_exact(w, l_)}
+            counts = {"preferred": {x: w, y: l_}, "ties": int((d["preferred"] == "tie").sum())}
+        else:
+            w, l_ = int((d[x] & ~d[y]).sum()), int((d[y] & ~d[x]).sum())
+            counts = {"positive": {x: int(d[x].sum()), y: int(d[y].sum())}, "only": {x: w, y: l_}}
+        paired = stats.from_counts(w, l_)  # the same sign test the readout comparisons use
+        return {**counts, "discordant": paired["discordant"], "p_value": paired["p_value"]}
 
     return {"kind": "preference" if "verdict" in cols else "adjudication", "arms": [x, y], "n": len(df),
             **compare(df), "by_stratum": {s: compare(d) for s, d in df.groupby("stratum")},
