@@ -11,13 +11,25 @@ be tallied by checker reason as seeds/003 does. A prompt passes only if every ch
 Definitions (all exact, so a test can hand-compute them):
 - words are `response.split()`; word_times / contains / no_word match case-insensitively on
   whole words (not inside a longer word), phrases allowed;
-- a sentence ends in a run of . ! ? followed by whitespace or the end (closing quotes or
-  brackets may sit between); a trailing fragment without a terminator counts as one more;
+- a sentence ends in a run of . ! ? followed by whitespace or the end (closing quotes,
+  brackets or markdown emphasis * _ may sit between); a trailing fragment without a terminator
+  counts as one more. A single "." (not "..", "?!") does not end one after
+  * a title or Latin abbreviation that always has more after it (_NEVER_FINAL: Mr. Dr. Prof.
+    St. e.g. i.e. vs. P.S. ..., any case), or a single capital initial ("J. R. R. Tolkien");
+  * a list marker: a number or single letter alone at the start of a line ("1.", "a.");
+  * a dotted abbreviation ("U.S.", "a.m.", "Ph.D.") or etc. Inc. Ltd. Co. Jr. Sr., when the
+    next word on the same line starts with a lowercase letter or a digit ("the U.S. economy"
+    is one sentence, "moved to the U.S. Then it" two);
+  decimals never end one ("3.5": no whitespace after the point). Rule-based on purpose: nltk's
+  punkt needs trained data that is not shipped, and a fixed rule can be hand-computed;
 - paragraphs are separated by blank lines; bullets are lines starting "* " or "- ", numbered
   items lines starting "N. " (leading spaces allowed);
 - startswith / endswith compare the whitespace-stripped response, case-sensitively;
 - highlights count *text* and **text** spans with non-blank text on one line (as IFEval does);
-- json_* accept the JSON wrapped in a ``` or ```json fence and nothing else around it;
+- postscript wants a line that starts with the marker, after any blockquote > and markdown
+  emphasis (`> P.S.`, `**P.S.**`, `*P.S. ...*`, `__P.S.__`);
+- json_* accept the JSON alone, or wrapped in a ``` or ```json fence and nothing else around
+  it: the fences may share a line with the JSON (```json {"a": 1}```) and lines may end in CRLF;
 - table_rows counts the body rows (after the |---| separator) of every markdown table.
 """
 
@@ -58,7 +70,15 @@ _SPECS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
 }
 FAMILIES = tuple(_SPECS)
 
-_SENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s|$)")
+_SENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]*_]*(?=\s|$)")
+# abbreviations that are always followed by more of their sentence (matched lowercased)
+_NEVER_FINAL = frozenset("mr mrs ms dr prof st mt rev fr gen col capt lt sgt hon vs e.g i.e cf viz "
+                         "approx fig p.s p.p.s".split())
+# these end a sentence as often as not: the next word's case decides
+_FINAL_IF_CAPITAL = frozenset("etc inc ltd co jr sr".split())
+_DOTTED = re.compile(r"[A-Za-z]{1,2}(?:\.[A-Za-z]{1,2})+")  # U.S, a.m, Ph.D (without the last ".")
+_LIST_MARKER = re.compile(r"(?:^|\n)[ \t]*(?:>[ \t]*)*(?:\d+|[A-Za-z])\Z")
+_OPENERS = "\"'([*_`\u201c\u2018"
 _BULLET = re.compile(r"^[ \t]*[*-] ", re.MULTILINE)
 _NUMBERED = re.compile(r"^[ \t]*\d+\. ", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"\[[^\[\]\n]*\S[^\[\]\n]*\]")
@@ -66,7 +86,8 @@ _HIGHLIGHT = re.compile(r"\*\*([^\n*]*)\*\*|\*([^\n*]*)\*")
 _TABLE_SEP = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?$")
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
                float: "a number", bool: "a boolean", type(None): "null"}
-_FENCE = re.compile(r"^```(?:json|JSON|Json)?[ \t]*\n(.*)\n```$", re.DOTALL)
+# the body is everything between the fences; json.loads ignores the whitespace (CRLF too) around it
+_FENCE = re.compile(r"^```(?:json|JSON|Json)?(.*?)```$", re.DOTALL)
 
 
 def _name(c) -> str:
@@ -128,10 +149,36 @@ def _occurrences(text: str, phrase: str) -> int:
     return len(re.findall(rf"(?<!\w){words}(?!\w)", text, flags=re.IGNORECASE))
 
 
+def _ends_sentence(text: str, m: re.Match) -> bool:
+    """Whether terminator match `m` ends a sentence (the abbreviation rules of the docstring)."""
+    if re.match(r"[.!?]+", m.group()).group() != ".":
+        return True
+    before = text[: m.start()]
+    if _LIST_MARKER.search(before):
+        return False
+    word = re.search(r"\S*\Z", before).group().lstrip(_OPENERS)
+    if word.lower() in _NEVER_FINAL or re.fullmatch(r"[A-Z]", word):
+        return False
+    if word.lower() in _FINAL_IF_CAPITAL or _DOTTED.fullmatch(word):
+        nxt = re.match(r"[ \t]*(\S?)", text[m.end():]).group(1)
+        return not (nxt.islower() or nxt.isdigit())
+    return True
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, stripped, by the rule in the module docstring."""
+    out, start = [], 0
+    for m in _SENT_END.finditer(text):
+        if _ends_sentence(text, m):
+            out.append(text[start : m.end()].strip())
+            start = m.end()
+    if re.search(r"\w", text[start:]):
+        out.append(text[start:].strip())
+    return out
+
+
 def count_sentences(text: str) -> int:
-    ends = list(_SENT_END.finditer(text))
-    tail = text[ends[-1].end():] if ends else text
-    return len(ends) + (1 if re.search(r"\w", tail) else 0)
+    return len(split_sentences(text))
 
 
 def count_paragraphs(text: str) -> int:
@@ -224,7 +271,9 @@ def _check_one(text: str, c: dict) -> tuple[bool, str]:
         ok = len(s) > 1 and s[0] == '"' and s[-1] == '"'
         return ok, "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'"
     if t == "postscript":
-        ok = bool(re.search(rf"^[ \t]*{re.escape(c['marker'])}", text, flags=re.MULTILINE))
+        # markdown dresses the marker up ("**P.S.**", "> P.S."); the line still starts with it
+        ok = bool(re.search(rf"^[ \t]*(?:>[ \t]*)*(?:\*{{1,3}}|_{{1,3}})?{re.escape(c['marker'])}",
+                            text, flags=re.MULTILINE))
         return ok, "" if ok else f"postscript: no line starts with {c['marker']!r}"
     if t in ("json_keys", "json_array_len"):
         value, err = _json(text)

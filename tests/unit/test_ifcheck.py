@@ -44,6 +44,17 @@ CASES = [
     ('He said "stop." Then left.', {"type": "sent", "n": 2}, True, ""),
     ("One. Two. Three", {"type": "sent", "n": 2}, False, "sent: 3 sentences, expected 2"),
     ("Just one.", {"type": "sent", "n": 2}, False, "sent: 1 sentence, expected 2"),
+    # issue 16: titles, Latin abbreviations, initials, dotted abbreviations before a lowercase
+    # word and list markers do not end a sentence; decimals never did
+    ("Dr. Smith met Mr. Jones, e.g. at work.", {"type": "sent", "n": 1}, True, ""),
+    ("The U.S. economy grew 3.5 percent. Prof. Lee agreed.", {"type": "sent", "n": 2}, True, ""),
+    ("J. R. R. Tolkien wrote it at 9 a.m. sharp.", {"type": "sent", "n": 1}, True, ""),
+    ("Steps:\n1. Mix the flour.\n2. Bake it.\n  10. Eat.", {"type": "sent", "n": 3}, True, ""),
+    # ... but a dotted abbreviation before a capitalised word or a line break does
+    ("They moved to the U.S. Then they left, etc.\nThe end.", {"type": "sent", "n": 3}, True, ""),
+    # markdown emphasis closes like a quote: "**Bold.** Next" is two
+    ("**Bold claim.** Next one.", {"type": "sent", "n": 2}, True, ""),
+    ("See Dr. Who. Then go.", {"type": "sent", "n": 3}, False, "sent: 2 sentences, expected 3"),
     # para: blank lines (whitespace-only lines too) separate paragraphs
     ("First para.\n\nSecond para.\n \n\nThird.", {"type": "para", "n": 3}, True, ""),
     ("Line one.\nLine two of the same paragraph.", {"type": "para", "n": 2}, False,
@@ -91,6 +102,12 @@ CASES = [
     ("Body text, P.S. inline does not count.", {"type": "postscript"}, False,
      "postscript: no line starts with 'P.S.'"),
     ("Body.\nP.P.S. more", {"type": "postscript", "marker": "P.P.S."}, True, ""),
+    # issue 16: markdown around the marker still starts the line with it
+    ("Body text.\n\n**P.S.** See you soon.", {"type": "postscript"}, True, ""),
+    ("Body text.\n\n*P.S. See you soon.*", {"type": "postscript"}, True, ""),
+    ("Body text.\n\n> P.S. See you soon.", {"type": "postscript"}, True, ""),
+    ("Body text.\n> __P.S.__ nested", {"type": "postscript"}, True, ""),
+    ("Body text with **P.S.** inline.", {"type": "postscript"}, False, "postscript: no line starts with 'P.S.'"),
     # placeholders: [non-blank] on one line, at least n
     ("Dear [name], your order [order id] ships to [address].", {"type": "placeholders", "n": 3}, True, ""),
     ("Dear [name], [] and [ ] are empty.", {"type": "placeholders", "n": 2}, False,
@@ -108,8 +125,21 @@ CASES = [
      "json_keys: top level is an array, expected an object"),
     ('Here you go: {"title": "T"}', {"type": "json_keys", "keys": ["title"]}, False,
      "json_keys: not valid JSON (Expecting value at line 1 column 1)"),
+    # issue 16: the closing fence on the JSON's line, a one-line fence, CRLF line ends
+    ('```json\n{"title": "T",\n "year": 1}```', {"type": "json_keys", "keys": ["title", "year"]}, True, ""),
+    ('```json {"title": "T"} ```', {"type": "json_keys", "keys": ["title"]}, True, ""),
+    ('```{"title": "T"}```', {"type": "json_keys", "keys": ["title"]}, True, ""),
+    ('```json\r\n{\r\n  "title": "T"\r\n}\r\n```\r\n', {"type": "json_keys", "keys": ["title"]}, True, ""),
+    # an unclosed fence is not wrapped JSON (a truncated answer), nor is another language's fence
+    ('```json\n{"title": "T"}', {"type": "json_keys", "keys": ["title"]}, False,
+     "json_keys: not valid JSON (Expecting value at line 1 column 1)"),
+    ('```python\n{"title": "T"}\n```', {"type": "json_keys", "keys": ["title"]}, False,
+     "json_keys: not valid JSON (Expecting value at line 1 column 1)"),
     # json_array_len
     ("[1, 2, 3]", {"type": "json_array_len", "n": 3}, True, ""),
+    ("```json\n[1, 2]```", {"type": "json_array_len", "n": 2}, True, ""),
+    ("```json [1, 2, 3]```", {"type": "json_array_len", "n": 3}, True, ""),
+    ("```json\r\n[1, 2, 3]\r\n```", {"type": "json_array_len", "n": 3}, True, ""),
     ('["a", "b"]', {"type": "json_array_len", "n": 3}, False, "json_array_len: 2 items, expected 3"),
     ('{"a": 1}', {"type": "json_array_len", "n": 1}, False,
      "json_array_len: top level is an object, expected an array"),
@@ -236,8 +266,9 @@ def test_cli_exit_status_is_the_verdict(capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def ifeval():
     """lm_eval.tasks.ifeval.instructions, imported offline. Its instructions_util tries to
-    download NLTK's punkt on import; none of the families checked here uses it (the sentence
-    counter does, so `sent` has no oracle here), so the download is stubbed out."""
+    download NLTK's punkt on import; none of the families checked here uses it (its sentence
+    counter does, so `sent` is checked against its rule-based split_into_sentences instead),
+    so the download is stubbed out."""
     pytest.importorskip("lm_eval")
     pytest.importorskip("langdetect")
     pytest.importorskip("immutabledict")
@@ -330,9 +361,15 @@ def test_oracle_letter_case(ifeval, family, cls):
     _agree(lambda t: one(t, type=family)[0], _oracle(getattr(ifeval, cls)), texts)
 
 
+POSTSCRIPTS = ("P.S. {}", "**P.S.** {}", "*P.S. {}*", "> P.S. {}", "> **P.S.** {}", "__P.S.__ {}")
+
+
 def test_oracle_postscript(ifeval):
+    # the markdown forms of issue 16 too: IFEval finds the marker anywhere in a line, so on a
+    # line of its own it agrees with ours
     rng = random.Random(3)
-    texts = [t + ("\n\nP.S. " + _sentence(rng) if rng.random() < 0.5 else "") for t in _responses(rng)]
+    texts = [t + ("\n\n" + rng.choice(POSTSCRIPTS).format(_sentence(rng)) if rng.random() < 0.5 else "")
+             for t in _responses(rng, 60)]
     _agree(lambda t: one(t, type="postscript")[0],
            _oracle(ifeval.PostscriptChecker, postscript_marker="P.S."), texts)
 
@@ -369,11 +406,13 @@ def test_oracle_highlights(ifeval, n):
 def test_oracle_json(ifeval):
     rng = random.Random(5)
     texts = []
-    for i in range(40):
+    for i in range(80):
         obj = {"title": _sentence(rng), "year": rng.randint(1900, 2030), "tags": rng.sample(WORDS, 3)}
         text = json.dumps(obj, indent=rng.choice([None, 2]))
-        if i % 3 == 0:
-            text = f"```json\n{text}\n```"
+        if i % 3 == 0:  # the fence shapes of issue 16: closing backticks on the JSON's line,
+            # one-line fences, CRLF line ends
+            text = rng.choice(["```json\n{}\n```", "```json\n{}```", "```json {} ```", "```{}```",
+                               "```JSON\r\n{}\r\n```\r\n"]).format(text.replace("\n", "\r\n"))
         if i % 4 == 1:
             text = text[: rng.randint(1, len(text) - 2)]  # truncated: not JSON
         texts.append(text)
@@ -434,6 +473,40 @@ def test_oracle_quoted_and_endswith(ifeval):
            _oracle(ifeval.EndChecker, end_phrase="That is all."), plain)
 
 
+# sentences both splitters count alike: titles, initials, e.g./i.e., a.m., U.S. before a
+# lowercase word or before one of IFEval's "starters" (He, It, ...), decimals, ?, ! and "..."
+SENTENCES = ("Dr. Smith reads every morning.", "We saw birds, e.g. crows and owls.",
+             "The U.S. economy grows slowly.", "It costs 3.5 dollars.", "J. R. R. Tolkien wrote many books.",
+             "The meeting starts at 9 a.m. sharp.", "Mrs. Jones met Mr. Brown at the station.",
+             "They moved to the U.S. He liked it there.", "Did it rain?", "What a day!",
+             "Wait... it rained again.", "We bought apples, i.e. the red ones.")
+
+
+def test_oracle_sentences(ifeval):
+    from lm_eval.tasks.ifeval import instructions_util
+
+    rng = random.Random(17)
+    texts = [rng.choice([" ", "\n", "\n\n"]).join(rng.sample(SENTENCES, rng.randint(1, 5))) for _ in range(80)]
+    mine = [ifcheck.count_sentences(t) for t in texts]
+    theirs = [len(instructions_util.split_into_sentences(t)) for t in texts]
+    assert [(t, m, o) for t, m, o in zip(texts, mine, theirs) if m != o] == []
+    assert len(set(theirs)) >= 4
+    # and a `sent` check is that count
+    assert all(one(t, type="sent", n=m)[0] for t, m in zip(texts, mine))
+
+
+def test_ifeval_sentence_splitter_is_wrong_on_these_shapes(ifeval):
+    """IFEval's rule-based splitter ends a sentence at a list marker and after "Prof.", and does
+    not after "U.S." before a capitalised word other than its few starters; arenaflow's counts
+    are the intended ones."""
+    from lm_eval.tasks.ifeval import instructions_util
+
+    for text, want in [("Steps:\n1. Mix the flour.\n2. Bake it.", 2), ("Prof. Lee came.", 1),
+                       ("They moved to the U.S. Then they left.", 2)]:
+        assert len(instructions_util.split_into_sentences(text)) != want
+        assert ifcheck.count_sentences(text) == want
+
+
 def test_documented_divergences_from_ifeval(ifeval):
     """Where the seeds' definitions differ from IFEval's on purpose; pinned so neither drifts."""
     # IFEval finds "p.s." anywhere in a line; ours wants a line that starts with it
@@ -446,6 +519,10 @@ def test_documented_divergences_from_ifeval(ifeval):
     # IFEval's end phrase is case-insensitive; ours is exact
     assert _oracle(ifeval.EndChecker, end_phrase="The end.")("THE END.")
     assert not one("THE END.", type="endswith", phrase="The end.")[0]
+    # IFEval strips an opening and a closing fence independently, so an unclosed fence (a
+    # truncated answer) passes; ours wants the JSON wrapped, both fences or none
+    assert _oracle(ifeval.JsonFormat)('```json\n{"title": "T"}')
+    assert not one('```json\n{"title": "T"}', type="json_keys", keys=["title"])[0]
     # IFEval counts \w+ runs as words ("don't" is 2); ours counts whitespace tokens
     assert not _oracle(ifeval.NumberOfWords, num_words=3, relation="less than")("don't stop")
     assert one("don't stop", type="word_max", n=2)[0]
