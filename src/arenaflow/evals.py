@@ -26,6 +26,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from arenaflow import degeneracy, io, manifest, stats
@@ -117,10 +118,20 @@ def readout_meta(path: str | Path) -> dict:
     return json.loads(raw) if raw else {}
 
 
+def outcomes(df: pd.DataFrame, col: str, name: str) -> np.ndarray:
+    """df[col] as bools; a value other than 0/1 (NaN included, which bool() would call correct)
+    raises ValueError naming `name` and the offending row's item and replicate."""
+    items = df["item_id"] if "item_id" in df else pd.Series(range(len(df)), index=df.index)
+    reps = df["replicate"] if "replicate" in df else [None] * len(df)
+    labels = [f"item {i!r}" + ("" if r is None else f", replicate {r}") for i, r in zip(items, reps)]
+    return stats.binary(df[col].to_numpy(), f"{name} ({col!r})", labels=labels)
+
+
 def load(paths: list[str]) -> pd.DataFrame:
     frames = []
     for p in paths:
         df = pd.read_parquet(p)
+        outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
         frames.append(df if "loop" in df.columns else structure(df))  # older readouts
     return pd.concat(frames, ignore_index=True)
 
@@ -151,6 +162,8 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     """Paired statistics pooled over replicates, per replicate, and per category; items (and
     replicate indices) must match one to one."""
     m = paired_rows(cand, ref, where)
+    m["correct"] = outcomes(m, "correct", f"{where}: candidate {_arms(cand)}")
+    m["correct_ref"] = outcomes(m, "correct_ref", f"{where}: reference {_arms(ref)}")
     out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
     out["by_category"] = {
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
@@ -176,8 +189,13 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     return out
 
 
+def _arms(df: pd.DataFrame) -> str:
+    return "/".join(map(str, df["arm"].unique())) + " readouts" if "arm" in df else "readouts"
+
+
 def noise(readouts: pd.DataFrame, where: str) -> dict:
     """Self vs self: the K replicates of one arm, paired by item (arenaflow.stats.noise_floor)."""
+    outcomes(readouts, "correct", f"{where}: {_arms(readouts)}")  # before NaN or 2 become True
     wide = readouts.pivot(index="item_id", columns="replicate", values="correct")
     if wide.isna().any().any():
         raise ValueError(f"{where}: replicates do not cover the same items")

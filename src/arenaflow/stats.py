@@ -17,6 +17,11 @@ Conventions, shared by every function here and by compare/noise/nomination JSON:
   scipy.stats.ttest_rel (= ttest_1samp of the d_r against 0; df = K - 1). It is None for K < 2.
 - Every t is None where it is undefined: fewer than two values, or differences with zero
   variance (scipy would return nan or +-inf; JSON has neither, and a bar must not pass on it).
+  Differences that agree within EQUAL_WITHIN (1e-9) count as equal: accuracies in points are
+  float quotients, so two replicates each one item better out of 153 give deltas that differ
+  in the 14th digit, and scipy's t on them is 9e13 (p 7e-15), not "undefined".
+- Paired 0/1 outcomes must be 0/1 (or booleans): NaN or any other value raises ValueError
+  naming the readout, instead of counting as correct (bool(nan) is True).
 
     python -c "from arenaflow import stats; print(stats.from_counts(22, 11, n=600))"
 """
@@ -28,15 +33,36 @@ import itertools
 import numpy as np
 from scipy import stats
 
+EQUAL_WITHIN = 1e-9  # differences closer than this are float rounding of equal values
+
 
 def _finite(x) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
 
 
+def binary(values, name: str, labels=None) -> np.ndarray:
+    """`values` as a bool array; ValueError naming `name` if any is not 0/1 (NaN included), with
+    the first offender's position, or its label where `labels` (one per value) are given."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "biuf":
+        num = arr.astype(float)
+    else:  # object columns (None, strings): only numbers can be outcomes
+        num = np.vectorize(lambda v: float(v) if isinstance(v, (bool, int, float, np.number)) else np.nan,
+                           otypes=[float])(arr)
+    bad = ~np.isin(num, (0.0, 1.0))  # NaN is in neither
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = arr[idx].item() if isinstance(arr[idx], np.generic) else arr[idx]
+        at = labels[idx[0]] if labels is not None else f"position {idx[0] if len(idx) == 1 else idx}"
+        raise ValueError(f"{name}: {int(bad.sum())} of {bad.size} outcomes are not 0/1, e.g. {value!r} at {at}")
+    return num.astype(bool)
+
+
 def t_one_sample(diff) -> tuple[float | None, float | None]:
-    """(t, two-sided p) of scipy.stats.ttest_1samp(diff, 0); (None, None) where undefined."""
+    """(t, two-sided p) of scipy.stats.ttest_1samp(diff, 0); (None, None) where undefined:
+    fewer than two values, or all equal within EQUAL_WITHIN."""
     diff = np.asarray(diff, dtype=float)
-    if len(diff) < 2 or np.ptp(diff) == 0:
+    if len(diff) < 2 or np.ptp(diff) <= EQUAL_WITHIN:
         return None, None
     res = stats.ttest_1samp(diff, 0.0)
     return _finite(res.statistic), _finite(res.pvalue)
@@ -88,9 +114,11 @@ def bootstrap_ci(diff: np.ndarray, seed: int = 0, level: float = 0.95) -> tuple[
     return float(res.confidence_interval.low * 100), float(res.confidence_interval.high * 100)
 
 
-def paired(cand: np.ndarray, ref: np.ndarray, seed: int = 0) -> dict:
-    """Paired comparison of two 0/1 correctness vectors over the same items."""
-    cand, ref = np.asarray(cand, dtype=bool), np.asarray(ref, dtype=bool)
+def paired(cand: np.ndarray, ref: np.ndarray, seed: int = 0,
+           names: tuple[str, str] = ("candidate", "reference")) -> dict:
+    """Paired comparison of two 0/1 correctness vectors over the same items; `names` say in an
+    error which readouts the vectors are."""
+    cand, ref = binary(cand, names[0]), binary(ref, names[1])
     if cand.shape != ref.shape:
         raise ValueError(f"paired vectors differ in length: {cand.shape} vs {ref.shape}")
     wins = int(np.sum(cand & ~ref))
@@ -141,7 +169,7 @@ def noise_from_accuracies(accuracies) -> dict:
             "mean_abs_delta": float(np.mean(deltas)), "max_abs_delta": float(max(deltas))}
 
 
-def noise_floor(correct) -> dict:
+def noise_floor(correct, name: str = "noise floor") -> dict:
     """An arm against itself: K replicate readouts (rows) of the same N items (columns), 0/1.
 
     For every replicate pair (i < j), the paired comparison of replicate i (as candidate)
@@ -156,7 +184,7 @@ def noise_floor(correct) -> dict:
     gives for the 129-vs-123 pair, and no other pair of these accuracies can reach it
     (tests/unit/test_stats.py enumerates them), so it is consistent with this definition,
     but only reproducible from item-level readouts."""
-    mat = np.asarray(correct, dtype=bool)
+    mat = binary(correct, name)
     if mat.ndim != 2 or mat.shape[0] < 2:
         raise ValueError(f"a noise floor needs a K x N matrix with K >= 2, got shape {mat.shape}")
     out = noise_from_accuracies(mat.mean(axis=1) * 100)

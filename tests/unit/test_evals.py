@@ -43,6 +43,33 @@ def test_compare_refuses_items_read_out_on_one_side_only():
         evals.compare(frame([1, 0, 1]), frame([1, 0]), "t")
 
 
+@pytest.mark.parametrize("bad", [np.nan, 2])
+def test_compare_refuses_an_outcome_that_is_not_0_or_1_naming_the_readout(bad):
+    # issue 16: bool(nan) is True, so a NaN outcome used to count as a correct answer
+    cand, ref = frame([1, bad, 0]).assign(arm="B3", replicate=1), frame([1, 0, 0]).assign(arm="R2d", replicate=1)
+    with pytest.raises(ValueError, match=r"^cmp\.json: candidate B3 readouts \('correct'\): 1 of 3 outcomes are "
+                                         rf"not 0/1, e\.g\. {bad} at item 'i1', replicate 1$"):
+        evals.compare(cand, ref, "cmp.json")
+    with pytest.raises(ValueError, match=r"^cmp\.json: reference B3 readouts \('correct_ref'\): .* item 'i1'"):
+        evals.compare(cand.assign(correct=[1, 0, 0]), cand, "cmp.json")
+
+
+def test_compare_and_noise_clis_name_the_readout_file_with_a_nan_outcome(tmp_path):
+    good, bad = tmp_path / "A.r0.parquet", tmp_path / "A.r1.parquet"
+    evals.write_readout(battery([1, 0, 1]), good, {})
+    evals.write_readout(battery([1, np.nan, 1], replicate=1), bad, {})
+    for argv in (["compare", "--cand", str(bad), "--ref", str(good)], ["noise", "--readouts", str(good), str(bad)]):
+        with pytest.raises(ValueError, match=rf"^{bad} \('correct'\): 1 of 3 .* nan at item 'i1', replicate 1$"):
+            evals.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_noise_refuses_an_outcome_that_is_not_0_or_1():
+    df = pd.concat([battery([1, 0, 1], 0), battery([1, 0, 2], 1)], ignore_index=True)
+    with pytest.raises(ValueError, match=r"^n\.json: A readouts \('correct'\): .* 2 at item 'i2', replicate 1$"):
+        evals.noise(df, "n.json")
+
+
 # --- replicates, levels and the noise floor ------------------------------------------------
 
 def battery(correct, replicate=0, arm="A", completions=None, stopped=None):

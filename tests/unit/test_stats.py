@@ -224,6 +224,54 @@ def test_t_is_none_where_undefined():
     assert stats.t_over_replicates([50.0, 51.0], [48.0, 49.0])["t"] is None  # constant deltas
 
 
+def _acc(correct: int, n: int = 153) -> float:
+    """An accuracy in points as evals computes it: the mean of a 0/1 vector, times 100."""
+    return float(np.mean([1] * correct + [0] * (n - correct)) * 100)
+
+
+def test_t_over_replicates_is_none_for_deltas_equal_up_to_float_rounding():
+    # issue 16: one item better out of 153 in both replicates. The two deltas differ in the
+    # 14th digit, and scipy's t on them is 9.2e13 (p 7e-15): a bar on t would pass on it.
+    cand, ref = [_acc(101), _acc(103)], [_acc(100), _acc(102)]
+    deltas = np.subtract(cand, ref)
+    assert deltas[0] != deltas[1] and abs(deltas[0] - deltas[1]) < 1e-12
+    assert abs(scipy_stats.ttest_rel(cand, ref).statistic) > 1e13
+    r = stats.t_over_replicates(cand, ref)
+    assert (r["t"], r["t_p_value"], r["t_df"]) == (None, None, 1)
+    assert stats.t_one_sample([0.5, 0.5 + 1e-9]) == (None, None)
+    # a real difference, however small, is still tested
+    assert stats.t_one_sample([0.5, 0.5 + 1e-6, 0.5 + 3e-6])[0] == pytest.approx(
+        scipy_stats.ttest_1samp([0.5, 0.5 + 1e-6, 0.5 + 3e-6], 0).statistic, rel=1e-9)
+
+
+@pytest.mark.parametrize("bad, shown", [
+    ([1, np.nan, 0], "nan at position 1"),
+    ([1, 0, 2], "2 at position 2"),
+    (np.array([True, None, False], dtype=object), "None at position 1"),
+    (np.array(["1", "0", "1"]), "'1' at position 0"),
+    ([1, 0, -1], "-1 at position 2"),
+])
+def test_paired_refuses_outcomes_that_are_not_0_or_1_naming_the_readout(bad, shown):
+    # issue 16: bool(nan) is True, so a NaN outcome used to count as correct
+    with pytest.raises(ValueError, match=r"^readouts/x\.parquet: \d of 3 outcomes are not 0/1, e\.g\. " + shown):
+        stats.paired(bad, [1, 0, 0], names=("readouts/x.parquet", "readouts/y.parquet"))
+    with pytest.raises(ValueError, match="^readouts/y.parquet: "):
+        stats.paired([1, 0, 0], bad, names=("readouts/x.parquet", "readouts/y.parquet"))
+    with pytest.raises(ValueError, match="^candidate: "):
+        stats.paired(bad, [1, 0, 0])
+
+
+def test_paired_accepts_bools_ints_and_floats_of_0_and_1():
+    for cand in ([True, False, True], [1, 0, 1], [1.0, 0.0, 1.0], np.array([1, 0, 1], dtype=object)):
+        assert stats.paired(cand, [0, 0, 1])["wins"] == 1
+
+
+def test_noise_floor_refuses_a_nan_outcome_naming_it():
+    mat = np.array([[1, 0, 1], [1, np.nan, 1]])
+    with pytest.raises(ValueError, match=r"^noise/R2d\.json: 1 of 6 outcomes are not 0/1, e\.g\. nan at position \(1, 1\)"):
+        stats.noise_floor(mat, name="noise/R2d.json")
+
+
 def test_t_over_replicates_is_ttest_rel_of_replicate_accuracies():
     cand, ref = [84.31, 83.01, 80.39], [82.35, 83.66, 79.08]
     r = stats.t_over_replicates(cand, ref)
