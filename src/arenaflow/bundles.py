@@ -8,9 +8,12 @@
 Checks, run on the assembled directory before it is moved into place:
 1. template_compiles: chat_template.jinja compiles in the sandboxed Jinja environment
    transformers uses (so `{% raise_exception(...) %}` fails here, as it would in a server);
-2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over six
-   conversation shapes, with and without add_generation_prompt, and degrades without raising
-   on an unknown role or None content;
+2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over eight
+   conversation shapes (SHAPES: content with leading/trailing spaces and newlines, which a
+   `| trim` would eat, and a conversation ending on an assistant turn, as training rows do,
+   among them), with and without add_generation_prompt, and degrades without raising on an
+   unknown role or None content; a template that raises while rendering fails the check with
+   its message;
 3. reload: AutoTokenizer.from_pretrained(bundle), base + PeftModel.from_pretrained(bundle) (or
    the bundle itself, for a full fine-tune),
    greedy generation with the bundle's stop ids on the reload prompts: each stops, none is empty,
@@ -53,6 +56,11 @@ SHAPES = {
     "tool role": [{"role": "user", "content": "weather?"},
                   {"role": "assistant", "content": "calling tool"},
                   {"role": "tool", "content": "{\"temp\": 21}"}],
+    "surrounding whitespace": [{"role": "system", "content": "  Be brief.\n"},
+                               {"role": "user", "content": "\n\n  Hi  \n"},
+                               {"role": "assistant", "content": " Hello.\n\n"},
+                               {"role": "user", "content": "\tAgain? "}],
+    "ends on assistant": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."}],
 }
 DEGENERATE = {
     "unknown role": [{"role": "narrator", "content": "Once upon a time"}],
@@ -75,22 +83,27 @@ def check_template_compiles(template: str) -> dict:
     return {"verdict": "PASS", "detail": "compiles in transformers' sandboxed Jinja environment"}
 
 
+def _apply(tokenizer, msgs: list[dict], gen: bool, name: str) -> str:
+    try:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+    except Exception as e:  # a server would fail the request: any exception fails the check
+        raise BundleCheckError(f"template raises on {name} (add_generation_prompt={gen}): "
+                               f"{type(e).__name__}: {e}") from None
+
+
 def check_template_matches(tokenizer) -> dict:
     """Render via the reloaded tokenizer, exactly as a server would, and compare bytes."""
     checked = 0
     for name, msgs in SHAPES.items():
         for gen in (False, True):
-            got = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            got = _apply(tokenizer, msgs, gen, repr(name))
             want = chat.render(msgs, add_generation_prompt=gen)
             if got != want:
                 raise BundleCheckError(f"template renders {name!r} (add_generation_prompt={gen}) "
                                        f"differently from arenaflow.chat.render: {got!r} != {want!r}")
             checked += 1
     for name, msgs in DEGENERATE.items():
-        try:
-            tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # any exception is a failure of graceful degradation
-            raise BundleCheckError(f"template raises on {name}: {type(e).__name__}: {e}") from None
+        _apply(tokenizer, msgs, True, name)  # any exception is a failure of graceful degradation
     return {"verdict": "PASS", "detail": f"{checked} renders byte-identical; unknown role and None content degrade"}
 
 

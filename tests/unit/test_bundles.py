@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from arenaflow import bundles, chat, tinymodel
+from arenaflow import bundles, chat, manifest, tinymodel
 
 # seeds/000: B3 used raise_exception as a statement on line 2 and as an expression later.
 B3_TEMPLATE = (
@@ -34,11 +35,65 @@ def test_b3_template_with_expression_form_compiles():
     assert bundles.check_template_compiles(fixed)["verdict"] == "PASS"
 
 
-def test_chatml_template_matches_renderer_on_all_six_shapes():
+def test_chatml_template_matches_renderer_on_all_eight_shapes():
     tok = tinymodel.build_tokenizer()
     tok.chat_template = chat.CHATML_TEMPLATE
     res = bundles.check_template_matches(tok)
-    assert res["verdict"] == "PASS" and "12 renders" in res["detail"]
+    assert res["verdict"] == "PASS" and "16 renders" in res["detail"]
+
+
+# issue 16: each of these passed both template checks (or escaped them as a raw Jinja error)
+# Trims content: training never does, so content with surrounding whitespace renders apart.
+TRIMS = chat.CHATML_TEMPLATE.replace("~ content ~", "~ content | trim ~")
+# Leaves a final assistant turn open (as for continuing it): training rows end on one, closed.
+OPEN_LAST = chat.CHATML_TEMPLATE.replace(
+    "~ content ~ '<|im_end|>\\n' -}}",
+    "~ content -}}{%- if not (loop.last and message['role'] == 'assistant') -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endif -%}")
+# Raises at render time, not at compile time.
+NO_TOOLS = chat.CHATML_TEMPLATE.replace(
+    "{%- for message in messages -%}",
+    "{%- for message in messages -%}{%- if message['role'] == 'tool' -%}"
+    "{{- raise_exception('tool turns are not supported') -}}{%- endif -%}")
+BAD_TEMPLATES = [
+    (TRIMS, "template renders 'surrounding whitespace' \\(add_generation_prompt=False\\) differently"),
+    (OPEN_LAST, "template renders 'ends on assistant' \\(add_generation_prompt=False\\) differently"),
+    (NO_TOOLS, "template raises on 'tool role' \\(add_generation_prompt=False\\): "
+               "TemplateError: tool turns are not supported"),
+]
+
+
+@pytest.mark.parametrize("template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"])
+def test_a_template_that_renders_apart_or_raises_fails_the_check(template, message):
+    assert template != chat.CHATML_TEMPLATE
+    assert bundles.check_template_compiles(template)["verdict"] == "PASS"
+    tok = tinymodel.build_tokenizer()
+    tok.chat_template = template
+    with pytest.raises(bundles.BundleCheckError, match=message):
+        bundles.check_template_matches(tok)
+
+
+@pytest.mark.parametrize("template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"])
+def test_a_failed_template_check_writes_no_bundle(tmp_path, repo_root, capsys, template, message):
+    run = tmp_path / "runs/A/final"
+    run.mkdir(parents=True)
+    (run / "adapter_config.json").write_text("{}")
+    (run / "adapter_model.safetensors").write_bytes(b"weights")
+    (run / "training_evidence.json").write_text(json.dumps({"corpus": "c", "base_model": "tiny",
+                                                            "base_revision": "r"}))
+    manifest.write(run)
+    (tmp_path / "t.jinja").write_text(template)
+    cfg = {"chat_template": str(tmp_path / "t.jinja"), "system_prompt": "S", "reload_prompts": ["1+1?"],
+           "serving": {"do_sample": False, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0,
+                       "max_new_tokens": 8}}
+    with pytest.raises(SystemExit) as e:
+        bundles.main(["build", "--bundle", "X", "--arm", "A", "--lineage-json", '{"A": []}',
+                      "--runs", str(tmp_path / "runs"), "--corpora", str(tmp_path / "corpora"),
+                      "--base-model", str(repo_root / "models/tiny-arith"), "--bundle-json", json.dumps(cfg),
+                      "--out", str(tmp_path / "bundles/X")])
+    assert e.value.code == 1
+    assert re.search("check failed, no bundle written: " + message, capsys.readouterr().err)
+    assert list((tmp_path / "bundles").iterdir()) == []  # neither the bundle nor its temporary
 
 
 def test_a_template_that_drops_the_trailing_newline_is_caught():
