@@ -159,8 +159,20 @@ def generation_config(tokenizer, serving: dict) -> dict:
         "repetition_penalty": serving["repetition_penalty"],
         "max_new_tokens": serving["max_new_tokens"],
         "eos_token_id": sampling.stop_token_ids(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
+        "pad_token_id": models.pad_id(tokenizer),  # EOS for a base without a pad token
     }
+
+
+def save_tokenizer(base_model: str, template: str, out: Path):
+    """The base's tokenizer with `template` as its chat template, which servers read from either
+    file, so both carry it. Nothing else changes (no pad token is added): it reloads as the base's."""
+    tok = models.load_tokenizer(base_model)
+    tok.chat_template = template
+    tok.save_pretrained(str(out))
+    io.write_text(out / "chat_template.jinja", template)
+    tok_cfg = io.read_json(out / "tokenizer_config.json")
+    io.write_json(out / "tokenizer_config.json", {**tok_cfg, "chat_template": template})
+    return tok
 
 
 def load_template(spec: str, repo_root: Path) -> str:
@@ -213,13 +225,7 @@ def build(args) -> None:
         for f in weight_files(run_dir):
             shutil.copyfile(run_dir / f, tmp / f)
         shutil.copyfile(run_dir / "training_evidence.json", tmp / "training_evidence.json")
-        tok = models.load_tokenizer(args.base_model)
-        tok.chat_template = template
-        tok.save_pretrained(str(tmp))
-        # Servers read the template from either file: both carry the same one.
-        io.write_text(tmp / "chat_template.jinja", template)
-        tok_cfg = io.read_json(tmp / "tokenizer_config.json")
-        io.write_json(tmp / "tokenizer_config.json", {**tok_cfg, "chat_template": template})
+        tok = save_tokenizer(args.base_model, template, tmp)
         io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
         io.write_json(tmp / "generation_config.json", generation_config(tok, serving))
         io.write_json(tmp / "serving_config.json", {

@@ -24,6 +24,19 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def pad_id(tokenizer) -> int:
+    """The id that fills padded positions: the tokenizer's pad token, else its EOS.
+
+    Every padded position is masked out of attention and losses, so which real token fills it
+    does not matter; many bases ship no pad token (Llama 3, some GGUF imports), and the
+    tokenizer is never given one, so a bundle's tokenizer reloads as the user's."""
+    for i in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if i is not None:
+            return i
+    raise ValueError(f"tokenizer {tokenizer.name_or_path or type(tokenizer).__name__}: "
+                     "no pad token and no EOS token to pad with; set one in its tokenizer_config.json")
+
+
 def load_base(path: str | Path, dev: torch.device | None = None):
     from transformers import AutoModelForCausalLM
 

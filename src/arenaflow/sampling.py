@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arenaflow import decode
+from arenaflow import decode, models
 
 PROMPT_BUCKET = 32  # static engine: prompts are left-padded to a multiple of this
 
@@ -75,16 +75,14 @@ def generate(
         raise ValueError(f"engine {engine!r}: expected 'hf' or 'static'")
     model.eval()
     stops = stop_token_ids(tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    tokenizer.padding_side = "left"
+    pad = models.pad_id(tokenizer)
     out: list[list[dict]] = []
     per_batch = max(1, batch_size // k)
     t0, done_tokens = time.time(), 0
     for b, start in enumerate(range(0, len(prompts), per_batch)):
         chunk = prompts[start : start + per_batch]
         # the static loop keeps one decoder (and its CUDA graphs) per padded prompt length
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False,
-                        pad_to_multiple_of=PROMPT_BUCKET if engine == "static" else None)
+        enc = left_pad(tokenizer, chunk, pad, PROMPT_BUCKET if engine == "static" else 1)
         enc = {key: v.to(model.device) for key, v in enc.items()}
         torch.manual_seed(seed + b)
         if engine == "static":
@@ -116,11 +114,23 @@ def generate(
                 )
                 done_tokens += samples[-1]["n_tokens"]
             out.append(samples)
-        elapsed = time.time() - t0
-        print(
-            f"{desc}: {len(out)}/{len(prompts)} prompts x{k} | {done_tokens} tok | "
-            f"{done_tokens / max(elapsed, 1e-9):.0f} tok/s | {elapsed:.1f}s",
-            file=sys.stderr,
-            flush=True,
-        )
+        progress(desc, len(out), len(prompts), k, done_tokens, time.time() - t0)
     return out
+
+
+def left_pad(tokenizer, texts: list[str], pad: int, multiple: int = 1) -> dict:
+    """input_ids and attention_mask, left-padded with `pad` to the longest text (rounded up to
+    `multiple`). Padded here, not by tokenizer(padding=True): that refuses a tokenizer without a
+    pad token, and setting one (or padding_side) would change a tokenizer a bundle then saves."""
+    rows = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    width = -(-max(map(len, rows)) // multiple) * multiple
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def progress(desc: str, done: int, total: int, k: int, tokens: int, elapsed: float) -> None:
+    """One line per batch, so a log shows how far a long job is and when it will end."""
+    eta = elapsed / done * (total - done) if done else 0.0
+    print(f"{desc}: {done}/{total} prompts x{k} | {tokens} tok | {tokens / max(elapsed, 1e-9):.0f} tok/s "
+          f"| {elapsed:.1f}s | ETA {eta:.0f}s", file=sys.stderr, flush=True)

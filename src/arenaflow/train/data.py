@@ -108,6 +108,9 @@ def supervised_tokens(rows, idx, seq_len: int) -> int:
 
 
 def collate(rows, idx, seq_len: int, pad_id: int) -> dict:
+    """Right-padded input_ids, attention_mask and labels of rows `idx`. Labels and the mask
+    come from each row's length and loss mask, never from comparing ids with pad_id: without a
+    pad token pad_id is EOS (models.pad_id), and a real EOS is a supervised target."""
     picked = [(r[0][:seq_len], r[1][:seq_len]) for r in (rows[i] for i in idx)]
     width = max(len(x) for x, _ in picked)
     ids = torch.full((len(picked), width), pad_id, dtype=torch.long)

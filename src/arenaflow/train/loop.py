@@ -87,6 +87,45 @@ def finish_profile(prof, path: Path) -> None:
     path.write_text(table.table(sort_by=by, row_limit=40) + "\n" + table.table(sort_by="self_cpu_time_total", row_limit=25))
 
 
+class Progress:
+    """What someone watching a run sees: every step appended to runs/{arm}/metrics.jsonl and
+    flushed (so `tail -f` follows a running job; final/ gets the whole list only at the end),
+    and a log line every 10 steps with tokens/s and the ETA. Rates count this process only: a
+    resumed run's earlier steps ran elsewhere, at another speed."""
+
+    def __init__(self, path: Path, resumed: list[dict], start: int, n_steps: int, rank: int):
+        self.start, self.n_steps, self.rank = start, n_steps, rank
+        self.t0, self.tokens0 = time.time(), resumed[-1]["tokens_seen"] if resumed else 0
+        self.file = None
+        if rank == 0:  # rewritten from the checkpoint's steps, so a resumed step is not listed twice
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = path.open("w", encoding="utf-8")
+            for m in resumed:
+                self.write(m)
+
+    def write(self, m: dict) -> None:
+        self.file.write(json.dumps(m, sort_keys=True) + "\n")
+        self.file.flush()
+
+    def step(self, m: dict, lrs: dict) -> None:
+        if self.rank != 0:
+            return
+        self.write(m)
+        step = m["step"]
+        if step % 10 and step not in (1, self.start + 1, self.n_steps):
+            return
+        took = max(time.time() - self.t0, 1e-9)
+        eta = took / (step - self.start) * (self.n_steps - step)
+        log.info("step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.0f tok/s | %.1fs | ETA %.0fs",
+                 step, self.n_steps, m["loss"], m["grad_norm"] or 0.0,
+                 {k: f"{v:.2e}" for k, v in lrs.items()}, m["tokens_seen"],
+                 (m["tokens_seen"] - self.tokens0) / took, m["elapsed_s"], eta)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
 def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
     """DPO's reference: the init policy's log-probs of every chosen/rejected response,
     computed once before the first update."""
@@ -126,7 +165,7 @@ def run(args) -> None:
     torch.manual_seed(hyper["seed"])
     net = tmodel.build(args.base_model, args.init, hyper)
     tokenizer = models.load_tokenizer(args.base_model)
-    pad = tokenizer.pad_token_id
+    pad = models.pad_id(tokenizer)
     rows = corpus["chosen"] if preference else corpus["sft"]
     if hyper["packing"] and not preference:
         rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
@@ -164,6 +203,7 @@ def run(args) -> None:
     start, metrics = checkpoints.resume(engine, ckpt_dir, plan)
     tokens_seen = metrics[-1]["tokens_seen"] if metrics else 0
     t0 = time.time() - (metrics[-1]["elapsed_s"] if metrics else 0.0)
+    progress = Progress(out.parent / "metrics.jsonl", metrics, start, n_steps, rank)
     for step, glob in data.global_batches(len(rows), hyper, world):
         if step > n_steps:
             break
@@ -209,10 +249,7 @@ def run(args) -> None:
         if preference:
             m.update(margin=float(sums[2]) / len(glob), pref_acc=float(sums[3]) / len(glob))
         metrics.append(m)
-        if rank == 0 and (step % 10 == 0 or step == n_steps or step == 1):
-            log.info("step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.1fs", step, n_steps,
-                     m["loss"], m["grad_norm"] or 0.0, {k: f"{v:.2e}" for k, v in lrs.items()},
-                     tokens_seen, m["elapsed_s"])
+        progress.step(m, lrs)
         if hyper["checkpoint_every"] and step % hyper["checkpoint_every"] == 0 and step < n_steps:
             checkpoints.save(engine, ckpt_dir, step, metrics, run_id, world)
             if os.environ.get(FAIL_AFTER_STEP) == str(step):
@@ -220,6 +257,7 @@ def run(args) -> None:
                 sys.stdout.flush()
                 os._exit(75)
     wall = time.time() - t0
+    progress.close()
 
     # Every rank joins the gather inside save(); only rank 0 writes.
     with io.atomic_dir(out) if rank == 0 else contextlib.nullcontext(out) as tmp:
