@@ -20,6 +20,7 @@ rule sample_candidates:
         mem_mb=8000,
         runtime=60,
         gres="gpu:1",  # Slurm GRES; ignored by local runs
+        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
     conda:
         "../envs/arenaflow.yaml"
     shell:

@@ -46,6 +46,9 @@ rule train_arm:
         # the ranks. Several nodes: the plugin's MPI path runs the job script on the first node
         # (mpi), which calls srun itself; tasks_per_gpu=0 keeps --ntasks-per-gpu off.
         gres=lambda wc: f"gpu:{arm(wc)['hyper']['nproc']}",
+        # Local runs cap the GPUs their jobs hold at once with this (profiles/gpu-local): not
+        # `gpu`, which the Slurm plugin turns into --gpus beside the GRES above.
+        local_gpus=lambda wc: arm(wc)["hyper"]["nproc"],
         nodes=arm_nodes,
         mpi=lambda wc: "srun" if arm_nodes(wc) > 1 else None,
         tasks=lambda wc: arm_nodes(wc) if arm_nodes(wc) > 1 else None,

@@ -1,0 +1,52 @@
+"""profiles/gpu-local: every GPU rule asks `local_gpus` (train_arm its nproc), CPU rules none,
+and the profile caps it at 1, so a one-GPU workstation never runs two GPU jobs at once. The
+name is not `gpu`, which the Slurm plugin would submit as --gpus (tests/slurm checks GRES)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
+
+
+def test_the_profile_caps_local_gpus_at_one_and_sets_nothing_else():
+    assert yaml.safe_load((REPO / "profiles/gpu-local/config.yaml").read_text()) == {"resources": ["local_gpus=1"]}
+
+
+@pytest.mark.parametrize("cap", [None, 8])
+def test_a_dry_run_asks_local_gpus_for_gpu_rules_only(tmp_path, cap):
+    """With the profile's cap of 1 Snakemake shows a 2-GPU arm's request scaled down to 1 (it
+    still runs alone); with a cap of 8, its nproc."""
+    arms = tmp_path / "arms"
+    shutil.copytree(REPO / "config/arms", arms)
+    (arms / "B2.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 3.0e-3, nproc: 2}\n")
+    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", "bundles/B3f", "--cores", "16",
+           "--profile", str(REPO / "profiles/gpu-local"), "--configfile", str(REPO / "config/config.yaml"),
+           str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}",
+           *(["--resources", f"local_gpus={cap}"] if cap else [])]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    seen = set()
+    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) )", out):
+        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
+        if not m or m.group(1) == "all":
+            continue
+        rule, res = m.group(1), re.search(r"resources: (.*)", block).group(1)
+        asked = re.search(r"\blocal_gpus=(\d+)", res)
+        assert not re.search(r"\bgpus?=", res), (rule, res)
+        if rule in GPU_RULES:
+            want = GPU_RULES[rule] or (2 if cap and "arm=B2" in block else 1)
+            assert asked and int(asked.group(1)) == want, (rule, res)
+        else:
+            assert asked is None, (rule, res)
+        seen.add(rule)
+    assert set(GPU_RULES) <= seen and {"build_pool", "build_corpus", "compare", "nominate"} <= seen, seen
