@@ -7,9 +7,9 @@
 
 A verdict records length, whether the sample stopped on a stop token and the degeneracy flags
 (empty, loop = rep_ratio(6) >= 0.25, low n-gram uniqueness, truncated, U+FFFD), plus, by pool
-kind: math, the extracted answer and strict/loose correctness; instruction following, the
+kind: math, arenaflow.verify.check's extracted answer and verdicts; instruction following, the
 constraint checker's verdict and a reason per failed check. `correct` (what rejection sampling
-keeps): math, loose-correct; instruction following, every check passes and no loop; open-ended,
+keeps): math, verify.check's `correct`; instruction following, every check passes and no loop; open-ended,
 no loop, no low uniqueness and at least the row's min_chars; and for all, stopped, non-empty,
 free of U+FFFD.
 """
@@ -49,7 +49,7 @@ def verdict(sample_row: dict, pool_row: dict) -> dict:
            **flags}
     if "gold" in pool_row:
         v = verify.check(text, pool_row["gold"])
-        out.update(v, correct=v["loose"] and clean)
+        out.update(v, correct=v["correct"] and clean)
     elif "constraints" in pool_row:
         c = ifcheck.check(text, pool_row["constraints"])
         out.update(passed=c["passed"], reasons=[x["reason"] for x in c["checks"] if not x["passed"]],

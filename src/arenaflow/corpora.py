@@ -6,7 +6,8 @@
 Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json} (pairs.npz instead of
 sft.npz for `format: pairs`: one verified and one failed answer per prompt, for DPO/SimPO). With verdicts, each prompt
 keeps at most one verified-correct sample (by `select`: the median-length one by default);
-unsolved prompts are dropped and counted. Without (policy 'reference'), each prompt's worked
+unsolved prompts are dropped and counted; stats.json `verifier` names the math verifier
+(arenaflow.verify.verifier) of this environment. Without (policy 'reference'), each prompt's worked
 solution is the target. Rows whose prompt shares a 30-token shingle with an evaluation item are
 dropped and listed (stats.json `decontamination`); `coverage:` then keeps the subset an exact
 integer program picks under a row/token budget with per-group bounds (stats.json `coverage`). sft.npz holds the token ids of each rendered conversation and an
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import comb
 
-from arenaflow import chat, io, manifest, models
+from arenaflow import chat, io, manifest, models, verify
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -167,6 +168,7 @@ def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: di
         rows, stats = reference(pool)
     else:
         rows, stats = select(pool, samples, verdicts, params)
+        stats.update(verify.meta(pool))
     if eval_items is not None:
         rows, stats["decontamination"] = decontam.decontaminate(rows, eval_items)
     if params.get("coverage"):

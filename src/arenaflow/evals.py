@@ -12,8 +12,9 @@ A readout is one parquet per (suite, arm, regime, replicate), one row per item, 
 prompt and target hashes so a comparison can prove both sides saw the same items, and the
 structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
 words, tokens). Replicate r decodes with seed + 1000 * r; the same seed gives identical rows.
-The parquet's schema metadata (key "arenaflow") records when and how it was made: nomination
-checks `created_utc` against the bar's registration time.
+The parquet's schema metadata (key "arenaflow") records when and how it was made (for a math
+suite, `verifier`: arenaflow.verify.verifier): nomination checks `created_utc` against the bar's
+registration time.
 
 A comparison pools every replicate (rows are (item, replicate) pairs) and also reports each
 replicate on its own and the paired t over replicates (arenaflow.stats explains each t).
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arenaflow import degeneracy, io, manifest, stats
+from arenaflow import degeneracy, io, manifest, stats, verify
 
 DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
 # seeds/000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy)
@@ -67,7 +68,7 @@ def target_of(row: dict) -> str:
 def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict, seed: int,
             batch_size: int, desc: str, engine: str = "hf") -> pd.DataFrame:
     """One row per item. `correct` is the same verdict rejection sampling uses
-    (arenaflow.candidates.verdict): math, the loose answer; instruction following, every
+    (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
     constraint checked; open-ended, stopped, non-degenerate and long enough."""
     from arenaflow import candidates, chat, sampling  # torch-heavy: only the readout needs them
 
@@ -247,14 +248,16 @@ def main(argv: list[str] | None = None) -> None:
         regime = json.loads(args.regime_json)
         seed = args.seed + 1000 * args.replicate
         model, tok = models.load_policy(args.base_model, args.adapter)
-        df = readout(io.read_jsonl(args.pool), model, tok, args.system_prompt, regime, seed,
+        pool = io.read_jsonl(args.pool)
+        df = readout(pool, model, tok, args.system_prompt, regime, seed,
                      args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
                      engine=args.engine)
         df.insert(0, "arm", args.arm)
         df["replicate"] = args.replicate
         write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
                                      "decoding": regime, "replicate": args.replicate, "seed": seed,
-                                     "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool})
+                                     "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool,
+                                     **verify.meta(pool)})
         print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
     elif args.cmd == "compare":
         cand, ref = load(args.cand), load(args.ref)

@@ -10,7 +10,7 @@ from math import comb
 import numpy as np
 import pytest
 
-from arenaflow import candidates, chat, corpora, io, manifest
+from arenaflow import candidates, chat, corpora, io, manifest, verify
 
 SYSTEM = "You are a careful math tutor."
 
@@ -277,6 +277,7 @@ def test_build_writes_a_corpus_whose_manifest_verifies(tmp_path, tokenizer):
     assert manifest.verify(out)["digest"] == stats["digest"]
     assert [r["id"] for r in io.read_jsonl(out / "rows.jsonl")] == ["p0", "p2"]
     assert stats["rows"] == 2 and stats["rows_by_category"] == {"add": 1, "mul": 1}
+    assert io.read_json(out / "stats.json")["verifier"] == verify.verifier()  # math pool
     with np.load(out / "sft.npz") as z:
         assert z["offsets"][-1] == len(z["input_ids"]) == stats["tokens"]
 

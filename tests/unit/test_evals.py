@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from arenaflow import evals, io
+from arenaflow import evals, io, verify
 
 
 def frame(correct, prompts=None, cats=None):
@@ -195,6 +195,7 @@ def test_same_seed_gives_identical_readout_rows_and_shows_progress(tiny_readout,
     assert len(da) == len(POOL) and da["item_id"].tolist() == [r["id"] for r in POOL]
     ma, mb = evals.readout_meta(a), evals.readout_meta(b)
     assert ma["seed"] == 0 and ma["decoding"]["temperature"] == 0.8
+    assert ma["verifier"] == verify.verifier()  # a math pool
     assert ma["created_utc"] <= mb["created_utc"]  # recorded in the schema, not in the rows
 
 

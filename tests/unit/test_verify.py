@@ -1,8 +1,13 @@
-"""arenaflow.verify: answer extraction and strict/loose comparison with gold."""
+"""arenaflow.verify: answer extraction, the strict and `correct` verdicts, and agreement with a
+careful grader on hand-labelled completions (tests/data/math_verdicts.jsonl)."""
 
 from __future__ import annotations
 
+import json
+import threading
 from fractions import Fraction
+from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -78,7 +83,7 @@ def test_to_number_gives_none_for_non_numbers_and_zero_denominators(text):
 
 def test_exact_match_is_strict_and_loose():
     v = verify.check("3 + 4 = 7. The answer is 7.", "7")
-    assert v == {"pred": "7", "strict": True, "loose": True}
+    assert v == {"pred": "7", "strict": True, "correct": True, "loose": True, "by": "strict"}
 
 
 @pytest.mark.parametrize(
@@ -90,7 +95,7 @@ def test_exact_match_is_strict_and_loose():
         ("The answer is 3/4.", "0.75"),  # plain fraction vs decimal
         ("The answer is 0.5.", "1/2"),  # decimal vs fraction gold
         ("The answer is 42 apples.", "42"),  # unit
-        ("The answer is 0.3333333.", "1/3"),  # within 1e-6 relative
+        ("The answer is 0.3333333.", "1/3"),  # math-verify rounds floats to 6 places
     ],
 )
 def test_equal_numbers_in_other_forms_are_loose_but_not_strict(completion, gold):
@@ -105,7 +110,7 @@ def test_equal_numbers_in_other_forms_are_loose_but_not_strict(completion, gold)
         ("The answer is 41.", "42"),
         (r"\boxed{\frac{1}{3}}", "0.5"),
         ("The answer is 3/4.", "0.7"),
-        ("The answer is 0.333.", "1/3"),  # outside 1e-6 relative
+        ("The answer is 0.333.", "1/3"),  # 0.333 is not 0.333333 to 6 places
         ("The answer is -42.", "42"),
         ("I cannot tell.", "42"),
     ],
@@ -120,10 +125,12 @@ def test_strict_ignores_a_trailing_period_and_surrounding_space():
     assert verify.check(r"\boxed{ 42. }", " 42 ")["strict"] is True
 
 
-def test_loose_tolerance_is_relative_for_large_gold():
-    # 1e-6 relative of 10^7 is 10, so 10000005 vs 10000000 agrees, 10000020 does not
-    assert verify.check("The answer is 10000005.", "10000000")["loose"] is True
-    assert verify.check("The answer is 10000020.", "10000000")["loose"] is False
+def test_an_integer_gold_is_compared_exactly():
+    # before: 1e-6 relative tolerance, so 10^7 + 5 "was" 10^7 and 10^6 + 0.5 "was" 10^6
+    assert verify.check("The answer is 10000005.", "10000000")["correct"] is False
+    assert verify.check("The answer is 1000000.5.", "1000000") == {
+        "pred": "1000000.5", "strict": False, "correct": False, "loose": False, "by": "exact"}
+    assert verify.check("The answer is 18.00 apples.", "18")["correct"] is True
 
 
 def test_strict_implies_loose_even_for_non_numbers():
@@ -132,7 +139,8 @@ def test_strict_implies_loose_even_for_non_numbers():
 
 
 def test_no_prediction_is_recorded_as_none():
-    assert verify.check("no idea", "5") == {"pred": None, "strict": False, "loose": False}
+    assert verify.check("no idea", "5") == {
+        "pred": None, "strict": False, "correct": False, "loose": False, "by": None}
 
 
 # --- math-verify beside strict/loose --------------------------------------------------------
@@ -140,7 +148,8 @@ def test_no_prediction_is_recorded_as_none():
 def test_math_verify_field_is_only_added_on_request():
     assert "math_verify" not in verify.check("The answer is 7.", "7")
     assert verify.check("The answer is 7.", "7", math_verify=True) == {
-        "pred": "7", "strict": True, "loose": True, "math_verify": True}
+        "pred": "7", "strict": True, "correct": True, "loose": True, "by": "strict",
+        "math_verify": True}
 
 
 @pytest.mark.parametrize(
@@ -195,3 +204,188 @@ def test_loose_comparison_refuses_answers_that_are_not_a_number():
     assert not check(r"\boxed{3}", r"\frac{\sqrt{3}}{2}")["loose"]
     assert not check("2y", "2x")["loose"]
     assert check("so 12 apples", "12")["loose"] and check("75%", "75")["loose"]
+
+
+# --- issue 16: each defect of the old `loose` verdict -------------------------------------
+
+@pytest.mark.parametrize(
+    "completion, gold",
+    [
+        ("The answer is **18**.", "18"),
+        ("**The answer is 18.**", "18"),
+        ("The answer is 42!", "42"),
+        ("The answer is 20 - 2 = 18.", "18"),
+        (r"The final answer is $-\frac{1}{2}$. I hope it is correct.", r"-\frac{1}{2}"),
+        (r"\boxed{-0.5}", r"-\frac{1}{2}"),
+        (r"\boxed{18.90}", r"\$18.90"),
+        (r"\boxed{10000}", r"10,\!000"),
+        (r"\boxed{\tfrac{3}{4}}", r"\frac{3}{4}"),
+        (r"\boxed{\frac34}", r"\frac{3}{4}"),
+    ],
+)
+def test_correct_answers_the_old_loose_verdict_rejected(completion, gold):
+    assert verify.check(completion, gold)["correct"] is True
+
+
+def test_a_non_integer_answer_is_not_an_integer_gold():
+    # the old 1e-6 relative tolerance accepted this
+    assert verify.check("The answer is 1000000.5.", "1000000")["correct"] is False
+    assert verify.check(r"\boxed{1000000.5}", "1000000")["correct"] is False
+
+
+# --- extraction ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("The answer is **18**.", "18"),
+        ("**The answer is 18.**", "18"),
+        ("The answer is 42!", "42"),
+        ("The answer is 20 - 2 = 18.", "18"),  # the result of a chain
+        ("The answer is 18, since 3 × 6 = 18.", "18"),  # a clause after a comma
+        ("The answer is 18 (6 each for 3 kids).", "18"),  # a parenthetical aside
+        ("The answer is not 18; it is 20.", "not 18"),  # cut, not reinterpreted
+        (r"The final answer is $-\frac{1}{2}$. I hope it is correct.", r"-\frac{1}{2}"),
+        (r"Therefore, the answer is $\$18.90$.", r"\$18.90"),  # math, not a price
+        ("The answer is $10.", "$10"),  # a price, not math
+        ("**Answer:** 42 cookies", "42 cookies"),
+        ("#### 18\n\nNote: rounded to 2 decimal places.", "18"),  # #### before the last number
+        ("The answer is \u22125.", "-5"),  # unicode minus
+        (r"So the probability is $\frac{3}{4}$.", r"\frac{3}{4}"),  # last inline math
+        (r"The area is $\pi r^2 = 25\pi$.", r"25\pi"),
+        (r"We get $x = 3$, so there are 3 + 2 = 5 apples.", "5"),  # a number after the math
+        ("Weng earns $0.2 per minute, so 50 minutes pay $10.", "10"),  # prices are not math
+    ],
+)
+def test_extract_answer_forms(text, answer):
+    assert verify.extract_answer(text) == answer
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        (r"The solutions are $x = \boxed{2}$ and $x = \boxed{3}$.", "2, 3"),
+        (r"\boxed{2}, \boxed{3}", "2, 3"),
+        (r"\boxed{\frac{1}{2}} \text{ or } \boxed{\frac{1}{3}}", r"\frac{1}{2}, \frac{1}{3}"),
+        # boxes separated by reasoning are a withdrawn answer and its correction
+        (r"First \boxed{5}. That is wrong: 6 x 4 = 24, so \boxed{6}.", "6"),
+        (r"(a) \boxed{5}" "\n" r"(b) \boxed{7}", "7"),
+    ],
+)
+def test_extract_joins_a_run_of_boxes_into_one_list(text, answer):
+    assert verify.extract_answer(text) == answer
+
+
+def test_several_boxed_roots_answer_a_list_gold():
+    assert verify.check(r"$x = \boxed{2}$ and $x = \boxed{3}$", "3, 2")["correct"] is True
+    assert verify.check(r"$x = \boxed{2}$", "2, 3")["correct"] is False
+    assert verify.check(r"\boxed{2} or \boxed{3}", "2")["correct"] is False
+
+
+# --- strict and correct -------------------------------------------------------------------
+
+def test_strict_normalises_formatting_but_not_value():
+    assert verify.check(r"\boxed{10,\!000}", "10,000")["strict"] is True
+    assert verify.check(r"The answer is $\dfrac{3}{4}$.", r"\frac34")["strict"] is True
+    assert verify.check(r"\boxed{-0.5}", r"-\frac{1}{2}")["strict"] is False
+    assert verify.check(r"\boxed{10000}", "10,000")["strict"] is False
+    assert verify.check(r"\boxed{$2$ and $3$}", "2")["strict"] is False  # not one math span
+
+
+@pytest.mark.parametrize(
+    "completion, gold, by",
+    [
+        ("The answer is 7.", "7", "strict"),
+        ("The answer is $7.00.", "7", "exact"),
+        (r"\boxed{-0.5}", r"-\frac{1}{2}", "math-verify"),
+        (r"\boxed{2 < x \le 5}", "(2,5]", "math-verify"),  # an inequality for an interval
+    ],
+)
+def test_by_names_the_comparison_that_decided(completion, gold, by):
+    v = verify.check(completion, gold)
+    assert v["correct"] is True and v["by"] == by
+
+
+def test_hedged_and_ranged_answers_are_wrong():
+    # math-verify alone reads the first number after "answer" in each of these
+    for text in ("The answer is 18 or 20.", "The answer is between 18 and 20.",
+                 "The answer is not 18; it is 20.", "The answer is 18 or more."):
+        assert verify.check(text, "18")["correct"] is False, text
+        assert verify.math_verify_equal(text, "18") is True, text
+    assert verify.to_number("5x") is None and verify.to_number("5 x") is None
+
+
+def test_numeric_fallback_only_where_math_verify_parses_nothing(monkeypatch):
+    monkeypatch.setattr(verify, "_mv_parse", lambda answer: ())
+    v = verify.check("The answer is 0.5.", "1/2")
+    assert v["correct"] is True and v["by"] == "numeric"
+    assert verify.check(r"\boxed{x+1}", "1+x") == {
+        "pred": "x+1", "strict": False, "correct": False, "loose": False, "by": None}
+
+
+def test_check_off_the_main_thread():
+    # math-verify's timeouts use signal.alarm, which only the main thread may set
+    out = {}
+    t = threading.Thread(target=lambda: out.update(v=verify.check(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")))
+    t.start()
+    t.join()
+    assert out["v"]["correct"] is True and out["v"]["by"] == "math-verify"
+
+
+def test_verifier_names_the_rule_and_math_verify_version():
+    v = verify.verifier()
+    assert v == {"rule": verify.RULE, "math_verify": metadata.version("math-verify"),
+                 "latex2sympy2_extended": metadata.version("latex2sympy2_extended")}
+    assert verify.meta([{"gold": "1"}, {"constraints": []}]) == {"verifier": v}
+    assert verify.meta([{"constraints": []}, {"prompt": "p"}]) == {}
+
+
+# --- agreement with a careful grader ------------------------------------------------------
+
+LABELLED = Path(__file__).resolve().parents[1] / "data" / "math_verdicts.jsonl"
+FORMS = {"statement", "gsm8k", "markdown", "currency", "thousands", "negative", "fraction",
+         "latex", "units", "interval", "boxed"}
+
+
+def _math_verify_alone(completion: str, gold: str, wrap_gold: bool) -> bool:
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    g = parse("\\boxed{" + gold + "}" if wrap_gold else gold)
+    p = parse(completion)
+    return bool(g and p and mv_verify(g, p))
+
+
+def test_labelled_set_is_hand_written_and_covers_the_forms():
+    rows = [json.loads(line) for line in LABELLED.read_text().splitlines()]
+    assert len(rows) >= 150
+    assert {r["form"] for r in rows} == FORMS
+    assert all(isinstance(r["label"], bool) and r["note"] and "gold" in r for r in rows)
+    assert {r["split"] for r in rows} == {"dev", "heldout"}
+    assert len({(r["completion"], r["gold"]) for r in rows}) == len(rows)
+
+
+def test_verdict_agrees_with_the_labels_at_least_as_often_as_math_verify_alone(record_property):
+    """(a) check()["correct"], (b) math-verify alone: parse(completion) against parse(gold), and
+    against parse("\\boxed{gold}") (kinder to LaTeX golds); agreement and false positives."""
+    rows = [json.loads(line) for line in LABELLED.read_text().splitlines()]
+    graders = {
+        "arenaflow": lambda r: verify.check(r["completion"], r["gold"])["correct"],
+        "math-verify": lambda r: _math_verify_alone(r["completion"], r["gold"], False),
+        "math-verify-boxed-gold": lambda r: _math_verify_alone(r["completion"], r["gold"], True),
+    }
+    score = {}
+    for name, grade in graders.items():
+        verdicts = [(grade(r), r["label"], r["split"]) for r in rows]
+        score[name] = {split: {
+            "n": sum(s == split for *_, s in verdicts),
+            "agree": sum(v == lab for v, lab, s in verdicts if s == split),
+            "false_pos": sum(v and not lab for v, lab, s in verdicts if s == split)}
+            for split in ("dev", "heldout")}
+        record_property(name, json.dumps(score[name]))
+    print(json.dumps(score, indent=1))
+    ours = score["arenaflow"]
+    for split in ("dev", "heldout"):
+        assert ours[split]["false_pos"] == 0
+        for name in ("math-verify", "math-verify-boxed-gold"):
+            assert ours[split]["agree"] >= score[name][split]["agree"], (split, score)
