@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import chat, decode, manifest, sampling, tinymodel
+from arenaflow import chat, decode, manifest, models, sampling, tinymodel
 
 TRAIN_DEFAULT = ["method=lora,micro=16", "method=full,micro=16"]  # the H200 headline runs (BENCHMARKS.md)
 
@@ -157,9 +157,9 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
     profile of the same step run eagerly: kernels per step and their summed GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    ids = tok([prompt] * bs, return_tensors="pt", padding=True, add_special_tokens=False,
-              pad_to_multiple_of=sampling.PROMPT_BUCKET).to("cuda")
-    shape = (*ids["input_ids"].shape, dec.max_new_tokens, dec, sampling.stop_token_ids(tok), tok.pad_token_id)
+    pad = models.pad_id(tok)  # as sampling.generate pads, so the lookup below finds its decoder
+    ids = {k: v.to("cuda") for k, v in sampling.left_pad(tok, [prompt] * bs, pad, sampling.PROMPT_BUCKET).items()}
+    shape = (*ids["input_ids"].shape, dec.max_new_tokens, dec, sampling.stop_token_ids(tok), pad)
     decoder = decode.decoder_for(model, *shape)  # the one sampling.generate just ran
     step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
     eager = decode.StaticDecoder(model, *shape, graphs=False)
