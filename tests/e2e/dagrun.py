@@ -1,0 +1,49 @@
+"""Running Snakemake on the embedded default in a test: one place for the command line and for
+reading a dry run's plan, shared by the DAG tiers of tests/e2e."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = (REPO / "config/config.yaml", REPO / "tests/e2e/config.yaml")
+MINI = (*CONFIG, REPO / "tests/e2e/mini.yaml")
+
+
+def snakemake(*args: str, results: Path, arms: Path, check: bool = True, timeout: int = 1200,
+              configfiles: tuple[Path, ...] = CONFIG):
+    # targets first: --configfile and --config take every word after them
+    cmd = [sys.executable, "-m", "snakemake", *args, "--cores", "2", "--configfile",
+           *map(str, configfiles),
+           "--config", f"results_dir={results}", f"arms_dir={arms}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def planned_jobs(proc) -> list[tuple[str, str]]:
+    """(rule, wildcards) of every job a dry run would run."""
+    out = proc.stdout + proc.stderr
+    jobs = []
+    for block in re.split(r"\n(?=\[.*\]\n(?:local)?(?:rule|checkpoint) )", out):
+        m = re.search(r"(?:rule|checkpoint) (\w+):", block)
+        if m and m.group(1) != "all":
+            wc = re.search(r"wildcards: (.*)", block)
+            jobs.append((m.group(1), wc.group(1).strip() if wc else ""))
+    return jobs
+
+
+def build(root: Path, configfiles: tuple[Path, ...]) -> dict:
+    """A dry run, then bundles/B3f, in a results directory and an arms directory of their own
+    (a test may edit the arm files)."""
+    arms, results = root / "arms", root / "results"
+    shutil.copytree(REPO / "config/arms", arms)
+    dry = snakemake("-n", "bundles/B3f", results=results, arms=arms, configfiles=configfiles)
+    run = snakemake("bundles/B3f", results=results, arms=arms, configfiles=configfiles)
+    return {"root": root, "arms": arms, "results": results, "dry": dry, "run": run,
+            "configfiles": configfiles}
