@@ -10,7 +10,7 @@ rule sample_candidates:
     output:
         "candidates/{corpus}/samples.jsonl",
     params:
-        cfg=lambda wc: as_json(CFG["corpora"][wc.corpus]),
+        cfg=lambda wc: afconfig.sampling_params(CFG["corpora"][wc.corpus]),
         adapter=lambda wc, input: adapter_flag(input.policy),
         system=CFG["system_prompt"],
         base=BASE,

@@ -28,7 +28,7 @@ rule train_arm:
     output:
         directory("runs/{arm}/final"),
     params:
-        hyper=lambda wc: as_json(arm(wc)["hyper"]),
+        hyper=lambda wc: afconfig.result_hyper(arm(wc)["hyper"]),
         init=lambda wc, input: input.init[0] if input.init else "base",
         corpus=lambda wc: arm(wc)["corpus"],
         launcher=launcher,
@@ -41,6 +41,8 @@ rule train_arm:
     resources:
         mem_mb=lambda wc: arm(wc)["hyper"]["mem_mb"],
         runtime=lambda wc: arm(wc)["hyper"]["runtime_min"],
+        # a resource, not a param: the checkpoint cadence never changes the weights
+        checkpoint_every=lambda wc: arm(wc)["hyper"]["checkpoint_every"],
         nproc=lambda wc: arm(wc)["hyper"]["nproc"],
         # One Slurm task (per node) holding all of the arm's GPUs (of that node); torchrun starts
         # the ranks. Several nodes: the plugin's MPI path runs the job script on the first node
@@ -57,6 +59,6 @@ rule train_arm:
         "../envs/arenaflow.yaml"
     shell:
         "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
-        "--params-json {params.hyper:q} --corpus corpora/{params.corpus} --corpus-id {params.corpus} "
+        "--params-json {params.hyper:q} --checkpoint-every {resources.checkpoint_every} --corpus corpora/{params.corpus} --corpus-id {params.corpus} "
         "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
         "{params.base_rev} --out {output} > {log} 2>&1"

@@ -257,11 +257,34 @@ def stage_json(section: dict) -> str:
     return json.dumps(section, sort_keys=True, separators=(",", ":"))
 
 
+# What a training job asks of the scheduler and how often it saves: never what it computes, so
+# never a rule param (a change would rerun the arm and every descendant). rules/train.smk passes
+# them as resources instead.
+RUN_KEYS = ("runtime_min", "mem_mb", "checkpoint_every")
+# The corpus keys that decide the samples; the rest (select, coverage, min_chars, format,
+# decontaminate) only decide which samples a corpus keeps, and must not resample on the GPU.
+SAMPLING_KEYS = ("pool", "policy", "k", "temperature", "top_p", "max_new_tokens", "seed",
+                 "batch_size", "engine")
+
+
+def result_hyper(hyper: dict) -> str:
+    """An arm's hyperparameters that change its weights, as a rule param."""
+    return stage_json({k: v for k, v in hyper.items() if k not in RUN_KEYS})
+
+
+def sampling_params(corpus: dict) -> str:
+    """A corpus's sampling keys, as the sample_candidates param."""
+    return stage_json({k: corpus[k] for k in SAMPLING_KEYS if k in corpus})
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Validate a config and print each arm's lineage.")
     ap.add_argument("config", help="config/config.yaml")
     args = ap.parse_args(argv)
-    cfg = resolve(yaml.safe_load(Path(args.config).read_text()), config_file=args.config)
+    try:
+        cfg = resolve(load_yaml(args.config), config_file=args.config, sources=[args.config])
+    except ConfigError as e:
+        raise SystemExit(f"arenaflow config error: {e}") from None
     for arm, a in cfg["arms"].items():
         print(f"{arm}: init={a['init']} corpus={a['corpus']} lineage={' <- '.join([arm, *a['lineage']]) or arm}")
 

@@ -99,3 +99,105 @@ def test_a_bad_arm_value_stops_the_dry_run_naming_file_and_key(built, tmp_path):
     msg = proc.stdout + proc.stderr
     assert "B3.yaml" in msg and "hyper/lr" in msg, msg[-3000:]
     assert not (tmp_path / "r" / "pools").exists(), "a job ran despite the config error"
+
+
+def test_resource_and_selection_keys_rerun_no_gpu_job_and_lr_reruns_the_chain(built, tmp_path):
+    """Only keys that change results are rule params: a training job's resources and checkpoint
+    cadence rerun nothing, a corpus's selection keys rebuild the corpus without resampling on
+    the GPU, and a learning rate reruns the arms that use it and their descendants."""
+    import yaml
+
+    def plan(edit: dict) -> list[tuple[str, str]]:
+        extra = tmp_path / "edit.yaml"
+        extra.write_text(yaml.safe_dump(edit))
+        return planned_jobs(snakemake("-n", "bundles/B3f", results=built["results"], arms=built["arms"],
+                                      configfiles=(*MINI, extra)))
+
+    assert plan({"train_defaults": {"runtime_min": 45, "mem_mb": 5000, "checkpoint_every": 3}}) == []
+    jobs = plan({"corpora": {"rft_r3": {"select": "shortest", "min_chars": 2}}})
+    assert ("build_corpus", "corpus=rft_r3") in jobs
+    assert not {r for r, _ in jobs} & {"sample_candidates", "verify_candidates"}
+    trained = {wc for r, wc in plan({"train_defaults": {"lr": 5.0e-4}}) if r == "train_arm"}
+    assert trained == {"arm=R220", "arm=R2d", "arm=B3"}  # S1 and B3 set their own lr; B3 descends
+
+
+def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built, tmp_path):
+    """Issue 17's probes through Snakemake: r3's bar edited, with --forcerun nominate or readout,
+    is refused before any job runs, and the registration, the registry and the nomination stay
+    byte for byte; the bar put back, nothing is left to do; a hand-edited `promoted` stops the
+    DAG; the bundle's model card cites the seal."""
+    import yaml
+
+    res, noms = built["results"], built["results"] / "nominations"
+    records = [noms / "r3.bar.json", noms / "r3.json", noms / "registry/r3.jsonl"]
+    state = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in records}  # noqa: E731
+    before = state()
+    edit = tmp_path / "bar.yaml"
+    edit.write_text(yaml.safe_dump({"rounds": {"r3": {"bar": [{"metric": "delta", "op": ">", "value": -100.0}]}}}))
+    for forced in ("nominate", "readout"):
+        proc = snakemake("bundles/B3f", "--forcerun", forced, results=res, arms=built["arms"], check=False,
+                         configfiles=(*MINI, edit))
+        msg = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "round r3: refused" in msg and "retire: [{bar_sha256" in msg, msg[-3000:]
+        assert state() == before
+    assert planned_jobs(snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], configfiles=MINI)) == []
+    nom = json.loads((noms / "r3.json").read_text())
+    try:
+        (noms / "r3.json").write_text(json.dumps({**nom, "promoted": "B3" if nom["promoted"] != "B3" else "R2d"}))
+        proc = snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], check=False, configfiles=MINI)
+        assert proc.returncode != 0 and "r3.json: edited after it was sealed" in proc.stdout + proc.stderr
+    finally:  # as it was, mtime included, for the tests after this one
+        (noms / "r3.json").write_bytes(before[noms / "r3.json"][0])
+        os.utime(noms / "r3.json", ns=(before[noms / "r3.json"][1],) * 2)
+    card = (res / "bundles/B3f/README.md").read_text()
+    assert f"digest `{nom['digest']}`" in card and nom["bar_sha256"][:16] in card
+
+
+def test_the_report_after_the_main_job_is_written_where_asked(built, tmp_path):
+    """`snakemake --report report.html` right after bundles/B3f (which builds no round page)
+    works, and writes into the directory it was started in, not into results/."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--report", "report.html",
+           "--cores", "1", "--configfile", *map(str, MINI),
+           "--config", f"results_dir={built['results']}", f"arms_dir={built['arms']}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert (tmp_path / "report.html").stat().st_size > 0
+    assert not (built["results"] / "report.html").exists()
+    assert "round r3's page is not built yet" in proc.stdout + proc.stderr
+
+
+def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(built, tmp_path):
+    """Issue 17's probe: one flipped bit in runs/B3/final's adapter (its mtime kept, as a disk
+    error would), its greedy readout removed, the bundle asked for again. The readout job fails
+    naming the file; no compare, nomination or bundle is rewritten. Then all is put back."""
+    import re
+
+    res = built["results"]
+    adapter = res / "runs/B3/final/adapter_model.safetensors"
+    readout = res / "readouts/math/B3/greedy.r0.parquet"
+    downstream = [res / "compare/math/greedy/B3__R2d.json", res / "nominations/r3.json",
+                  *sorted(p for p in (res / "bundles/B3f").rglob("*") if p.is_file())]
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream}
+    raw, mtime = bytearray(adapter.read_bytes()), adapter.stat().st_mtime_ns
+    shutil.copy2(readout, tmp_path / "readout.parquet")
+    try:
+        raw[-1] ^= 1
+        adapter.write_bytes(raw)
+        os.utime(adapter, ns=(mtime, mtime))
+        readout.unlink()
+        proc = snakemake("bundles/B3f", results=res, arms=built["arms"], check=False, configfiles=MINI)
+        assert proc.returncode != 0
+        log = (res / "logs/readouts/math/B3/greedy.r0.log").read_text()
+        assert re.search(r"readout refused runs/B3/final: runs/B3/final/adapter_model\.safetensors: "
+                         r"sha256 \w+ does not match the manifest's", log), log[-2000:]
+        assert not readout.exists()
+        assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream} == before
+    finally:  # the byte, the mtime and the readout as they were, for any test after this one
+        raw[-1] ^= 1
+        adapter.write_bytes(raw)
+        os.utime(adapter, ns=(mtime, mtime))
+        shutil.copy2(tmp_path / "readout.parquet", readout)
+    assert planned_jobs(snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], configfiles=MINI)) == []

@@ -146,6 +146,8 @@ def run(args) -> None:
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     hyper = {**DEFAULTS, **json.loads(args.params_json)}
+    if args.checkpoint_every is not None:
+        hyper["checkpoint_every"] = args.checkpoint_every
     ensure_dist_env()
     cuda = torch.cuda.is_available()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
