@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
-from arenaflow import chat, degeneracy, ifcheck, io, models, sampling, verify
+from arenaflow import chat, degeneracy, ifcheck, io, jobclock, models, sampling, verify
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
@@ -89,8 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "sample":
         params = json.loads(args.params_json)
         model, tok = models.load_policy(args.base_model, args.adapter)
+        jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+        t0 = time.perf_counter()
         rows = sample(pool, model, tok, args.system_prompt, params)
+        seconds = time.perf_counter() - t0
         io.write_jsonl(args.out, rows)
+        jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
         print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
     else:
         rows = verify_all(pool, io.read_jsonl(args.samples), args.samples)

@@ -25,12 +25,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from arenaflow import degeneracy, io, manifest, stats, verify
+from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
 
 DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
 # seeds/000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy)
@@ -249,16 +250,21 @@ def main(argv: list[str] | None = None) -> None:
         seed = args.seed + 1000 * args.replicate
         model, tok = models.load_policy(args.base_model, args.adapter)
         pool = io.read_jsonl(args.pool)
+        jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+        t0 = time.perf_counter()
         df = readout(pool, model, tok, args.system_prompt, regime, seed,
                      args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
                      engine=args.engine)
+        seconds = time.perf_counter() - t0  # decoding and scoring
         df.insert(0, "arm", args.arm)
         df["replicate"] = args.replicate
         write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
                                      "decoding": regime, "replicate": args.replicate, "seed": seed,
                                      "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool,
+                                     "tokens": int(df["n_tokens"].sum()), "seconds": round(seconds, 3),
                                      **verify.meta(pool)})
         print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
+        jobclock.done(args.out, tokens=int(df["n_tokens"].sum()), seconds=seconds)
     elif args.cmd == "compare":
         cand, ref = load(args.cand), load(args.ref)
         res = compare(cand, ref, args.out)

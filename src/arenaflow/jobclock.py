@@ -1,0 +1,67 @@
+"""Where a job's start-up ends and its work begins: one log line per GPU job when its model is
+loaded, and, for benchmarks, one JSON line per event in the file named by $ARENAFLOW_EVENTS.
+
+A GPU job's wall time is start-up (interpreter, imports, model load; for training DeepSpeed's
+set-up) plus work (which begins with the first batch or step, where compilation and CUDA-graph
+capture happen). Each job calls `loaded(job)` once its model is on the device and `done(job,
+tokens=..., seconds=...)` at its end; `job` is the job's output path, as Snakemake lists it.
+benchmarks/lineage_gpu.py reads the events to report start-up apart and to measure how busy the
+GPU was from the model loaded to the job's end. Without $ARENAFLOW_EVENTS nothing is written
+but the log line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+ENV = "ARENAFLOW_EVENTS"
+_IMPORTED = time.time()
+
+
+def process_start() -> float:
+    """Wall-clock time at which this process started (Linux /proc: to 10 ms), else the time
+    this module was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED
+
+
+PROCESS_START = process_start()
+
+
+def event(job: str, name: str, **fields) -> dict:
+    """Append {job, event, t, pid, process_start, **fields} to $ARENAFLOW_EVENTS (when set) as
+    one line, written in one call, so lines of concurrent jobs do not interleave."""
+    rec = {"job": job, "event": name, "t": time.time(), "pid": os.getpid(),
+           "process_start": PROCESS_START, **fields}
+    path = os.environ.get(ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec, sort_keys=True) + "\n")
+    return rec
+
+
+def loaded(job: str, **fields) -> dict:
+    """The model is on the device: start-up ends here. Logs one line."""
+    rec = event(job, "loaded", **fields)
+    print(f"arenaflow: {job}: model loaded {rec['t'] - PROCESS_START:.1f}s after the process started",
+          file=sys.stderr, flush=True)
+    return rec
+
+
+def done(job: str, tokens: int | None = None, seconds: float | None = None, **fields) -> dict:
+    """The job's work is over: `tokens` it processed (generated, or trained on) in `seconds` of
+    work (decoding, or the training loop). Logs one line."""
+    rec = event(job, "end", tokens=tokens, seconds=seconds, **fields)
+    rate = f", {tokens / seconds:.0f} tok/s" if tokens and seconds else ""
+    print(f"arenaflow: {job}: {tokens} tokens in {seconds or 0:.1f}s{rate}; "
+          f"{rec['t'] - PROCESS_START:.1f}s since the process started", file=sys.stderr, flush=True)
+    return rec
