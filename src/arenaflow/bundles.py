@@ -206,6 +206,21 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
             "nomination": nomination, "lineage": list(reversed([arm, *lineage]))}
 
 
+def verify_sources(args, arm: str, lineage: list[str]) -> None:
+    """Everything a bundle copies or cites, verified before any of it is read: every run of the
+    lineage (the served one's adapter and evidence are copied, the others' evidence is cited in
+    the card), their corpora, and the sealed compare JSONs the card reports."""
+    who, corpora = f"bundle {args.bundle}", set()
+    for a in [arm, *lineage]:
+        run = Path(args.runs) / a / "final"
+        manifest.require(run, who)
+        corpora.add(io.read_json(run / "training_evidence.json")["corpus"])
+    for c in sorted(corpora):
+        manifest.require(Path(args.corpora) / c, who)
+    for path in args.compare:
+        manifest.check_seal(io.read_json(path), path)
+
+
 def build(args) -> None:
     cfg = json.loads(args.bundle_json)
     repo_root = Path(args.repo_root)
@@ -215,7 +230,7 @@ def build(args) -> None:
         raise SystemExit(f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve")
     lineage = json.loads(args.lineage_json)[arm]
     run_dir = Path(args.runs) / arm / "final"
-    manifest.verify(run_dir)
+    verify_sources(args, arm, lineage)
     evidence = io.read_json(run_dir / "training_evidence.json")
     corpus_dir = Path(args.corpora) / evidence["corpus"]
     template = load_template(cfg["chat_template"], repo_root)
@@ -291,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("give exactly one of --arm and --nomination")
     try:
         build(args)
-    except BundleCheckError as e:
+    except (BundleCheckError, manifest.ManifestError) as e:
         print(f"bundle {args.bundle}: check failed, no bundle written: {e}", file=sys.stderr)
         sys.exit(1)
 

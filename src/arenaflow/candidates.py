@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     pool = io.read_jsonl(args.pool)
     if args.cmd == "sample":
         params = json.loads(args.params_json)
-        model, tok = models.load_policy(args.base_model, args.adapter)
+        model, tok = models.load_policy(args.base_model, args.adapter, consumer="sampling")
         jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
         t0 = time.perf_counter()
         rows = sample(pool, model, tok, args.system_prompt, params)

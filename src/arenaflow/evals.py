@@ -109,7 +109,8 @@ def write_readout(df: pd.DataFrame, path: str | Path, meta: dict) -> None:
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            META_KEY: json.dumps(record, sort_keys=True).encode()})
     with io.atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+        # CRC32 per page: a reader that asks (load) refuses a flipped bit instead of scoring it
+        pq.write_table(table, tmp, write_page_checksum=True)
 
 
 def readout_meta(path: str | Path) -> dict:
@@ -129,10 +130,19 @@ def outcomes(df: pd.DataFrame, col: str, name: str) -> np.ndarray:
     return stats.binary(df[col].to_numpy(), f"{name} ({col!r})", labels=labels)
 
 
+def read_readout(path: str | Path) -> pd.DataFrame:
+    """A readout, its page checksums verified (readouts written before they had checksums are
+    read as they are); a bad page raises ManifestError naming the file."""
+    try:
+        return pd.read_parquet(path, page_checksum_verification=True)
+    except OSError as e:
+        raise manifest.ManifestError(f"{path}: unreadable readout: {e}") from None
+
+
 def load(paths: list[str]) -> pd.DataFrame:
     frames = []
     for p in paths:
-        df = pd.read_parquet(p)
+        df = read_readout(p)
         outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
         frames.append(df if "loop" in df.columns else structure(df))  # older readouts
     return pd.concat(frames, ignore_index=True)
@@ -211,7 +221,37 @@ def noise(readouts: pd.DataFrame, where: str) -> dict:
 
 
 def _sources(paths: list[str]) -> list[dict]:
-    return [{"path": p, "created_utc": readout_meta(p).get("created_utc")} for p in paths]
+    # the sha256 of every pooled readout, so nomination can tell they are still what was pooled
+    return [{"path": p, "created_utc": readout_meta(p).get("created_utc"),
+             "sha256": manifest.sha256_file(p)} for p in paths]
+
+
+def pooled(record: dict) -> list[dict]:
+    """The readout sources a compare or noise record pooled."""
+    r = record.get("readouts", [])
+    return [*r.get("cand", []), *r.get("ref", [])] if isinstance(r, dict) else list(r)
+
+
+def verify_pooled(path: str | Path) -> dict:
+    """A compare or noise JSON, once its seal holds and every readout it pooled still has the
+    sha256 recorded then; ManifestError names the file that changed. Returns the record."""
+    record = manifest.check_seal(io.read_json(path), path)
+    for src in pooled(record):
+        manifest.check_file(src["path"], src["sha256"], path)
+    return record
+
+
+def verify_judged(compare: list[str], noise: list[str], readouts: list[str]) -> None:
+    """What nomination reads: every compare and noise JSON (verify_pooled), and each readout it
+    judges must be one of those pooled, with the same sha256."""
+    known = {}
+    for path in [*compare, *noise]:
+        for src in pooled(verify_pooled(path)):
+            known[Path(src["path"])] = path
+    stray = [p for p in readouts if Path(p) not in known]
+    if stray:
+        raise manifest.ManifestError(f"{stray[0]}: judged but pooled by none of the compare or noise "
+                                     "files given, so nothing records its sha256")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -248,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
 
         regime = json.loads(args.regime_json)
         seed = args.seed + 1000 * args.replicate
-        model, tok = models.load_policy(args.base_model, args.adapter)
+        model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout")
         pool = io.read_jsonl(args.pool)
         jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
         t0 = time.perf_counter()
@@ -271,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         res.update(suite=args.suite, regime=args.regime, cand=str(cand["arm"].iloc[0]),
                    ref=str(ref["arm"].iloc[0]),
                    readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)})
-        io.write_json(args.out, res)
+        io.write_json(args.out, manifest.seal(res))
         t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
         print(f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
               f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}")
@@ -285,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
                              "replicates to K >= 2 in config evals")
         res = noise(df, args.out)
         res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
-        io.write_json(args.out, res)
+        io.write_json(args.out, manifest.seal(res))
         t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
         print(f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
               f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "

@@ -37,17 +37,33 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    old = None
     try:
         yield tmp
         os.chmod(tmp, 0o755)
         for p in tmp.rglob("*"):
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        if path.exists():
-            shutil.rmtree(path)
+        old = _set_aside(path)
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        if old is not None and not path.exists():
+            os.replace(old, path)  # the new one never landed: the old one stays
+        for d in (tmp, old):
+            if d is not None and d.exists():
+                shutil.rmtree(d)
+
+
+def _set_aside(path: Path) -> Path | None:
+    """Move an existing directory aside whole (deleted once the new one is in place): a reader
+    then sees the old directory or the new one, never one half deleted by rmtree, which a
+    concurrent writer or a kill -9 could otherwise leave."""
+    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old.tmp", dir=path.parent))
+    try:
+        os.replace(path, old)  # rename(2) onto an empty directory
+    except FileNotFoundError:  # nothing there, or a concurrent writer moved it first
+        old.rmdir()
+        return None
+    return old
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -2,6 +2,11 @@
 
     python -m arenaflow.manifest verify DIR      # exit 1 naming the first changed/missing file
 
+Every consumer verifies what it reads before using it (`require`): sampling and readouts the
+policy's run directory, training its init arm's and its corpus, bundles every run and corpus
+they copy or cite. Single-file records are sealed instead (`seal`, `check_seal`), and a record
+that pooled other files lists their sha256 for `check_file`.
+
 The digest is the sha256 of the sorted "relpath<TAB>sha256<LF>" lines, so it identifies the
 directory's content and nothing else (not times, not params). Snakemake's
 `.snakemake_timestamp` marker and the manifest itself are never listed.
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -110,6 +116,54 @@ def verify(root: str | os.PathLike) -> dict:
     if digest_of(record["files"]) != record["digest"]:
         raise ManifestError(f"{path}: digest does not match its own file list (manifest edited)")
     return record
+
+
+def require(root: str | os.PathLike, consumer: str) -> dict:
+    """verify(), for a step about to read `root`: the error also says which step refused, so
+    a failed job's log names both the changed file and who would have consumed it."""
+    try:
+        return verify(root)
+    except ManifestError as e:
+        raise ManifestError(f"{consumer} refused {root}: {e}") from None
+
+
+# Single-file records (compare and noise JSONs) carry their own sha256: a directory manifest
+# would need a second output per rule, and the seal travels with the file when it is copied.
+SEAL = "sealed_sha256"
+
+
+def _canonical(record: dict) -> str:
+    # a JSON round trip first, so a record hashes the same before writing and after reading
+    # (tuples become lists, int keys strings) whatever the writer's indentation
+    body = json.loads(json.dumps({k: v for k, v in record.items() if k != SEAL}))
+    return json.dumps(body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def seal(record: dict) -> dict:
+    """`record` with SEAL: the sha256 of its canonical JSON without the seal."""
+    return {**record, SEAL: sha256_text(_canonical(record))}
+
+
+def check_seal(record: dict, path: str | os.PathLike) -> dict:
+    """Raise ManifestError naming `path` unless `record` (read from it) carries its seal and
+    still matches it; return the record."""
+    if SEAL not in record:
+        raise ManifestError(f"{path}: no {SEAL}; written before records were sealed or not by "
+                            "arenaflow: rebuild it (snakemake --forcerun on its rule)")
+    if sha256_text(_canonical(record)) != record[SEAL]:
+        raise ManifestError(f"{path}: content does not match its {SEAL} (file changed after it "
+                            "was written)")
+    return record
+
+
+def check_file(path: str | os.PathLike, sha256: str, recorded_in: str | os.PathLike) -> None:
+    """Raise ManifestError naming `path` unless it still has the sha256 `recorded_in` holds."""
+    if not Path(path).is_file():
+        raise ManifestError(f"{path}: recorded in {recorded_in} but missing")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise ManifestError(f"{path}: sha256 {actual} does not match the {sha256} recorded in "
+                            f"{recorded_in} (file changed after it was recorded)")
 
 
 def main(argv: list[str] | None = None) -> None:

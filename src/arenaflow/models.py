@@ -45,12 +45,17 @@ def load_base(path: str | Path, dev: torch.device | None = None):
     return model.to(dev)
 
 
-def load_policy(base_path: str | Path, adapter_dir: str | Path | None, merge: bool = True):
+def load_policy(base_path: str | Path, adapter_dir: str | Path | None, merge: bool = True,
+                consumer: str = "loading a policy"):
     """(model, tokenizer) for sampling: the base, plus the arm's adapter when given (or the
     arm's full weights, when its directory holds a full fine-tune).
 
+    The arm's directory must verify against its manifest first (ManifestError names the file
+    and `consumer`): here, so that no caller can load an arm it has not verified.
     The adapter is merged into a private copy of the weights for speed; the files on disk are
     untouched."""
+    if adapter_dir is not None:
+        manifest.require(adapter_dir, consumer)
     if adapter_dir is not None and not (Path(adapter_dir) / "adapter_config.json").exists():
         # a full fine-tune: the arm's directory holds the whole model
         model = load_base(adapter_dir)

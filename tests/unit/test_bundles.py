@@ -82,6 +82,10 @@ def test_a_failed_template_check_writes_no_bundle(tmp_path, repo_root, capsys, t
     (run / "training_evidence.json").write_text(json.dumps({"corpus": "c", "base_model": "tiny",
                                                             "base_revision": "r"}))
     manifest.write(run)
+    corpus = tmp_path / "corpora/c"  # verified before the checks, as every source is
+    corpus.mkdir(parents=True)
+    (corpus / "stats.json").write_text("{}")
+    manifest.write(corpus)
     (tmp_path / "t.jinja").write_text(template)
     cfg = {"chat_template": str(tmp_path / "t.jinja"), "system_prompt": "S", "reload_prompts": ["1+1?"],
            "serving": {"do_sample": False, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0,

@@ -24,7 +24,7 @@ def _rows(data, prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
 def load_corpus(corpus_dir: Path) -> tuple[dict, dict]:
     """{'sft': rows} or {'chosen': rows, 'rejected': rows} from a corpus whose manifest
     verifies; refuses (ManifestError) one that does not."""
-    record = manifest.verify(corpus_dir)
+    record = manifest.require(corpus_dir, "training (corpus)")
     if (corpus_dir / "pairs.npz").exists():
         data = np.load(corpus_dir / "pairs.npz")
         return {"chosen": _rows(data, "chosen_"), "rejected": _rows(data, "rejected_")}, record

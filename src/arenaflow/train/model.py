@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arenaflow import models
+from arenaflow import manifest, models
 
 
 def is_adapter(path: str | Path) -> bool:
@@ -21,6 +21,8 @@ def build(base_model: str, init: str, hyper: dict):
     """The module to train, with requires_grad set."""
     if init != "base" and not Path(init).is_dir():
         raise SystemExit(f"init {init!r} is neither 'base' nor a trained arm's directory")
+    if init != "base":  # before anything of it is loaded: a changed adapter fails here, by name
+        manifest.require(init, "training (init arm)")
     if hyper["method"] == "full":
         if init != "base" and is_adapter(init):
             raise SystemExit(f"full fine-tuning cannot continue the LoRA adapter in {init}")
