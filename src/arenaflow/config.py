@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 from pathlib import Path
 
 import jsonschema
@@ -83,22 +84,85 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
                   registry, f"{path}: file name")
         if arm in RESERVED:
             raise ConfigError(f"{path}: '{arm}' is reserved and cannot name an arm")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path) or {}
         _validate(data, arm_schema, registry, str(path))
         arms[arm], files[arm] = data, path
     return arms, files
 
 
+def load_yaml(path: str | os.PathLike):
+    """A YAML file's content; a syntax error or a byte that is not UTF-8 raises ConfigError
+    naming path:line:column (yaml and Snakemake name only '<unicode string>' or no line)."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{path}:{line}:{col}: not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark, ctx = e.problem_mark or e.context_mark, e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = e.problem or e.context
+        if e.context and e.problem and ctx:  # e.g. an unclosed bracket: where it was opened
+            what += f" ({e.context} at line {ctx.line + 1}, column {ctx.column + 1})"
+        raise ConfigError(f"{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: YAML error: {e}") from None
+
+
+def key_line(sources, keys: tuple[str, ...]) -> str | None:
+    """'file:line' where the last of the YAML files `sources` that sets `keys` sets it."""
+    for src in reversed([str(s) for s in sources]):
+        try:
+            node = yaml.compose(Path(src).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        for k in keys:
+            items = node.value if isinstance(node, yaml.MappingNode) else []
+            node = next((v for kn, v in items if kn.value == k), None)
+            if node is None:
+                break
+        if node is not None:
+            return f"{src}:{node.start_mark.line + 1}"
+    return None
+
+
+def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
+    """Relative paths in the config are relative to the workflow's root (where its Snakefile
+    is), never to where arenaflow is installed: the base model, and imported pools' files (kept
+    as written, with `root` beside them, so rows name the file as the config does)."""
+    def where(*keys):
+        return f"{key_line(sources, keys) or config_file}: key '{'/'.join(keys)}'"
+
+    base = Path(cfg["base"]["path"])
+    cfg["base"]["path"] = str(base if base.is_absolute() else root / base)
+    if not Path(cfg["base"]["path"]).is_dir():
+        raise ConfigError(f"{where('base', 'path')}: no model directory {cfg['base']['path']} (a relative "
+                          f"path is relative to the workflow's root, {root})")
+    for pid, pool in cfg["pools"].items():
+        if "file" not in pool:
+            continue
+        if not Path(pool["file"]).is_absolute():
+            pool["root"] = str(root)
+        path = Path(pool.get("root", "")) / pool["file"]
+        if not path.is_file():
+            raise ConfigError(f"{where('pools', pid, 'file')}: no such file {path} (a relative path is "
+                              f"relative to the workflow's root, {root})")
+
+
 def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA_DIR,
-            config_file: str = "config") -> dict:
+            config_file: str = "config", sources=()) -> dict:
     """Validate `config` and its arm files; return a resolved copy with `arms` filled in:
-    {arm: {init, corpus, hyper (defaults merged), file, lineage}}."""
+    {arm: {init, corpus, hyper (defaults merged), file, lineage}}. `sources`: the YAML files
+    merged into `config`, to name the line of a key at fault."""
     schema, arm_schema, registry = _schemas(schema_dir)
     _validate(config, schema, registry, config_file)
     cfg = copy.deepcopy(config)
     root = Path(repo_root)
-    base_path = Path(cfg["base"]["path"])
-    cfg["base"]["path"] = str(base_path if base_path.is_absolute() else root / base_path)
+    _resolve_paths(cfg, root, config_file, sources)
     arms_dir = Path(cfg["arms_dir"])
     arms_dir = arms_dir if arms_dir.is_absolute() else root / arms_dir
     raw, files = load_arms(arms_dir, arm_schema, registry)

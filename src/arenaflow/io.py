@@ -87,12 +87,17 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 
 
 def read_jsonl_numbered(path: str | os.PathLike, shown: str | None = None) -> list[tuple[int, dict]]:
-    """(line number, row) of a JSONL file, blank lines skipped; a line that is not a JSON
-    object fails with `shown` (default: the path):line."""
+    """(line number, row) of a JSONL file, blank lines skipped; a line that is not UTF-8 or not
+    a JSON object fails with `shown` (default: the path):line."""
     shown = shown or str(path)
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{shown}:{line_no}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                                 f"column {e.start + 1})") from None
             if not line.strip():
                 continue
             try:

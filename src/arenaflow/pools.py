@@ -13,7 +13,8 @@ has id, prompt, category and source; by kind:
 
     python -m arenaflow.pools --pool math_eval --params-json '{"n": 200, ...}' --out pools/math_eval.jsonl
 
-Imports read .jsonl or .parquet; a relative `file` is relative to the repo root. An `id`
+Imports read .jsonl or .parquet; a relative `file` is relative to the workflow's root (`root`,
+which arenaflow.config puts beside it). An `id`
 column, if the file has one, is kept as the row id (else {pool}-{line:05d}); `source` is
 file:line (the 1-based line of a .jsonl, row of a .parquet). A bad row (missing or duplicate
 id, missing gold, unparsable constraint) fails with file:line and the reason; nothing is
@@ -163,7 +164,7 @@ def read_table(path: Path, shown: str) -> list[tuple[int, dict]]:
     """(line, row) pairs of a .jsonl (1-based line numbers, blank lines skipped) or .parquet
     (1-based row numbers); a missing value (null, NaN) reads as None."""
     if not path.is_file():
-        raise ValueError(f"{shown}: no such file ({path}; a relative path is relative to the repo root)")
+        raise ValueError(f"{shown}: no such file ({path}; a relative path is relative to the workflow's root)")
     if path.suffix == ".jsonl":
         return io.read_jsonl_numbered(path, shown)
     if path.suffix == ".parquet":
@@ -235,7 +236,7 @@ def _open(row: dict, where: str) -> dict:
 def import_rows(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
     """Pool rows from params['file'] (see the module docstring)."""
     kind, shown = params.get("kind", "math"), params["file"]
-    table = read_table(Path(root) / shown, shown)
+    table = read_table(Path(params.get("root", root)) / shown, shown)
     if not table:
         raise ValueError(f"{shown}: no rows")
     if kind == "math":

@@ -392,3 +392,59 @@ def test_a_judged_read_resolves_its_replicate_and_scores_path(cfg, repo_root):
     cfg["judged"]["B3_vs_R2d"]["scores"] = "config/judged/B3_vs_R2d.csv"
     j = resolve(cfg, repo_root)["judged"]["B3_vs_R2d"]
     assert j["replicate"] == 0 and j["scores"] == str(repo_root / "config/judged/B3_vs_R2d.csv")
+
+
+# --- YAML and path errors name the file and the line (issue 17) ---------------------------
+
+def test_a_yaml_syntax_error_in_an_arm_file_names_file_line_and_column(cfg, arms_copy, repo_root):
+    (arms_copy / "B3.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: lr: 1.0e-3\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(arms_copy / 'B3.yaml'))}:3:10: YAML syntax error: "
+                                          "mapping values are not allowed here"):
+        resolve(cfg, repo_root)
+
+
+def test_invalid_utf8_in_an_arm_file_names_the_line(cfg, arms_copy, repo_root):
+    (arms_copy / "B3.yaml").write_bytes(b"init: R2d\ncorpus: rft_r3\ndescription: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"B3\.yaml:3:17: not valid UTF-8 \(byte 0xe9\)"):
+        resolve(cfg, repo_root)
+
+
+def test_a_yaml_syntax_error_in_config_yaml_names_the_line(tmp_path, repo_root, capsys):
+    text = (repo_root / CONFIG_FILE).read_text().replace("results_dir: results", "results_dir: [results", 1)
+    bad = tmp_path / "config.yaml"
+    bad.write_text(text)
+    line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("results_dir"))) + 1
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}:{line + 1}:\d+: YAML syntax error"):
+        config.load_yaml(bad)
+    with pytest.raises(SystemExit, match=rf"arenaflow config error: {re.escape(str(bad))}:{line + 1}:"):
+        config.main([str(bad)])
+
+
+def test_a_missing_base_model_names_the_file_line_and_key(cfg, repo_root, tmp_path):
+    over = tmp_path / "over.yaml"
+    over.write_text("# an override\nbase:\n  name: x\n  path: models/no-such-model\n")
+    cfg["base"]["path"] = "models/no-such-model"
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(over))}:4: key 'base/path': no model directory "
+                                          rf"{re.escape(str(repo_root / 'models/no-such-model'))} \(a relative path "
+                                          r"is relative to the workflow's root"):
+        config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE,
+                       sources=[repo_root / CONFIG_FILE, over])
+    with pytest.raises(ConfigError, match=rf"^{CONFIG_FILE}: key 'base/path'"):  # no sources: no line
+        resolve(cfg, repo_root)
+
+
+def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
+    root = tmp_path / "workflow"
+    (root / "data").mkdir(parents=True)
+    (root / "models").symlink_to(Path(config.REPO_ROOT) / "models")
+    (root / "data/x.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    cfg["arms_dir"] = str(Path(config.REPO_ROOT) / "config/arms")
+    cfg["pools"]["gsm"] = {"file": "data/x.jsonl"}
+    pool = config.resolve(cfg, repo_root=root)["pools"]["gsm"]
+    assert pool == {"file": "data/x.jsonl", "root": str(root)}
+    from arenaflow import pools
+
+    assert pools.build("gsm", pool)[0]["source"] == "data/x.jsonl:1"  # not the install's root
+    cfg["pools"]["gsm"] = {"file": "data/y.jsonl"}
+    with pytest.raises(ConfigError, match=r"key 'pools/gsm/file': no such file .*/workflow/data/y\.jsonl"):
+        config.resolve(cfg, repo_root=root)

@@ -127,8 +127,20 @@ def test_relative_file_is_relative_to_the_repo_root(tmp_path):
     write_jsonl(tmp_path / "data" / "g.jsonl", GSM8K)
     rows = pools.build("imp", {"file": "data/g.jsonl"}, root=tmp_path)
     assert rows[0]["source"] == "data/g.jsonl:1"
-    with pytest.raises(ValueError, match=r"^data/g\.jsonl: no such file \(.*/data/g\.jsonl; a relative path is relative to the repo root\)"):
+    with pytest.raises(ValueError, match=r"^data/g\.jsonl: no such file \(.*/data/g\.jsonl; a relative path is relative to the workflow's root\)"):
         pools.build("imp", {"file": "data/g.jsonl"})
+    # the CLI (the pool rule) takes the root arenaflow.config puts beside a relative file
+    out = tmp_path / "pools/imp.jsonl"
+    subprocess.run([sys.executable, "-m", "arenaflow.pools", "--pool", "imp", "--out", str(out), "--params-json",
+                    json.dumps({"file": "data/g.jsonl", "root": str(tmp_path)})], check=True, capture_output=True)
+    assert json.loads(out.read_text().splitlines()[0])["source"] == "data/g.jsonl:1"
+
+
+def test_invalid_utf8_in_an_import_names_file_and_line(tmp_path):
+    bad = tmp_path / "g.jsonl"
+    bad.write_bytes(json.dumps(GSM8K[0]).encode() + b'\n{"question": "caf\xe9?", "answer": "#### 1"}\n')
+    with pytest.raises(ValueError, match=rf"^{bad}:2: not valid UTF-8 \(byte 0xe9 at column 18\)"):
+        build({"file": str(bad)})
 
 
 def test_seeded_sample_of_n_rows_in_file_order(tmp_path):
