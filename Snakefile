@@ -7,6 +7,17 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+from arenaflow import config as afconfig
+
+# Snakemake's own loader names no line ("not valid JSON or YAML"): read it first, to name one.
+# (Files given with --configfile are read by Snakemake before this file is; `python -m
+# arenaflow.config FILE` names the line of an error in one of them.)
+try:
+    afconfig.load_yaml(f"{workflow.basedir}/config/config.yaml")
+except afconfig.ConfigError as e:
+    raise WorkflowError(f"arenaflow config error: {e}") from None
+
+
 # Absolute: `workdir:` moves the cwd to results/, and --report re-reads config files from there.
 configfile: f"{workflow.basedir}/config/config.yaml"
 
@@ -26,5 +37,5 @@ include: "rules/report.smk"
 rule all:
     input:
         expand("bundles/{bundle}", bundle=CFG["bundles"]),
-        expand("reports/{rnd}/nomination.html", rnd=CFG["rounds"]),  # pages of --report
+        report_pages,  # the pages of --report (rules/report.smk)
     default_target: True

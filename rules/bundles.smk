@@ -1,10 +1,23 @@
+import os
+
+
 def bundle_arm(wc):
-    """The bundle's arm; for a round, read from the nomination once the checkpoint has run."""
+    """The bundle's arm; for a round, read from the nomination once the checkpoint has run, and
+    only from a sealed one whose judged files are unchanged (a hand edit stops the DAG here)."""
     b = CFG["bundles"][wc.bundle]
     if "arm" in b:
         return b["arm"]
-    with open(checkpoints.nominate.get(rnd=b["round"]).output[0]) as f:
-        return json.load(f)["promoted"]
+    path = checkpoints.nominate.get(rnd=b["round"]).output[0]
+    key = (path, os.stat(path).st_mtime_ns)
+    if key not in SEALED:  # input functions run several times per job: hash the judged files once
+        try:
+            SEALED[key] = afnominate.load_sealed(path, root=".")["promoted"]
+        except afnominate.SealError as e:
+            raise WorkflowError(f"arenaflow: bundle {wc.bundle}: {e}") from None
+    return SEALED[key]
+
+
+SEALED = {}
 
 
 def bundle_inputs(wc):

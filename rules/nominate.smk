@@ -1,4 +1,5 @@
 from arenaflow import bar as afbar
+from arenaflow import nominate as afnominate
 
 
 def replicates_of(suite, regime):
@@ -10,12 +11,24 @@ def round_needs(wc):
     return afbar.requirements(CFG["rounds"][wc.rnd], replicates_of)
 
 
+# A round's registered bar never changes (arenaflow.nominate). Checked here, while the DAG is
+# built, so an edited bar stops even `snakemake -n` before any job starts: Snakemake records the
+# params a job ran with even when it fails, so a refused job would leave the edit looking current.
+for _rid, _rnd in CFG["rounds"].items():
+    try:
+        afnominate.check_bar(_rid, _rnd, *afnominate.registered(REPO / CFG["results_dir"] / "nominations", _rid))
+    except afnominate.RegistrationError as e:
+        raise WorkflowError(f"arenaflow: {e}") from None
+
+
 # The bar, its sha256 and a UTC time, from the round's config alone (no inputs), so it is
 # written before the readouts it judges: priority puts it first among the jobs ready at start.
-# A config edit re-registers it, and `nominate` then refuses readouts made before that.
+# The registry (not an output: Snakemake never deletes it) keeps the first registration of each
+# round; a rerun copies it out again, with its original time. update(): a refused job leaves
+# the previous file in place instead of deleting it.
 rule register_bar:
     output:
-        "nominations/{rnd}.bar.json",
+        update("nominations/{rnd}.bar.json"),
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     priority: 100
@@ -26,10 +39,12 @@ rule register_bar:
         "../envs/arenaflow.yaml"
     shell:
         "python -m arenaflow.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
-        "--out {output} > {log} 2>&1"
+        "--registry nominations/registry/{wildcards.rnd}.jsonl --out {output} > {log} 2>&1"
 
 
-# A checkpoint: which arm a bundle serves is known only once the round has been judged.
+# A checkpoint: which arm a bundle serves is known only once the round has been judged. The
+# nomination is sealed (the sha256 of everything it judged, and its own digest); update(): a
+# refused judgement leaves the previous nomination in place.
 checkpoint nominate:
     input:
         registration="nominations/{rnd}.bar.json",
@@ -37,7 +52,7 @@ checkpoint nominate:
         noise=lambda wc: round_needs(wc)["noise"],
         readouts=lambda wc: round_needs(wc)["readouts"],
     output:
-        "nominations/{rnd}.json",
+        update("nominations/{rnd}.json"),
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     log:
@@ -46,5 +61,5 @@ checkpoint nominate:
         "../envs/arenaflow.yaml"
     shell:
         "python -m arenaflow.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
-        "--registration {input.registration} --compare {input.compare} --noise {input.noise} "
-        "--readouts {input.readouts} --out {output} > {log} 2>&1"
+        "--registration {input.registration} --registry nominations/registry/{wildcards.rnd}.jsonl "
+        "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} > {log} 2>&1"

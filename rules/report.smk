@@ -1,6 +1,44 @@
 # One report page (category) per round: `snakemake --report report.html` after a build.
 report: "../workflow/report/workflow.rst"
 
+import os
+
+from snakemake.logging import logger
+
+REPORTING = {"on": False}
+
+
+def _report_where_asked(create_report):
+    """Snakemake writes the report (and reads --report-stylesheet) from the cwd, which `workdir:`
+    moved to results/; a relative path means the directory snakemake was started in."""
+    def create(*args, **kwargs):
+        REPORTING["on"] = True
+        settings = kwargs.get("report_settings")
+        for attr in ("path", "stylesheet_path"):
+            p = getattr(settings, attr, None)
+            if p is not None and not Path(p).is_absolute():
+                setattr(settings, attr, Path(workflow.workdir_init) / p)
+        return create_report(*args, **kwargs)
+    return create
+
+
+workflow.create_report = _report_where_asked(workflow.create_report)
+
+
+def report_pages(wc):
+    """Every round's page files; under --report only the rounds whose pages are built, because
+    Snakemake refuses a report in which a file marked for it does not exist, and the main job
+    (bundles/B3f) builds no page."""
+    out = []
+    for rnd in CFG["rounds"]:
+        files = [expand(f, rnd=rnd)[0] for f in rules.round_report.output]
+        if REPORTING["on"] and not all(os.path.exists(f) for f in files):
+            logger.warning(f"report: round {rnd}'s page is not built yet, so it is left out; "
+                           f"`snakemake` (the default target) builds it")
+            continue
+        out += files
+    return out
+
 
 def round_report_inputs(wc):
     r = CFG["rounds"][wc.rnd]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import jinja2
 
-from arenaflow import chat, io, manifest, models, sampling
+from arenaflow import chat, io, manifest, models, nominate, sampling
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
@@ -221,10 +221,20 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
         manifest.check_seal(io.read_json(path), path)
 
 
+def sealed_nomination(path: str) -> dict:
+    """The nomination, refused unless its seal holds and every file it judged (paths relative to
+    the results directory, the cwd) is unchanged: a hand-edited `promoted` would otherwise serve
+    one arm under another's numbers."""
+    try:
+        return nominate.load_sealed(path, root=".")
+    except nominate.SealError as e:
+        raise BundleCheckError(str(e)) from None
+
+
 def build(args) -> None:
     cfg = json.loads(args.bundle_json)
     repo_root = Path(args.repo_root)
-    nomination = io.read_json(args.nomination) if args.nomination else None
+    nomination = sealed_nomination(args.nomination) if args.nomination else None
     arm = nomination["promoted"] if nomination else args.arm
     if arm == "base":
         raise SystemExit(f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve")
@@ -256,6 +266,10 @@ def build(args) -> None:
         checks["reload"] = check_reload(tmp, args.base_model, serving, cfg["system_prompt"],
                                         cfg["reload_prompts"])
         checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
+        if nomination:
+            checks["nomination"] = {"verdict": "PASS", "detail": (
+                f"{args.nomination} sealed (digest {nomination['digest'][:16]}…), "
+                f"its {len(nomination['inputs'])} judged files unchanged")}
         ctx = card_context(args, arm, lineage, nomination)
         env = jinja2.Environment(loader=jinja2.PackageLoader("arenaflow", "templates"),
                                  undefined=jinja2.StrictUndefined, keep_trailing_newline=True)

@@ -301,24 +301,197 @@ def test_registered_before_scoring_nominates(tmp_path):
     assert out["registration"]["readouts_checked"] == 2
 
 
-def test_a_bar_edited_after_scoring_is_refused(tmp_path, capsys):
+LOOSER = [BAR[0], {**BAR[1], "value": 2}]
+
+
+def refused(fn, *args) -> None:
+    """Run a CLI step that must refuse: exit 1."""
+    with pytest.raises(SystemExit) as e:
+        fn(*args)
+    assert e.value.code == 1
+
+
+def snapshot(r: Round) -> dict:
+    return {p.name: p.read_bytes() for p in (r.dir / "nominations").rglob("*") if p.is_file()}
+
+
+def test_a_bar_edited_after_scoring_is_refused_and_nothing_is_rewritten(tmp_path, capsys):
     r = Round(tmp_path)
     r.register()
     r.score()
     r.judge()
-    looser = {**r.rnd, "bar": [BAR[0], {**BAR[1], "value": 2}]}
-    with pytest.raises(SystemExit) as e:  # the config changed, the registration did not
-        r.judge(looser)
-    assert e.value.code == 1
+    before = snapshot(r)
+    looser = {**r.rnd, "bar": LOOSER}
+    refused(r.judge, looser)  # the config changed, the registration did not
     err = capsys.readouterr().err
-    assert "not the bar registered" in err and "A new round id is the honest way to change a bar" in err
-    r.register(looser)  # what Snakemake's params trigger does: register again, now
+    assert "not the bar registered" in err and "a new round id is the honest way to change a bar" in err
+    refused(r.register, looser)  # what Snakemake's params trigger does: register again
+    err = capsys.readouterr().err
+    assert "round r3: refused" in err and "retire: [{bar_sha256:" in err and "registry/r3.jsonl" in err
+    assert snapshot(r) == before  # registration, registry and nomination untouched
+
+
+def test_a_different_bar_is_refused_whatever_the_readouts_times(tmp_path, capsys):
+    """The probe: edit the bar, make the readouts again (byte-identical rows, later times)."""
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    looser = {**r.rnd, "bar": LOOSER}
+    refused(r.register, looser)
+    r.score()  # --forcerun readout: every candidate readout now postdates any registration
+    refused(r.judge, looser)
+    assert "not the bar registered" in capsys.readouterr().err
+
+
+def test_restoring_the_registered_bar_makes_the_round_work_again(tmp_path):
+    r = Round(tmp_path)
+    r.register()
+    reg = io.read_json(r.reg)
+    r.score()
+    first = r.judge()
+    looser = {**r.rnd, "bar": LOOSER}
+    refused(r.register, looser)
+    refused(r.judge, looser)
+    (tmp_path / "nominations/r3.bar.json").unlink()  # as `--forcerun register_bar` would
+    r.register()  # the original bar: copied out of the registry with its original time
+    assert io.read_json(r.reg)["registered_utc"] == reg["registered_utc"]
+    again = r.judge()
+    assert again["promoted"] == first["promoted"] == "B3"
+    assert again["digest"] == first["digest"]  # the same judgement of the same files
+
+
+def test_the_registry_is_append_only_and_keeps_the_first_registration(tmp_path):
+    r = Round(tmp_path)
+    r.register()
+    r.register()
+    r.register({**r.rnd, "candidates": ["B1"]})  # not the bar: same sha256, nothing appended
+    events = io.read_jsonl(tmp_path / "nominations/registry/r3.jsonl")
+    assert [e["event"] for e in events] == ["registered"]
+    assert io.read_json(r.reg)["registered_utc"] == events[0]["registered_utc"]
+
+
+def test_an_explicit_retirement_is_recorded_and_registers_the_new_bar(tmp_path, capsys):
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    old_sha = io.read_json(r.reg)["bar_sha256"]
+    wrong = {**r.rnd, "bar": LOOSER, "retire": [{"bar_sha256": "0" * 16, "reason": "typo"}]}
+    refused(r.register, wrong)  # a retirement names the registration it retires
+    retired = {**r.rnd, "bar": LOOSER, "retire": [{"bar_sha256": old_sha[:12], "reason": "W-L of 3 was a typo"}]}
+    r.register(retired)
+    events = io.read_jsonl(tmp_path / "nominations/registry/r3.jsonl")
+    assert [e["event"] for e in events] == ["registered", "retired", "registered"]
+    assert events[1]["bar_sha256"] == old_sha and events[1]["reason"] == "W-L of 3 was a typo"
+    assert io.read_json(r.reg)["bar_sha256"] == events[2]["bar_sha256"] != old_sha
+    assert io.read_json(r.reg)["retired"] == [events[1]]
+    refused(r.judge, retired)  # the readouts predate the new registration
+    assert "after 2 of the 2 candidate readouts" in capsys.readouterr().err
+    r.score()
+    assert r.judge(retired)["registration"]["bar_sha256"] == events[2]["bar_sha256"]
+    r.register(retired)  # the retirement is recorded once
+    assert len(io.read_jsonl(tmp_path / "nominations/registry/r3.jsonl")) == 3
+
+
+def test_the_dag_check_reads_the_registry_or_a_bar_json_from_before_it(tmp_path):
+    r = Round(tmp_path)
+    noms = tmp_path / "nominations"
+    assert nominate.registered(noms, "r3") == (None, str(noms / "registry/r3.jsonl"))
+    r.register()
+    nominate.check_bar("r3", r.rnd, *nominate.registered(noms, "r3"))
+    with pytest.raises(nominate.RegistrationError, match="registered for r3 at .*/registry/r3.jsonl"):
+        nominate.check_bar("r3", {**r.rnd, "bar": LOOSER}, *nominate.registered(noms, "r3"))
+    (noms / "registry/r3.jsonl").unlink()  # results from before the registry: the .bar.json counts
+    with pytest.raises(nominate.RegistrationError, match="r3.bar.json"):
+        nominate.check_bar("r3", {**r.rnd, "bar": LOOSER}, *nominate.registered(noms, "r3"))
+
+
+def test_a_bar_json_from_before_the_registry_is_adopted_with_its_time(tmp_path):
+    r = Round(tmp_path)
+    old = nominate.register("r3", r.rnd, now="2026-01-01T00:00:00+00:00")
+    io.write_json(r.reg, old)
+    r.register()
+    assert io.read_json(r.reg)["registered_utc"] == old["registered_utc"]
+    (event,) = io.read_jsonl(tmp_path / "nominations/registry/r3.jsonl")
+    assert event["registered_utc"] == old["registered_utc"] and event["adopted"]
+
+
+def test_a_hand_edited_registration_file_is_refused(tmp_path, capsys):
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    reg = io.read_json(r.reg)
+    io.write_json(r.reg, {**reg, "registered_utc": "2020-01-01T00:00:00+00:00"})
+    refused(r.judge)
+    assert "edited by hand" in capsys.readouterr().err
+
+
+# --- the seal -----------------------------------------------------------------------------
+
+def test_a_nomination_is_sealed_with_the_sha256_of_what_it_judged(tmp_path):
+    from arenaflow import manifest
+
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    out = r.judge()
+    assert set(out["inputs"]) == {r.reg, *r.compare, *r.readouts}
+    assert all(out["inputs"][p] == manifest.sha256_file(p) for p in out["inputs"])
+    assert out["digest"] == nominate.digest(out)
+    assert nominate.load_sealed(tmp_path / "nominations/r3.json", root="/") == out
+    nominate.main(["verify", str(tmp_path / "nominations/r3.json"), "--root", "/"])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda n: n.update(promoted="B1"), "edited after it was sealed"),
+    (lambda n: n["candidates"][0].update(delta=99.0), "edited after it was sealed"),
+    (lambda n: n.pop("digest"), "not sealed"),
+    (lambda n: n.update(promoted="B1", digest=nominate.digest({**n, "promoted": "B1"})),
+     "promotes 'B1', which its own verdicts do not"),
+])
+def test_a_hand_edited_nomination_is_refused(tmp_path, capsys, edit, message):
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    nom = r.judge()
+    edit(nom)
+    path = tmp_path / "nominations/r3.json"
+    io.write_json(path, nom)
+    with pytest.raises(nominate.SealError, match=message):
+        nominate.load_sealed(path)
+    refused(nominate.main, ["verify", str(path)])
+    assert message.split(",")[0] in capsys.readouterr().err
+
+
+def test_a_judged_file_changed_after_sealing_is_named(tmp_path):
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    r.judge()
+    write_readout(r.readouts[0], "B1", [False] * 24)
+    with pytest.raises(nominate.SealError, match=r"B1.r0.parquet, which it judged, changed since"):
+        nominate.load_sealed(tmp_path / "nominations/r3.json", root="/")
+    nominate.load_sealed(tmp_path / "nominations/r3.json")  # without root: the seal alone
+
+
+def test_a_bundle_is_not_built_from_a_hand_edited_nomination(tmp_path, capsys, repo_root):
+    """The probe: `promoted` edited by hand. The bundle would serve that arm under the card of
+    the real nominee's numbers; it is refused before anything is assembled."""
+    from arenaflow import bundles
+
+    r = Round(tmp_path)
+    r.register()
+    r.score()
+    nom = r.judge()
+    path = tmp_path / "nominations/r3.json"
+    io.write_json(path, {**nom, "promoted": "B1"})
     with pytest.raises(SystemExit) as e:
-        r.judge(looser)
+        bundles.main(["build", "--bundle", "B3f", "--nomination", str(path), "--lineage-json", "{}",
+                      "--runs", str(tmp_path / "runs"), "--corpora", str(tmp_path / "corpora"),
+                      "--base-model", str(repo_root / "models/tiny-arith"), "--bundle-json", "{}",
+                      "--out", str(tmp_path / "bundles/B3f")])
     assert e.value.code == 1
-    err = capsys.readouterr().err
-    assert "after 2 of the 2 candidate readouts" in err and "recorded in the file" in err
-    assert "B1.r0.parquet" in err and "A new round id is the honest way" in err
+    assert "check failed, no bundle written: " in capsys.readouterr().err
+    assert not (tmp_path / "bundles").exists()
 
 
 def test_refusal_uses_recorded_times_not_mtimes(tmp_path, capsys):
