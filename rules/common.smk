@@ -17,7 +17,8 @@ try:
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
 
-# Absolute, or the Slurm executor resolves paths against results/ twice (FACTS.md).
+# Absolute, or the Slurm executor resolves paths against results/ twice
+# (docs/notes.md#workdir-is-absolute).
 workdir: str(REPO / CFG["results_dir"])
 
 

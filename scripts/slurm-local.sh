@@ -7,8 +7,9 @@
 #
 # Installs munge, slurmd, slurmctld and slurm-client from the distribution when missing, then
 # writes slurm.conf and gres.conf with ARENAFLOW_SLURM_GPUS (default 4) fake GPUs: character
-# devices made with mknod (FACTS.md: File-less GPUs are dropped, File=/dev/null is fatal), so
-# `--gres=gpu:N` jobs get CUDA_VISIBLE_DEVICES / SLURM_JOB_GPUS and GPUs are counted. Starts
+# devices made with mknod (docs/notes.md#fake-gpus-for-gres: File-less GPUs are dropped,
+# File=/dev/null is fatal), so `--gres=gpu:N` jobs get CUDA_VISIBLE_DEVICES / SLURM_JOB_GPUS
+# and GPUs are counted. Starts
 # munged as the munge user, then slurmctld, then slurmd, without systemd, and waits (at most
 # ARENAFLOW_SLURM_TIMEOUT s, default 90) until the node is idle.
 #
@@ -142,7 +143,7 @@ SwitchType=switch/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
-# without it every job takes the whole node's memory (FACTS.md)
+# without it every job takes the whole node's memory (docs/notes.md#memory-per-job)
 DefMemPerCPU=1000
 # squeue must still show a finished job when Snakemake asks (>= 3 x init-seconds), and the
 # tests read every job of a run back from scontrol afterwards

@@ -15,7 +15,8 @@ metric is read on the clause's suite and regime (default: the round's):
   level (e.g. truncation_rate < 5); with `vs` the candidate's level minus that arm's (e.g.
   loop_rate vs control <= 2: "not worse than control by more than 2 points").
 
-seeds/000's "Final blocks" bar, as clauses (its (4), a 5-answer spot check, is a human read):
+Lineage 000's "Final blocks" bar (docs/lineages.md#000-the-pre-registered-bar), as clauses (its
+(4), a 5-answer spot check, is a human read):
     - {suite: chat, regime: served, metric: words_t, op: ">", value: 1.9}
     - {suite: chat, regime: served, metric: loop_rate, vs: control, op: "<=", value: 2.0}
     - {suite: chat, regime: served, metric: empty_rate, vs: control, op: "<=", value: 2.0}

@@ -1,8 +1,9 @@
 """The GPU-minute budget: what each GPU job is estimated to cost, what has been spent, what a
 set of pending arms would spend, and the refusal before anything is submitted.
 
-seeds/003 ended when the Slurm association hit its GrpTRESMins gres/gpu cap: every later
-sbatch was rejected (AssocGrpGRESMinutes) while arms were half-planned. Here the config holds
+Lineage 003 (docs/lineages.md#003-the-gpu-minute-budget) ended when the Slurm association
+hit its GrpTRESMins gres/gpu cap: every later sbatch was rejected (AssocGrpGRESMinutes) while
+arms were half-planned. Here the config holds
 the budget (`budget:` in config.yaml, schema in workflow/schemas/config.schema.yaml) and the
 workflow refuses, while the DAG is built, a run whose pending arms would overrun it
 (rules/common.smk); `python -m arenaflow.plan` picks which arms fit (arenaflow.plan).

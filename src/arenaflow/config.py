@@ -279,7 +279,8 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
 
 def _as_served(regime: dict, cfg: dict, where: str) -> None:
     """Fill a regime's decoding from a bundle's serving block: what the bundle ships is what is
-    read out (seeds/000 selected checkpoints greedily while serving at T=0.7)."""
+    read out (lineage 000 selected checkpoints greedily while serving at T=0.7:
+    docs/lineages.md#000-greedy-vs-served-readouts)."""
     bid = regime["as_served"]
     if bid not in cfg["bundles"]:
         raise ConfigError(f"{where}: unknown bundle {bid!r}; known: {sorted(cfg['bundles'])}")

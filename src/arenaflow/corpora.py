@@ -98,8 +98,9 @@ def reference(pool: list[dict]) -> tuple[list[dict], dict]:
 
 
 def cover(rows: list[dict], tokenizer, system_prompt: str, spec: dict) -> tuple[list[dict], dict]:
-    """Coverage selection (seeds/000 R2d): the subset that an exact integer program picks under
-    the spec's row/token budget and per-group bounds (arenaflow.coverage)."""
+    """Coverage selection (R2d's, docs/lineages.md#000-lineage-and-corpora): the subset that an
+    exact integer program picks under the spec's row/token budget and per-group bounds
+    (arenaflow.coverage)."""
     from arenaflow import coverage
 
     _, lengths = tokenize(rows, tokenizer, system_prompt)

@@ -1,4 +1,5 @@
-"""Coverage-selected corpora (seeds/000 R2d): an exact integer program over candidate rows.
+"""Coverage-selected corpora, as lineage 000's R2d: an exact integer program over candidate rows
+(docs/lineages.md#000-lineage-and-corpora).
 
 Each candidate row has an id, a prompt id, a group (a math category or a constraint family) and
 a token count. With x_i in {0, 1} for "row i is kept", the program is

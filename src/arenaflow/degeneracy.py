@@ -1,6 +1,7 @@
 """Degeneracy predicates for sampled text: loops, low n-gram uniqueness, empty, truncated, U+FFFD.
 
-seeds/000 names two repetition measures that disagree in principle, so both are here:
+Lineage 000 names two repetition measures that disagree in principle, so both are here
+(docs/lineages.md#000-two-repetition-measures):
 - the scorer's loop predicate: rep_ratio(text, n=6) >= 0.25;
 - the corpus builder's filter: ngram_unique_fraction(text, n=8, stride=4) < 0.7.
 

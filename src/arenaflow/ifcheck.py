@@ -3,7 +3,8 @@
 A constraint is a dict {"type": family, **params}; `check(response, constraints)` returns
 {"passed": bool, "checks": [{"type", "passed", "reason"}]} with one check per constraint, in
 order, and a human reason for each failure ("word_eq: 37 words, expected 40"), so failures can
-be tallied by checker reason as seeds/003 does. A prompt passes only if every check passes.
+be tallied by checker reason, as in docs/lineages.md#003-failure-analysis-by-checker-reason.
+A prompt passes only if every check passes.
 `describe(constraint)` is the instruction text a prompt carries for it.
 
     python -m arenaflow.ifcheck --constraints-json '[{"type": "word_eq", "n": 40}]' < response.txt

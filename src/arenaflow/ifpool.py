@@ -3,7 +3,8 @@
 Built by arenaflow.pools for `kind: ifeval` pools (python -m arenaflow.pools --pool P
 --params-json '{"kind": "ifeval", "n": 400, "seed": 1, "split": "train"}' --out pools/P.jsonl).
 
-As seeds/002 did: subjects x constraint templates, each constraint's values spread over its
+As lineage 002 did (docs/lineages.md#002-sft-dpo-and-if-repair): subjects x constraint
+templates, each constraint's values spread over its
 range (every value of the split's range is drawn once before any repeats), seeded, and disjoint
 between the train and eval splits: every subject and every value of every constraint parameter
 belongs to exactly one split, fixed by a hash of (family, param, value) and independent of the
@@ -92,7 +93,7 @@ DOMAINS: dict[str, dict[str, tuple]] = {
     "json_array_len": {"n": tuple(range(2, 11))},
     "table_rows": {"n": tuple(range(2, 11))},
 }
-FIXED = {"no_char": {"chars": ","}}           # seeds/002's "no commas"
+FIXED = {"no_char": {"chars": ","}}           # lineage 002's "no commas"
 LIST_SIZES = {"contains": (1, 2), "no_word": (1, 2), "json_keys": (2, 4)}
 SOLO = {"json_keys", "json_array_len", "table_rows"}   # the whole answer is the format
 CONFLICTS = {frozenset(p) for p in [

@@ -1,5 +1,6 @@
-"""Judged paired reads, as seeds/002 ran them: a blinded read of two arms' answers to the same
-prompts, scored by a judge arenaflow does not run (a person, usually).
+"""Judged paired reads, as lineage 002 ran them: a blinded read of two arms' answers to the same
+prompts, scored by a judge arenaflow does not run (a person, usually). Lineage 002's reads:
+docs/lineages.md#002-the-blinded-judged-read and docs/lineages.md#002-the-safety-probe.
 
 `pack` builds the packet from two readouts of the same suite: every item where the two arms
 disagree structurally (truncated, empty, loop or U+FFFD differ), then a sample of the
@@ -11,7 +12,7 @@ file, to be opened only after scoring.
 `score` reads the judge's CSV, in one of two forms:
   - a preference read: columns `pair,verdict`, verdict A, B or tie. A and B are mapped through
     the key; a verdict already written in arm terms (an arm's name) passes through unchanged and
-    is never mapped again (seeds/002's first scorer applied the key twice to such rows);
+    is never mapped again (lineage 002's first scorer applied the key twice to such rows);
   - an adjudication, e.g. a safety probe: columns `pair,A,B`, each side 1 or 0 for the property
     judged (refuses, correct, ...), mapped to the arms.
 Either way the two arms are compared paired by item: wins/losses (or one-sided outcomes) and the

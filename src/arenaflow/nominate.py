@@ -24,7 +24,8 @@ registration. Creation times are those recorded inside the files (registration: 
 readout: parquet metadata created_utc), not mtimes, which `touch` and copies change; only a
 readout without a recorded time falls back to its mtime. Reference readouts (incumbent,
 control, noise floor) may be older: they are shared across rounds, and the bar may be calibrated
-on them, as seeds/000 fixed its final bar on a noise floor measured before it.
+on them, as lineage 000 fixed its final bar on a noise floor measured before it
+(docs/lineages.md#000-the-pre-registered-bar).
 
 Among the candidates that clear every clause the largest delta on the round's suite/regime
 against the incumbent is promoted (ties: the first listed); when none clears, the incumbent

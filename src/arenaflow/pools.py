@@ -120,7 +120,8 @@ def generate(
 
 
 KINDS = ("math", "ifeval", "open")
-# seeds/000's category names for the MATH subjects it used; other subjects get a slug
+# MATH subjects' category names: lineage 000's (alg, pre, num, cnt;
+# docs/lineages.md#000-lineage-and-corpora) and the like; other subjects get a slug
 MATH_TYPES = {"Algebra": "alg", "Prealgebra": "pre", "Number Theory": "num",
               "Counting & Probability": "cnt", "Geometry": "geo",
               "Intermediate Algebra": "int_alg", "Precalculus": "precalc"}

@@ -177,13 +177,13 @@ def noise_floor(correct, name: str = "noise floor") -> dict:
     max_abs_t = max over pairs of |t_items| (pairs with an undefined t are skipped; None if
     every pair's t is undefined, e.g. identical greedy replicates).
 
-    Reproducing seeds/000 block 112 (".8431/.8301/.8039, spread 3.92 pt, mean |delta| 2.61,
+    Reproducing lineage 000's block 112 (".8431/.8301/.8039, spread 3.92 pt, mean |delta| 2.61,
     max |t| 1.91" on 153 problems, i.e. 129/127/123 correct): spread and mean |delta| follow
     from the accuracies (`noise_from_accuracies`). max |t| does not: it needs the pairs'
     discordant counts, which the card does not publish. 1.91 is what from_counts(8, 2, 153)
     gives for the 129-vs-123 pair, and no other pair of these accuracies can reach it
     (tests/unit/test_stats.py enumerates them), so it is consistent with this definition,
-    but only reproducible from item-level readouts."""
+    but only reproducible from item-level readouts. See docs/lineages.md#000-the-noise-floor."""
     mat = binary(correct, name)
     if mat.ndim != 2 or mat.shape[0] < 2:
         raise ValueError(f"a noise floor needs a K x N matrix with K >= 2, got shape {mat.shape}")
