@@ -9,7 +9,8 @@ import pytest
 
 from arenaflow import bundles, chat, manifest, tinymodel
 
-# seeds/000: B3 used raise_exception as a statement on line 2 and as an expression later.
+# docs/lineages.md#000-the-b3-to-b3f-template-fix: B3 used raise_exception as a statement on
+# line 2 and as an expression later.
 B3_TEMPLATE = (
     "{%- if not messages is defined -%}\n"
     "    {%- raise_exception('messages must be defined') -%}\n"

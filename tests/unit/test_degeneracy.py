@@ -120,8 +120,9 @@ def test_flags_each_condition():
 
 
 def test_the_two_filters_disagree_on_a_mild_repeat():
-    # seeds/000: the scorer's loop (rep_ratio(6) >= 0.25) and the builder's filter (8-gram
-    # uniqueness < 0.7) are different predicates: 40 distinct then 20 repeated tokens
+    # docs/lineages.md#000-two-repetition-measures: the scorer's loop (rep_ratio(6) >= 0.25)
+    # and the builder's filter (8-gram uniqueness < 0.7) are different predicates: 40 distinct
+    # then 20 repeated tokens
     toks = words(40).split()
     text = " ".join(toks + toks[:20])
     assert dg.rep_ratio(text) == pytest.approx(15 / 55)   # 60 tokens, 55 grams, 15 repeat

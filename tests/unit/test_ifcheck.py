@@ -508,7 +508,9 @@ def test_ifeval_sentence_splitter_is_wrong_on_these_shapes(ifeval):
 
 
 def test_documented_divergences_from_ifeval(ifeval):
-    """Where the seeds' definitions differ from IFEval's on purpose; pinned so neither drifts."""
+    """Where lineage 003's definitions, which ifcheck follows
+    (docs/lineages.md#003-failure-analysis-by-checker-reason), differ from IFEval's on purpose;
+    pinned so neither drifts."""
     # IFEval finds "p.s." anywhere in a line; ours wants a line that starts with it
     inline = "All good, p.s. inline."
     assert _oracle(ifeval.PostscriptChecker, postscript_marker="P.S.")(inline)

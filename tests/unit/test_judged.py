@@ -1,5 +1,6 @@
 """arenaflow.judged: the blinded packet hides the arms and unblinds to the readouts; the score
-reproduces seeds/002's judged read and safety probe with scipy's binomial test as the oracle."""
+reproduces lineage 002's judged read and safety probe (docs/lineages.md#002-the-blinded-judged-read,
+docs/lineages.md#002-the-safety-probe) with scipy's binomial test as the oracle."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def key_of(n: int, a_first: list[bool]) -> dict:
 
 
 def test_a_preference_read_reproduces_seed_002s_judged_read():
-    """seeds/002: adapter preferred 19, parent 13, tie 8 of 40; "two-sided sign test p = 0.377"."""
+    """docs/lineages.md#002-the-blinded-judged-read: adapter preferred 19, parent 13, tie 8 of
+    40; "two-sided sign test p = 0.377"."""
     want = ["adapter"] * 19 + ["parent"] * 13 + ["tie"] * 8
     a_first = [i % 3 != 0 for i in range(40)]
     key = key_of(40, a_first)
@@ -104,8 +106,8 @@ def test_a_preference_read_reproduces_seed_002s_judged_read():
 
 
 def test_an_adjudication_reproduces_seed_002s_safety_probe():
-    """seeds/002: refuses 45/48 (adapter) and 46/48 (parent); one discordant prompt (the parent
-    refuses, the adapter complies); sign test p = 1.0."""
+    """docs/lineages.md#002-the-safety-probe: refuses 45/48 (adapter) and 46/48 (parent); one
+    discordant prompt (the parent refuses, the adapter complies); sign test p = 1.0."""
     a_first = [i % 2 == 0 for i in range(48)]
     key = key_of(48, a_first)
     adapter, parent = [1] * 45 + [0, 0, 0], [1] * 45 + [1, 0, 0]

@@ -141,7 +141,7 @@ def with_levels(delta, wins, losses, cand: dict, ref: dict, **extra) -> dict:
     return {**comparison(delta, wins, losses), "levels": {"cand": {**lv, **cand}, "ref": {**lv, **ref}}, **extra}
 
 
-FINAL_BLOCKS = [  # seeds/000 "Final blocks", clauses (1)-(3); (4) is a human spot check
+FINAL_BLOCKS = [  # docs/lineages.md#000-the-pre-registered-bar, clauses (1)-(3); (4) is a human read
     {"suite": "chat", "regime": "served", "metric": "words_t", "op": ">", "value": 1.9},
     {"suite": "chat", "regime": "served", "metric": "loop_rate", "vs": "control", "op": "<=", "value": 2.0},
     {"suite": "chat", "regime": "served", "metric": "empty_rate", "vs": "control", "op": "<=", "value": 2.0},
@@ -158,7 +158,7 @@ def final_round(candidates=("finR", "finC")) -> dict:
 
 def final_comparisons(fin_r_loop=4.40) -> tuple[dict, dict]:
     comps = {
-        # finR: length t = +2.33, but loop rate 0.00% -> 4.40% (seeds: "failed bar (2) by 2.4 pt")
+        # finR: length t = +2.33, but loop rate 0.00% -> 4.40% (lineage 000: "failed bar (2) by 2.4 pt")
         ("chat", "served", "finR", "B3f"): with_levels(0.5, 10, 8, {"loop_rate": fin_r_loop}, {"loop_rate": 0.0},
                                                       words_t=2.33),
         ("math", "served", "finR", "B3f"): with_levels(-1.31, 20, 26, {"truncation_rate": 1.3}, {}),

@@ -18,7 +18,7 @@ ARMS = {"S1": {"init": "base", "policy": "reference", "lr": 1e-3},
         "R2d": {"init": "R220", "policy": "R220", "lr": 1e-3},
         "B1": {"init": "R2d", "policy": "R2d", "lr": 1e-5}, "B2": {"init": "R2d", "policy": "R2d", "lr": 5e-6},
         "B3": {"init": "R2d", "policy": "R2d", "lr": 2e-5}, "B4": {"init": "R2d", "policy": "R2d", "lr": 5e-5}}
-SWEEP = {"B2": (0.75, 9, 6), "B1": (1.00, 20, 14), "B3": (1.83, 22, 11), "B4": (-1.00, 10, 16)}  # seeds/000
+SWEEP = {"B2": (0.75, 9, 6), "B1": (1.00, 20, 14), "B3": (1.83, 22, 11), "B4": (-1.00, 10, 16)}  # docs/lineages.md#000-the-lr-sweep
 
 
 def test_round_report_writes_every_page_file(tmp_path):

@@ -1,4 +1,5 @@
-"""arenaflow.stats against scipy/statsmodels, exact arithmetic and the seeds' published numbers."""
+"""arenaflow.stats against scipy/statsmodels, exact arithmetic and the reference lineages'
+published numbers (docs/lineages.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def binomial_two_sided(wins: int, losses: int) -> float:
 @pytest.mark.parametrize(
     "wins, losses, published",
     [
-        (22, 11, 0.080),  # seeds: "22/11 p=.080"
+        (22, 11, 0.080),  # docs/lineages.md#000-the-lr-sweep: "22/11 p=.080"
         (20, 14, 0.39),
         (16, 15, 1.00),
     ],
@@ -142,7 +143,7 @@ def test_sign_test_on_numeric_differences_counts_signs_only():
     assert stats.sign_test(words) == pytest.approx(sign_test(words, 0)[1], rel=1e-12)
 
 
-# --- the seeds' published W/L, checked from counts alone ---------------------------------
+# --- the published W/L of docs/lineages.md, checked from counts alone --------------------
 
 @pytest.mark.parametrize(
     "wins, losses, published, where",
@@ -178,7 +179,7 @@ def test_from_counts_reproduces_published_p_values(wins, losses, published, wher
 
 
 def test_from_counts_flags_a_published_p_that_does_not_reproduce():
-    # seeds/002: "Pooled ... 139 fixed against 119 lost, which is still only about p = 0.19".
+    # docs/lineages.md#002-headline-reads: pooled 139 fixed against 119 lost, "about p = 0.19".
     # The exact two-sided sign test gives 0.237: the card's "about 0.19" is not this test.
     r = stats.from_counts(139, 119)
     assert r["p_value"] == pytest.approx(0.2368, abs=5e-4)
@@ -187,7 +188,7 @@ def test_from_counts_flags_a_published_p_that_does_not_reproduce():
 
 def test_from_counts_with_n_gives_delta_and_the_paired_t_over_items():
     r = stats.from_counts(22, 11, n=600)
-    assert r["delta"] == pytest.approx(100 * 11 / 600)  # seeds/000: +1.83 pt on 600 problems
+    assert r["delta"] == pytest.approx(100 * 11 / 600)  # docs/lineages.md#000-the-lr-sweep: +1.83 pt on 600
     assert round(r["delta"], 2) == 1.83
     diff = _diff_vector(22, 11, 600 - 33)
     ref = scipy_stats.ttest_1samp(diff, 0.0)
@@ -286,7 +287,7 @@ def test_t_over_replicates_is_ttest_rel_of_replicate_accuracies():
     assert r["replicate_deltas"] == pytest.approx(list(deltas))
 
 
-# --- noise floor: seeds/000 block 112 ------------------------------------------------------
+# --- noise floor: block 112 of docs/lineages.md#000-the-noise-floor -------------------------
 
 def test_noise_from_published_accuracies_reproduces_spread_and_mean_abs_delta():
     r = stats.noise_from_accuracies([84.31, 83.01, 80.39])  # ".8431 / .8301 / .8039"

@@ -1,5 +1,6 @@
-"""Training at the seeds' fidelity: a plain-PyTorch reference, ranks, LR groups, resume,
-the gathered save, full fine-tuning and DPO/SimPO — all through `python -m arenaflow.train`."""
+"""Training at the reference lineages' fidelity (docs/lineages.md): a plain-PyTorch reference,
+ranks, LR groups, resume, the gathered save, full fine-tuning and DPO/SimPO — all through
+`python -m arenaflow.train`."""
 
 from __future__ import annotations
 
