@@ -34,7 +34,8 @@ import pandas as pd
 from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
 
 DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
-# seeds/000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy)
+# Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
+# docs/lineages.md#000-two-repetition-measures)
 LOOP_N, LOOP_AT = degeneracy.LOOP_N, degeneracy.LOOP_THRESHOLD
 rep_ratio = degeneracy.rep_ratio
 # Per-side levels of a comparison, in points for rates; clause metrics of arenaflow.bar.

@@ -197,7 +197,7 @@ def run(args) -> None:
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=cuda or None),
         # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
-        # WarmupCosineLR runs one step behind (FACTS.md).
+        # WarmupCosineLR runs one step behind (docs/notes.md#separate-learning-rates-and-the-scheduler).
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
             opt, warmup, n_steps, min_lr_rate=hyper["min_lr_ratio"]),
         config=deepspeed_config(hyper, cuda, plan.universal),

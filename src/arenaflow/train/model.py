@@ -3,7 +3,8 @@
 LoRA: an arm from `base` gets a fresh adapter with the configured geometry; an arm from another
 arm continues that arm's adapter as trainable (geometry comes from the adapter). Full
 fine-tuning: an arm from `base` starts from the base weights, one from an arm from its saved
-weights. modules_to_save (e.g. lm_head) may have its own learning rate (seeds/000).
+weights. modules_to_save (e.g. lm_head) may have its own learning rate, as in lineage 000
+(docs/lineages.md#000-lineage-and-corpora).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def param_groups(model, hyper: dict) -> list[dict]:
 
 def save(engine, model, out_dir: Path, rank: int, hyper: dict) -> None:
     """Gather ZeRO-3 shards, then save on rank 0. Saving without the gather writes
-    shape-(0,) tensors (FACTS.md)."""
+    shape-(0,) tensors (docs/notes.md#zero-3-save-gathers-first)."""
     import deepspeed
 
     if hyper["method"] == "full":

@@ -4,7 +4,8 @@ Every function returns a *sum* over the micro-batch; the caller divides by the g
 so the objective does not depend on how a global batch is split into micro-batches or ranks.
 
 - DPO (Rafailov et al. 2023): -log sigmoid(beta * ((c - c_ref) - (r - r_ref))), plus
-  nll_weight * (per-token NLL of the chosen response) as in seeds/002.
+  nll_weight * (per-token NLL of the chosen response) as in lineage 002
+  (docs/lineages.md#002-sft-dpo-and-if-repair).
 - SimPO (Meng et al. 2024): -log sigmoid(beta * (c/|c| - r/|r|) - gamma), no reference model.
 """
 
