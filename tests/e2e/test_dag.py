@@ -2,7 +2,8 @@
 (the `dag` tier: python -m pytest -m dag).
 
 One module-scoped build (a few minutes on 2 cores) backs every test here: the dry run's whole
-lineage (the LR sweep B1..B4), seeds/000's broken B3 template refused, bundles that differ only
+lineage (the LR sweep B1..B4), lineage 000's broken B3 template refused
+(docs/lineages.md#000-the-b3-to-b3f-template-fix), bundles that differ only
 in serving files, and a judged read. The properties every DAG must have (a bundle that reloads,
 evidence, manifests, `touch`, config errors) are checked on the smallest DAG, in
 test_dag_small.py, in the default tier.
