@@ -171,13 +171,16 @@ def test_the_report_after_the_main_job_is_written_where_asked(built, tmp_path):
 
 def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(built, tmp_path):
     """Issue 17's probe: one flipped bit in runs/B3/final's adapter (its mtime kept, as a disk
-    error would), its greedy readout removed, the bundle asked for again. The readout job fails
-    naming the file; no compare, nomination or bundle is rewritten. Then all is put back."""
+    error would), then B3's greedy readout made again on the way to the bundle. The readout job
+    fails naming the file; no compare, nomination or bundle is rewritten. Then all is put back.
+    The readout is forced rather than deleted: a deleted readout that the sealed nomination
+    judged already stops `bundles/B3f` while the DAG is built (rules/bundles.smk)."""
     import re
 
     res = built["results"]
     adapter = res / "runs/B3/final/adapter_model.safetensors"
     readout = res / "readouts/math/B3/greedy.r0.parquet"
+    log = res / "logs/readouts/math/B3/greedy.r0.log"
     downstream = [res / "compare/math/greedy/B3__R2d.json", res / "nominations/r3.json",
                   *sorted(p for p in (res / "bundles/B3f").rglob("*") if p.is_file())]
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream}
@@ -187,17 +190,23 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
         raw[-1] ^= 1
         adapter.write_bytes(raw)
         os.utime(adapter, ns=(mtime, mtime))
-        readout.unlink()
-        proc = snakemake("bundles/B3f", results=res, arms=built["arms"], check=False, configfiles=MINI)
-        assert proc.returncode != 0
-        log = (res / "logs/readouts/math/B3/greedy.r0.log").read_text()
+        log.unlink()  # so the log read below is this run's
+        # mtime alone: only the probe's jobs, whatever else changes in the checkout meanwhile
+        proc = snakemake("bundles/B3f", "--rerun-triggers", "mtime", "--forcerun",
+                         str(readout.relative_to(res)), results=res, arms=built["arms"], check=False,
+                         configfiles=MINI)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "Error in rule readout" in out, out[-4000:]
+        assert not re.search(r"^(local)?rule (train_arm|compare|build_bundle):", out, re.M), out[-4000:]
         assert re.search(r"readout refused runs/B3/final: runs/B3/final/adapter_model\.safetensors: "
-                         r"sha256 \w+ does not match the manifest's", log), log[-2000:]
+                         r"sha256 \w+ does not match the manifest's", log.read_text()), log.read_text()[-2000:]
         assert not readout.exists()
         assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream} == before
     finally:  # the byte, the mtime and the readout as they were, for any test after this one
         raw[-1] ^= 1
         adapter.write_bytes(raw)
         os.utime(adapter, ns=(mtime, mtime))
+        readout.parent.mkdir(parents=True, exist_ok=True)  # Snakemake removed it once empty
         shutil.copy2(tmp_path / "readout.parquet", readout)
-    assert planned_jobs(snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], configfiles=MINI)) == []
+    assert planned_jobs(snakemake("-n", "bundles/B3f", "--rerun-triggers", "mtime", results=res,
+                                  arms=built["arms"], configfiles=MINI)) == []

@@ -1,0 +1,462 @@
+"""Fault injection: every consumer verifies what it reads, and every writer leaves a whole
+output or none (issue 17, chain of custody).
+
+Each probe injects one fault and checks one of two outcomes:
+- refused: the step fails naming the changed file, and writes nothing downstream;
+- recovered: after the fault (kill -9, a concurrent writer, a read-only or full disk) the
+  previous outputs are intact and a rerun or resume gives the complete output.
+
+PROBES lists them; README.md's "Reliability" section gives their count, which
+test_readme_states_the_probe_counts keeps in step with this table. The DAG-level probe (a
+flipped bit in runs/B3/final before its readout, through Snakemake) is in
+tests/e2e/test_dag_small.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from arenaflow import (
+    bundles,
+    candidates,
+    corpora,
+    evals,
+    io,
+    manifest,
+    models,
+    nominate,
+    pools,
+    tinymodel,
+)
+from arenaflow.train import data
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "models/tiny-arith"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+# test function -> (the fault injected, the outcome checked)
+PROBES = {
+    "test_adapter_bit_flip_before_a_readout": ("a flipped bit in an arm's adapter", "refused"),
+    "test_adapter_bit_flip_before_sampling": ("a flipped bit in the policy's adapter", "refused"),
+    "test_init_adapter_bit_flip_before_child_training": ("a flipped bit in the init arm's adapter", "refused"),
+    "test_tampered_corpus_before_training": ("a flipped bit in a corpus's sft.npz", "refused"),
+    "test_readout_bit_flip_before_compare": ("a flipped bit in a readout's data page", "refused"),
+    "test_readout_rewritten_before_nomination": ("a readout rewritten after it was compared", "refused"),
+    "test_compare_edited_before_nomination[edited]": ("a compare file edited by hand", "refused"),
+    "test_compare_edited_before_nomination[unsealed]": ("a compare file without its seal", "refused"),
+    "test_ancestor_adapter_bit_flip_before_a_bundle": ("a flipped bit in an ancestor arm's adapter", "refused"),
+    "test_kill_9_while_a_corpus_is_written": ("kill -9 of a corpus build mid-write", "recovered"),
+    "test_kill_9_during_training_resumes_to_the_same_weights": ("kill -9 of a training run", "recovered"),
+    "test_concurrent_writers_leave_one_whole_output": ("three concurrent builds of one corpus", "recovered"),
+    "test_read_only_disk": ("a read-only results file system", "recovered"),
+    "test_full_disk": ("a full results file system", "recovered"),
+}
+DAG_PROBES = {"test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream":
+              ("a flipped bit in runs/B3/final before its readout, through Snakemake", "refused")}
+
+
+def flip_bit(path: Path, offset: int = -1) -> int:
+    """Flip the lowest bit of one byte in place; return the byte's offset (flip again to undo)."""
+    raw = bytearray(path.read_bytes())
+    offset %= len(raw)
+    raw[offset] ^= 1
+    path.write_bytes(bytes(raw))
+    return offset
+
+
+def leftovers(d: Path) -> list[str]:
+    """In-flight temporaries (arenaflow.io) anywhere under d: a whole output leaves none."""
+    return sorted(p.name for p in d.rglob(".*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def arm(tmp_path_factory) -> Path:
+    """An arm's run directory as training leaves it: a PEFT adapter, its evidence, a manifest."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    run = tmp_path_factory.mktemp("arm") / "runs/A/final"
+    get_peft_model(models.load_base(BASE), cfg).save_pretrained(str(run))
+    io.write_json(run / "training_evidence.json", {
+        "arm": "A", "corpus": "c", "base_model": "tiny-arith", "base_revision": "r", "init": "base"})
+    manifest.write(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("corpus") / "corpora/c"
+    rows = pools.generate(24, 7, "train", {"add": 1, "mul": 1}, "f")
+    corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
+    return out
+
+
+@pytest.fixture
+def pool(tmp_path) -> Path:
+    path = tmp_path / "pool.jsonl"
+    io.write_jsonl(path, pools.generate(4, 11, "eval", {"add": 1}, "e"))
+    return path
+
+
+def copy_arm(arm: Path, root: Path, name: str = "A") -> Path:
+    run = root / "runs" / name / "final"
+    shutil.copytree(arm, run)
+    return run
+
+
+# --- refused: a consumer never reads what does not verify ---------------------------------
+
+def readout_args(pool: Path, adapter: Path, out: Path) -> list[str]:
+    return ["readout", "--suite", "math", "--arm", "A", "--pool", str(pool), "--base-model", str(BASE),
+            "--adapter", str(adapter), "--regime", "greedy", "--batch-size", "4",
+            "--regime-json", json.dumps({"temperature": 0.0, "max_new_tokens": 12}), "--out", str(out)]
+
+
+def test_adapter_bit_flip_before_a_readout(arm, pool, tmp_path):
+    run = copy_arm(arm, tmp_path)
+    offset = flip_bit(run / "adapter_model.safetensors")
+    load_file(run / "adapter_model.safetensors")  # the flip is silent to the loader: only the hash sees it
+    out = tmp_path / "readouts/math/A/greedy.r0.parquet"
+    with pytest.raises(manifest.ManifestError, match=r"readout refused .*adapter_model\.safetensors: sha256"):
+        evals.main(readout_args(pool, run, out))
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+    flip_bit(run / "adapter_model.safetensors", offset)  # restored: the same job now runs
+    evals.main(readout_args(pool, run, out))
+    assert len(evals.read_readout(out)) == 4
+
+
+def test_adapter_bit_flip_before_sampling(arm, pool, tmp_path):
+    run = copy_arm(arm, tmp_path)
+    flip_bit(run / "adapter_model.safetensors")
+    out = tmp_path / "candidates/c/samples.jsonl"
+    params = {"k": 2, "temperature": 0.8, "top_p": 1.0, "max_new_tokens": 12, "seed": 0, "batch_size": 8}
+    with pytest.raises(manifest.ManifestError, match=r"sampling refused .*adapter_model\.safetensors"):
+        candidates.main(["sample", "--pool", str(pool), "--base-model", str(BASE), "--adapter", str(run),
+                         "--params-json", json.dumps(params), "--out", str(out)])
+    assert not out.parent.exists()
+
+
+HYPER = {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+         "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
+         "epochs": 1, "micro_batch_size": 4, "grad_accum": 1, "seq_len": 256, "seed": 0, "nproc": 1,
+         "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0}
+
+
+def train_cmd(out: Path, corpus: Path, init: str, hyper: dict) -> list[str]:
+    return [sys.executable, "-m", "arenaflow.train", "--arm", out.parent.name, "--params-json",
+            json.dumps(hyper), "--corpus", str(corpus), "--init", init, "--base-model", str(BASE),
+            "--out", str(out)]
+
+
+def test_init_adapter_bit_flip_before_child_training(arm, corpus, tmp_path):
+    init = copy_arm(arm, tmp_path)
+    flip_bit(init / "adapter_model.safetensors")
+    out = tmp_path / "runs/B/final"
+    proc = subprocess.run(train_cmd(out, corpus, str(init), HYPER), capture_output=True, text=True,
+                          timeout=600, env=ENV)
+    assert proc.returncode != 0
+    assert re.search(r"training \(init arm\) refused .*A/final/adapter_model\.safetensors: sha256", proc.stderr)
+    assert not out.parent.exists()  # not even the checkpoints or the live metrics
+
+
+def test_tampered_corpus_before_training(corpus, tmp_path):
+    bad = tmp_path / "corpora/c"
+    shutil.copytree(corpus, bad)
+    flip_bit(bad / "sft.npz", os.path.getsize(bad / "sft.npz") // 2)  # inside the token ids
+    with pytest.raises(manifest.ManifestError, match=r"training \(corpus\) refused .*sft\.npz: sha256"):
+        data.load_corpus(bad)  # what train.loop.run calls first (tests/unit/test_train.py: the CLI)
+
+
+def write_readout(path: Path, arm: str, correct: list[bool]) -> str:
+    n = len(correct)
+    df = pd.DataFrame({
+        "arm": arm, "item_id": [f"i{j}" for j in range(n)], "category": "add",
+        "prompt_sha256": [f"p{j}" for j in range(n)], "target_sha256": [f"t{j}" for j in range(n)],
+        "completion": ["2 + 2 = 4. The answer is 4."] * n, "n_tokens": 12, "stopped": True,
+        "pred": "4", "strict": correct, "correct": correct, "replicate": 0})
+    evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": 0})
+    return str(path)
+
+
+ROUND = {"suite": "math", "regime": "greedy", "incumbent": "R2d", "candidates": ["B3"],
+         "bar": [{"metric": "delta", "op": ">", "value": 0.0}]}
+
+
+@pytest.fixture
+def compared(tmp_path) -> dict:
+    """A round's bar registered, then two readouts and their compare JSON, as the rules leave
+    them."""
+    reg = tmp_path / "nominations/r3.bar.json"
+    nominate.main(["register", "--round", "r3", "--round-json", json.dumps(ROUND), "--out", str(reg)])
+    cand = write_readout(tmp_path / "B3.r0.parquet", "B3", [True, True, True, False] * 6)
+    ref = write_readout(tmp_path / "R2d.r0.parquet", "R2d", [True, False, False, False] * 6)
+    out = tmp_path / "compare/math/greedy/B3__R2d.json"
+    evals.main(["compare", "--suite", "math", "--regime", "greedy", "--cand", cand, "--ref", ref,
+                "--out", str(out)])
+    return {"cand": cand, "ref": ref, "compare": str(out), "reg": str(reg)}
+
+
+def judge(c: dict) -> Path:
+    out = Path(c["reg"]).parent / "r3.json"
+    nominate.main(["judge", "--round", "r3", "--round-json", json.dumps(ROUND), "--registration", c["reg"],
+                   "--compare", c["compare"], "--readouts", c["cand"], "--out", str(out)])
+    return out
+
+
+def last_byte_of_column(path: str, name: str) -> int:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    col = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == name)
+    start = col.dictionary_page_offset or col.data_page_offset
+    return start + col.total_compressed_size - 1  # the last page's body, under its CRC
+
+
+def test_readout_bit_flip_before_compare(compared, tmp_path):
+    flip_bit(Path(compared["cand"]), last_byte_of_column(compared["cand"], "correct"))
+    out = tmp_path / "compare/again.json"
+    with pytest.raises(manifest.ManifestError, match=r"B3\.r0\.parquet: unreadable readout: .*CRC"):
+        evals.main(["compare", "--cand", compared["cand"], "--ref", compared["ref"], "--out", str(out)])
+    assert not out.exists()
+
+
+def test_readout_rewritten_before_nomination(compared):
+    nomination = judge(compared).read_bytes()  # as written: the round is judged
+    # a whole, well-formed parquet with fresh checksums: only the sha256 the compare recorded differs
+    write_readout(Path(compared["cand"]), "B3", [True] * 24)
+    with pytest.raises(manifest.ManifestError, match=r"B3\.r0\.parquet: sha256 .* recorded in .*B3__R2d\.json"):
+        judge(compared)
+    assert (Path(compared["reg"]).parent / "r3.json").read_bytes() == nomination  # not rewritten
+
+
+@pytest.mark.parametrize("how", ["edited", "unsealed"])
+def test_compare_edited_before_nomination(compared, how):
+    path = Path(compared["compare"])
+    rec = io.read_json(path)
+    nomination = judge(compared).read_bytes()  # as written: the round is judged
+    if how == "edited":
+        rec["delta"] += 10.0
+    else:
+        rec.pop(manifest.SEAL)
+    io.write_json(path, rec)
+    want = "does not match its sealed_sha256" if how == "edited" else "no sealed_sha256"
+    with pytest.raises(manifest.ManifestError, match=rf"B3__R2d\.json: .*{want}"):
+        judge(compared)
+    assert (Path(compared["reg"]).parent / "r3.json").read_bytes() == nomination  # not rewritten
+
+
+def test_ancestor_adapter_bit_flip_before_a_bundle(arm, corpus, tmp_path, capsys):
+    copy_arm(arm, tmp_path, "A")
+    parent = copy_arm(arm, tmp_path, "P")
+    shutil.copytree(corpus, tmp_path / "corpora/c")
+    flip_bit(parent / "adapter_model.safetensors")
+    cfg = {"chat_template": "chatml", "system_prompt": "S", "reload_prompts": ["1+1?"],
+           "serving": {"do_sample": False, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0,
+                       "max_new_tokens": 8}}
+    with pytest.raises(SystemExit) as e:
+        bundles.main(["build", "--bundle", "X", "--arm", "A", "--lineage-json", '{"A": ["P"]}',
+                      "--runs", str(tmp_path / "runs"), "--corpora", str(tmp_path / "corpora"),
+                      "--base-model", str(BASE), "--bundle-json", json.dumps(cfg),
+                      "--out", str(tmp_path / "bundles/X")])
+    assert e.value.code == 1
+    assert re.search(r"no bundle written: bundle X refused .*P/final/adapter_model\.safetensors",
+                     capsys.readouterr().err)
+    assert not (tmp_path / "bundles").exists() or not any((tmp_path / "bundles").iterdir())
+
+
+# --- recovered: whole outputs or none, and the rerun completes ----------------------------
+
+def start(code: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True, **kw)
+
+
+def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
+    out = tmp_path / "corpora/c"
+    shutil.copytree(corpus, out)  # the previous build, which a rebuild replaces
+    before = manifest.verify(out)["digest"]
+    # the rebuild stops where its files are written but not yet renamed into place
+    proc = start(f"""
+        import time
+        from arenaflow import corpora, manifest, pools, tinymodel
+        def stall(*a, **k):
+            print("written", flush=True)
+            time.sleep(600)
+        manifest.write = stall
+        rows = pools.generate(30, 8, "train", {{"sub": 1}}, "k")
+        corpora.build({str(out)!r}, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {{}})
+    """)
+    assert proc.stdout.readline().strip() == "written", proc.stderr.read()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert manifest.verify(out)["digest"] == before  # the old corpus, whole
+    assert leftovers(out.parent)  # the killed build's temporary, never taken for the output
+    rows = pools.generate(30, 8, "train", {"sub": 1}, "k")
+    corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})  # the rerun
+    assert manifest.verify(out)["digest"] != before
+
+
+def test_kill_9_during_training_resumes_to_the_same_weights(corpus, tmp_path):
+    hyper = {**HYPER, "checkpoint_every": 1, "max_steps": 6}
+    whole = tmp_path / "W/final"
+    subprocess.run(train_cmd(whole, corpus, "base", hyper), check=True, capture_output=True, env=ENV, timeout=600)
+    cut = tmp_path / "K/final"
+    proc = subprocess.Popen(train_cmd(cut, corpus, "base", hyper), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    meta = cut.parent / "checkpoints/fingerprint.json"
+    while not meta.exists() and proc.poll() is None:  # kill -9 once a checkpoint is committed
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL and not cut.exists()
+    subprocess.run(train_cmd(cut, corpus, "base", hyper), check=True, capture_output=True, env=ENV, timeout=600)
+    ev = io.read_json(cut / "training_evidence.json")
+    assert ev["resumed_from_step"] >= 1 and ev["optimizer_steps"] == 6
+    a, b = load_file(whole / "adapter_model.safetensors"), load_file(cut / "adapter_model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5)
+    manifest.verify(cut)
+
+
+def corpus_digest(root: Path, seed: int) -> str:
+    rows = pools.generate(20, seed, "train", {"add": 1}, "w")
+    return corpora.build(root / f"c{seed}", rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})["digest"]
+
+
+def test_concurrent_writers_leave_one_whole_output(tmp_path):
+    out = tmp_path / "corpora/c"
+    whole = {corpus_digest(tmp_path / "alone", s) for s in (1, 2, 3)}  # what each writer alone writes
+    writer = """
+        import sys
+        from arenaflow import corpora, pools, tinymodel
+        rows = pools.generate(20, int(sys.argv[1]), "train", {"add": 1}, "w")
+        for _ in range(4):
+            try:
+                corpora.build(sys.argv[2], rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
+            except OSError as e:  # another writer's directory landed between ours and the path
+                print("lost a race:", e, file=sys.stderr)
+    """
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(writer), str(s), str(out)], env=ENV,
+                              stderr=subprocess.PIPE, text=True) for s in (1, 2, 3)]
+    seen = set()
+    while any(p.poll() is None for p in procs):  # a reader never sees a mixed directory
+        try:
+            seen.add(manifest.verify(out)["digest"])
+        except (manifest.ManifestError, FileNotFoundError):
+            pass  # refused, or caught in the rename's instant: never consumed
+    assert all(p.returncode == 0 for p in procs), [p.stderr.read() for p in procs]
+    assert seen and seen <= whole  # every directory a reader accepted was one writer's, whole
+    assert manifest.verify(out)["digest"] in whole and not leftovers(out.parent)
+
+
+# --- disks: a tmpfs in a user and mount namespace of its own (no privileges needed) --------
+
+def in_namespace(disk: Path, *scripts: str) -> dict:
+    """Run `scripts` (Python, one after the other) with D, a 4 MiB tmpfs mounted on `disk` for
+    them alone (the mount ends with the process); the last stdout line is JSON. Skips where
+    unprivileged user namespaces are off."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
+        pytest.skip("no unprivileged user+mount namespaces here (unshare -rm)")
+    disk.mkdir()
+    code = "import json, os, pathlib, subprocess\nD = os.environ['D']\n" + "".join(map(textwrap.dedent, scripts))
+    shell = 'mount -t tmpfs -o size=4m tmpfs "$D" && exec "$0" -c "$1"'
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", shell, sys.executable, code],
+                          capture_output=True, text=True, timeout=300, env={**ENV, "D": str(disk)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+WRITERS = """
+    import pandas as pd
+    from arenaflow import corpora, evals, manifest, pools, tinymodel
+    def readout(path, n):
+        df = pd.DataFrame({"arm": "A", "item_id": [f"i{j}" for j in range(n)], "category": "add",
+                           "prompt_sha256": "p", "target_sha256": "t", "n_tokens": 9, "stopped": True,
+                           "completion": [f"{j} + {j} = {2 * j}. The answer is {2 * j}." for j in range(n)],
+                           "pred": "x", "strict": True, "correct": True, "replicate": 0})
+        evals.write_readout(evals.structure(df), path, {"arm": "A"})
+    def corpus(path, n):
+        rows = pools.generate(n, n, "train", {"add": 1}, "d")
+        corpora.build(path, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
+    def attempt(fn, *a):
+        try:
+            fn(*a)
+            return "ok"
+        except OSError as e:
+            return os.strerror(e.errno) if e.errno else str(e)
+    def state():
+        names = sorted(str(p.relative_to(D)) for p in pathlib.Path(D).rglob("*"))
+        return {"tmp": [n for n in names if n.split("/")[-1].startswith(".")],
+                "readout_rows": len(evals.read_readout(f"{D}/r.parquet")),
+                "corpus_rows": len(open(f"{D}/c/rows.jsonl").readlines()),
+                "corpus_ok": bool(manifest.verify(f"{D}/c"))}
+    readout(f"{D}/r.parquet", 10)  # the outputs a previous run left
+    corpus(f"{D}/c", 10)
+"""
+
+
+def test_read_only_disk(tmp_path):
+    res = in_namespace(tmp_path / "disk", WRITERS, """
+        subprocess.run(["mount", "-o", "remount,ro", D], check=True)
+        failed = [attempt(readout, f"{D}/r.parquet", 20), attempt(corpus, f"{D}/c", 20)]
+        during = state()
+        subprocess.run(["mount", "-o", "remount,rw", D], check=True)
+        rerun = [attempt(readout, f"{D}/r.parquet", 20), attempt(corpus, f"{D}/c", 20)]
+        print(json.dumps({"failed": failed, "during": during, "rerun": rerun, "after": state()}))
+    """)
+    assert res["failed"] == ["Read-only file system"] * 2
+    assert res["during"] == {"tmp": [], "readout_rows": 10, "corpus_rows": 10, "corpus_ok": True}
+    assert res["rerun"] == ["ok", "ok"]
+    assert res["after"] == {"tmp": [], "readout_rows": 20, "corpus_rows": 20, "corpus_ok": True}
+
+
+def test_full_disk(tmp_path):
+    res = in_namespace(tmp_path / "disk", WRITERS, """
+        # fill the disk, then free 16 KiB: the writes below fail midway
+        with open(f"{D}/filler", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\\0" * 4096)
+            except OSError:
+                pass
+        os.truncate(f"{D}/filler", os.path.getsize(f"{D}/filler") - 16384)
+        failed = [attempt(readout, f"{D}/r.parquet", 4000), attempt(corpus, f"{D}/c", 400)]
+        during = state()
+        os.remove(f"{D}/filler")
+        rerun = [attempt(readout, f"{D}/r.parquet", 4000), attempt(corpus, f"{D}/c", 400)]
+        print(json.dumps({"failed": failed, "during": during, "rerun": rerun, "after": state()}))
+    """)
+    assert all("No space left on device" in f for f in res["failed"]), res["failed"]
+    assert res["during"] == {"tmp": [], "readout_rows": 10, "corpus_rows": 10, "corpus_ok": True}
+    assert res["rerun"] == ["ok", "ok"]
+    assert res["after"] == {"tmp": [], "readout_rows": 4000, "corpus_rows": 400, "corpus_ok": True}
+
+
+# --- the count the README gives -------------------------------------------------------------
+
+def test_readme_states_the_probe_counts():
+    names = {n.split("[")[0] for n in PROBES}
+    assert all(callable(globals().get(n)) for n in names), "a probe without its test"
+    dag = (REPO / "tests/e2e/test_dag_small.py").read_text(encoding="utf-8")
+    assert all(f"def {n}(" in dag for n in DAG_PROBES), "a DAG probe without its test"
+    probes = {**PROBES, **DAG_PROBES}
+    refused = sum(o == "refused" for _, o in probes.values())
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())  # lines rewrapped
+    want = (f"{len(probes)} faults injected: {refused} refused, naming the file, with nothing "
+            f"downstream written; {len(probes) - refused} recovered")
+    assert want in readme, f"README's Reliability section should say: {want}"
