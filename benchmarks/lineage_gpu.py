@@ -18,9 +18,12 @@ run starts with a cold cache and its jobs share it.
 Reported per job, then per stage (rule): wall time; for GPU jobs start-up (process start to model
 loaded: interpreter, imports, model load, DeepSpeed set-up) apart from work, the first batch or
 step (where compilation and CUDA-graph capture happen), tokens/s of the work and of its steady
-part (after the first batch/step), and the fraction of samples with the GPU busy from the model
-loaded to the job's end. The GPU is one device: when jobs overlap, its busy fraction is the
-device's, and `overlap` says for how much of a job's work another GPU job was working too.
+part (after the first batch/step), the fraction of samples with the GPU busy from the model
+loaded to the job's end (and after the first batch/step), and the exit (from the job's end event
+to Snakemake's 'Finished': interpreter teardown, e.g. compile workers). The GPU is one device:
+when jobs overlap, its busy fraction is the device's, and `overlap` says for how much of a job's
+work another GPU job was working too. The critical chain is the run of jobs each started by the
+previous one's end, back from the last: what the DAG's wall time is made of.
 Writes benchmarks/results/lineage_gpu-<date>.json (or --out) and prints a markdown table, the
 targets of issue 15 last.
 """
@@ -255,6 +258,8 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                 rec["tokens_per_s"] = round(ev["tokens"] / ev["seconds"], 1)
             if end is not None:
                 rec["gpu_busy_after_load"], rec["gpu_samples"] = busy(samples, ev["loaded"], end)
+            if ev.get("end") and j["end"]:  # process exit and Snakemake noticing it
+                rec["exit_s"] = round(j["end"] - ev["end"], 3)
         if j["rule"] == "train_arm" and j.get("output"):
             steps, evidence = training_steps(results, j["output"])
             pts = [(s["elapsed_s"], s["tokens_seen"]) for s in steps]
@@ -267,6 +272,9 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                     rec["loop_tokens_per_s"] = round(evidence["tokens_seen"] / evidence["wall_time_s"], 1)
             if steps:
                 rec["tokens_per_step"] = round(steps[-1]["tokens_seen"] / len(steps), 1)
+            if len(steps) > 1:
+                rec["step_s_median"] = round(statistics.median(
+                    b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:])), 3)
         elif j["rule"] in ("sample_candidates", "readout") and j.get("log"):
             prog = progress_lines(results / j["log"])
             rec["batches"] = len(prog)
@@ -274,6 +282,8 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                 [(p["elapsed"], p["tokens"]) for p in prog])
             if prog:
                 rec["decode_tokens_per_s"] = round(prog[-1]["tokens"] / max(prog[-1]["elapsed"], 1e-9), 1)
+        if rec.get("loaded") and rec.get("first_unit_s") and rec.get("work_end"):  # after the first batch/step
+            rec["gpu_busy_steady"] = busy(samples, rec["loaded"] + rec["first_unit_s"], rec["work_end"])[0]
         jobs.append(rec)
     # how much of each GPU job's work overlapped another GPU job's work
     work = [(r["loaded"], r["work_end"]) for r in jobs if r.get("loaded") and r.get("work_end")]
@@ -286,6 +296,34 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
     total = int(steps_done[-1].group(2)) if steps_done else None
     done = int(steps_done[-1].group(1)) if steps_done else 0
     return jobs, {"samples": samples, "jobs_done": done, "jobs_total": total}
+
+
+def critical_chain(jobs: list[dict], slack: float = 1.0) -> list[dict]:
+    """The chain of jobs that set the DAG's wall time, walked back from the last job to finish:
+    each job's predecessor is the job that finished last at most `slack` s before it started
+    (Snakemake starts a job as soon as its last input is made; ties: the later finish)."""
+    done = [r for r in jobs if r["end"] is not None]
+    if not done:
+        return []
+    chain = [max(done, key=lambda r: r["end"])]
+    while True:
+        cur = chain[-1]
+        pred = [r for r in done if r is not cur and cur["start"] - slack <= r["end"] <= cur["start"] + 0.05]
+        if not pred:
+            break
+        chain.append(max(pred, key=lambda r: r["end"]))
+    return chain[::-1]
+
+
+def chain_summary(chain: list[dict]) -> dict:
+    gpu = [r for r in chain if r.get("loaded")]
+    return {"jobs": [f"{r['rule']}[{r['wildcards']}]" for r in chain],
+            "span_s": round(chain[-1]["end"] - chain[0]["start"], 1) if chain else None,
+            "gpu_jobs": len(gpu),
+            "gpu_startup_s": round(sum(r["startup_s"] for r in gpu), 1),
+            "gpu_work_s": round(sum(r.get("work_s") or 0 for r in gpu), 1),
+            "gpu_exit_s": round(sum(r.get("exit_s") or 0 for r in gpu), 1),
+            "other_jobs_s": round(sum(r["wall_s"] for r in chain if not r.get("loaded")), 1)}
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -327,7 +365,10 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
                      gpu_busy_after_load=(round(sum(r["gpu_busy_after_load"] * r["work_s"] for r in worked) / wsum, 3)
                                           if wsum else None),
                      gpu_busy_after_load_min=min((r["gpu_busy_after_load"] for r in worked), default=None),
-                     overlap_median=_median([r.get("overlap") for r in gpu]))
+                     overlap_median=_median([r.get("overlap") for r in gpu]),
+                     exit_s_median=_median([r.get("exit_s") for r in gpu]),
+                     gpu_busy_steady_median=_median([r.get("gpu_busy_steady") for r in gpu]),
+                     step_s_median=_median([r.get("step_s_median") for r in gpu]))
         stages[rule] = s
     return stages
 
@@ -377,6 +418,7 @@ def report(results: Path, meta: dict) -> dict:
     if summary["gpu_busy_whole_run"] is not None:
         summary["gpu_busy_whole_run"] = round(summary["gpu_busy_whole_run"], 3)
     stages = stage_records(jobs)
+    summary["critical_chain"] = chain_summary(critical_chain(jobs))
     out = {**meta, **{k: run.get(k) for k in ("command", "configfiles", "overrides", "env", "device",
                                                  "util_source", "versions", "date", "commit")},
            "summary": summary, "stages": stages,
@@ -395,16 +437,24 @@ def table(rep: dict) -> str:
     rows = [f"whole DAG: {_f(s['dag_wall_s'])} s wall, {s['jobs_done']}/{s['jobs_total']} jobs, "
             f"complete: {s['complete']}, GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
             f"({s['gpu_samples']} samples); GPU jobs' start-up {_f(s['gpu_startup_s_sum'])} s, "
-            f"work {_f(s['gpu_work_s_sum'])} s (summed)", "",
+            f"work {_f(s['gpu_work_s_sum'])} s (summed)"]
+    c = s.get("critical_chain") or {}
+    if c.get("jobs"):
+        rows.append(f"critical chain: {len(c['jobs'])} jobs over {_f(c['span_s'])} s: {c['gpu_jobs']} GPU jobs "
+                    f"(start-up {_f(c['gpu_startup_s'])} s, work {_f(c['gpu_work_s'])} s, exit {_f(c['gpu_exit_s'])} s) "
+                    f"and {_f(c['other_jobs_s'])} s of other jobs")
+    rows += ["",
             "| stage | jobs | wall s (sum / median / span) | start-up s (median) | first batch/step s (median) "
-            "| tokens/s (work) | steady tokens/s (median) | GPU busy after load (mean / min) | overlap (median) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| exit s (median) | tokens/s (work) | steady tokens/s (median) | GPU busy after load (mean / min) "
+            "| GPU busy after first batch/step (median) | overlap (median) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for rule, st in rep["stages"].items():
         rows.append(f"| {rule} | {st['finished']}/{st['jobs']} | {_f(st['wall_s_sum'])} / {_f(st['wall_s_median'])} / "
                     f"{_f(st['span_s'])} | {_f(st.get('startup_s_median'))} | {_f(st.get('first_unit_s_median'))} | "
-                    f"{_f(st.get('tokens_per_s'), 0)} | {_f(st.get('steady_tokens_per_s_median'), 0)} | "
+                    f"{_f(st.get('exit_s_median'))} | {_f(st.get('tokens_per_s'), 0)} | "
+                    f"{_f(st.get('steady_tokens_per_s_median'), 0)} | "
                     f"{_f(st.get('gpu_busy_after_load'), pct=True)} / {_f(st.get('gpu_busy_after_load_min'), pct=True)} | "
-                    f"{_f(st.get('overlap_median'), pct=True)} |")
+                    f"{_f(st.get('gpu_busy_steady_median'), pct=True)} | {_f(st.get('overlap_median'), pct=True)} |")
     t = rep["targets"]
     rows.append("")
     if not t["measured"]:

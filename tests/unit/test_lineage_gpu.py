@@ -93,6 +93,8 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     assert t["gpu_busy_after_load"] == pytest.approx(25 / 28) and t["gpu_samples"] == 28
     assert t["first_unit_s"] == 4.0 and t["steady_tokens_per_s"] == 200_000  # after the first step
     assert t["loop_tokens_per_s"] == pytest.approx(120_000 / 4.5, rel=1e-3) and t["tokens_per_step"] == 40_000
+    assert t["step_s_median"] == 0.25 and t["exit_s"] == pytest.approx(1.0)  # Finished 1 s after its end event
+    assert t["gpu_busy_steady"] == 1.0  # samples in (10, 20]: after the first step, all busy
     s = jobs["sample_candidates"]
     assert s["failed"] and s["end"] is None and s["batches"] == 2
     assert s["first_unit_s"] == 10.0 and s["steady_tokens_per_s"] == pytest.approx(10_000)
@@ -104,6 +106,20 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     assert tg["train_tokens_per_s"]["min_steady"] == 200_000 and tg["train_tokens_per_s"]["met"]
     assert not tg["gpu_busy_after_load"]["met"]  # incomplete: the failed job's work was never measured
     assert "whole DAG: 31.0 s wall" in lg.table(rep)
+
+
+def test_critical_chain_walks_back_through_the_job_whose_end_started_the_next():
+    jobs = [{"rule": "a", "wildcards": "", "start": 0.0, "end": 5.0, "wall_s": 5.0},
+            {"rule": "b", "wildcards": "", "start": 0.0, "end": 2.0, "wall_s": 2.0},
+            {"rule": "c", "wildcards": "", "start": 5.3, "end": 20.0, "wall_s": 14.7, "loaded": 9.0,
+             "startup_s": 3.5, "work_s": 10.0, "exit_s": 1.0},
+            {"rule": "d", "wildcards": "x=1", "start": 20.1, "end": 22.0, "wall_s": 1.9},
+            {"rule": "e", "wildcards": "", "start": 2.1, "end": 21.0, "wall_s": 18.9}]
+    chain = lg.critical_chain(jobs)
+    assert [r["rule"] for r in chain] == ["a", "c", "d"]
+    assert lg.chain_summary(chain) == {"jobs": ["a[]", "c[]", "d[x=1]"], "span_s": 22.0, "gpu_jobs": 1,
+                                       "gpu_startup_s": 3.5, "gpu_work_s": 10.0, "gpu_exit_s": 1.0,
+                                       "other_jobs_s": 6.9}
 
 
 def test_union_of_intervals():
