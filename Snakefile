@@ -35,7 +35,7 @@ include: "rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand("bundles/{bundle}", bundle=CFG["bundles"]),
         report_pages,  # the pages of --report (rules/report.smk)
-    default_target: True

@@ -1,7 +1,3 @@
-def corpus_pool(wc):
-    return f"pools/{CFG['corpora'][wc.corpus]['pool']}.jsonl"
-
-
 rule sample_candidates:
     input:
         pool=corpus_pool,
@@ -9,20 +5,20 @@ rule sample_candidates:
         base=BASE_FILES,
     output:
         "candidates/{corpus}/samples.jsonl",
-    params:
-        cfg=lambda wc: afconfig.sampling_params(CFG["corpora"][wc.corpus]),
-        adapter=lambda wc, input: adapter_flag(input.policy),
-        system=CFG["system_prompt"],
-        base=BASE,
     log:
         "logs/candidates/{corpus}.sample.log",
+    conda:
+        "../envs/arenaflow.yaml"
     resources:
         mem_mb=8000,
         runtime=60,
         gres="gpu:1",  # Slurm GRES; ignored by local runs
         local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
-    conda:
-        "../envs/arenaflow.yaml"
+    params:
+        cfg=lambda wc: afconfig.sampling_params(CFG["corpora"][wc.corpus]),
+        adapter=lambda wc, input: adapter_flag(input.policy),
+        system=CFG["system_prompt"],
+        base=base_dir,
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
         "{params.adapter} --system-prompt {params.system:q} --params-json {params.cfg:q} "

@@ -1,9 +1,15 @@
 # Config validation and lineage resolution happen here, before any job runs; a bad config
 # stops `snakemake -n` with one message naming the file and key (arenaflow.config).
-import json
+# Every input and param function of the rules lives here, by stage (rules/<stage>.smk holds
+# rules only), so each rule file reads as its jobs.
+import os
 from pathlib import Path
 
+from snakemake.logging import logger
+
+from arenaflow import bar as afbar
 from arenaflow import config as afconfig
+from arenaflow import nominate as afnominate
 
 REPO = Path(workflow.basedir)
 try:
@@ -17,6 +23,7 @@ try:
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
 
+
 # Absolute, or the Slurm executor resolves paths against results/ twice
 # (docs/notes.md#workdir-is-absolute).
 workdir: str(REPO / CFG["results_dir"])
@@ -26,6 +33,11 @@ BASE = CFG["base"]["path"]
 BASE_FILES = sorted(str(p) for p in Path(BASE).iterdir() if p.is_file())
 ARM_IDS = sorted(CFG["arms"])
 READOUT_ARMS = ["base", *ARM_IDS]
+
+
+def base_dir(wc, input):
+    """The base model's directory, from the rule's `base` input (a path param would hide it)."""
+    return str(Path(input.base[0]).parent)
 
 
 def ids(names):
@@ -86,8 +98,13 @@ BUDGET_ARMS = set()
 
 
 def budget_gate(wc):
-    if (BUDGET is None or not workflow.is_main_process or workflow.executor_plugin is None
-            or workflow.touch or wc.arm in BUDGET_ARMS):
+    if (
+        BUDGET is None
+        or not workflow.is_main_process
+        or workflow.executor_plugin is None
+        or workflow.touch
+        or wc.arm in BUDGET_ARMS
+    ):
         return []
     BUDGET_ARMS.add(wc.arm)
     BUDGET.refresh()  # a DAG update after a checkpoint sees what has run since
@@ -96,3 +113,238 @@ def budget_gate(wc):
     except afbudget.BudgetError as e:
         raise WorkflowError(str(e)) from None
     return []
+
+
+# ---- rules/pools.smk ----------------------------------------------------------
+
+
+def pool_file(wc):
+    """An imported pool's source file, so editing it rebuilds the pool."""
+    f = CFG["pools"][wc.pool].get("file")
+    return [] if f is None else [f if Path(f).is_absolute() else str(REPO / f)]
+
+
+# ---- rules/candidates.smk -----------------------------------------------------
+
+
+def corpus_pool(wc):
+    return f"pools/{CFG['corpora'][wc.corpus]['pool']}.jsonl"
+
+
+# ---- rules/corpora.smk --------------------------------------------------------
+
+
+def corpus_candidates(wc):
+    if CFG["corpora"][wc.corpus]["policy"] == "reference":
+        return {}
+    return {
+        "samples": f"candidates/{wc.corpus}/samples.jsonl",
+        "verdicts": f"candidates/{wc.corpus}/verdicts.jsonl",
+    }
+
+
+def eval_pools(wc):
+    """Every evaluation pool, to decontaminate the corpus against (unless it opts out)."""
+    if not CFG["corpora"][wc.corpus]["decontaminate"]:
+        return []
+    return sorted({f"pools/{s['pool']}.jsonl" for s in CFG["evals"].values()})
+
+
+def candidate_flags(wc, input):
+    if "verdicts" not in input.keys():
+        return ""
+    return f"--samples {input.samples} --verdicts {input.verdicts}"
+
+
+# ---- rules/train.smk ----------------------------------------------------------
+
+
+def arm(wc):
+    return CFG["arms"][wc.arm]
+
+
+def arm_nodes(wc):
+    return arm(wc)["hyper"].get("nodes", 1)
+
+
+def launcher(wc):
+    # One task that starts its own ranks: the Slurm plugin's gpu=N can start a script twice.
+    # Several nodes: srun starts one task per node, each a torchrun whose rendezvous comes from
+    # the Slurm environment (arenaflow.launch: first host of SLURM_JOB_NODELIST, SLURM_NNODES,
+    # SLURM_NODEID).
+    n, k = arm(wc)["hyper"]["nproc"], arm_nodes(wc)
+    if k > 1:
+        return (
+            f"srun --nodes {k} --ntasks-per-node 1 --kill-on-bad-exit=1 "
+            f"python -m arenaflow.launch --nproc-per-node {n}"
+        )
+    return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
+
+
+# ---- rules/evals.smk ----------------------------------------------------------
+
+
+def suite(wc):
+    return CFG["evals"][wc.suite]
+
+
+def decoding(wc):
+    # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
+    regime = suite(wc)["regimes"][wc.regime]
+    return as_json(
+        {
+            k: regime[k]
+            for k in ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
+            if k in regime
+        }
+    )
+
+
+# ---- rules/judged.smk ---------------------------------------------------------
+
+
+def judged(wc):
+    return CFG["judged"][wc.read]
+
+
+def judged_readout(wc, side):
+    j = judged(wc)
+    return f"readouts/{j['suite']}/{j[side]}/{j['regime']}.r{j['replicate']}.parquet"
+
+
+def judged_scores(wc):
+    j = judged(wc)
+    if "scores" not in j:
+        raise ValueError(
+            f"config key 'judged/{wc.read}/scores' is not set: name the judge's CSV "
+            f"(pair,verdict or pair,A,B) for judged/{wc.read}/pairs.jsonl"
+        )
+    return j["scores"]
+
+
+# ---- rules/nominate.smk -------------------------------------------------------
+
+
+def replicates_of(suite, regime):
+    return CFG["evals"][suite]["regimes"][regime]["replicates"]
+
+
+def round_needs(wc):
+    """compare and noise JSONs the round's bar reads, and the candidate readouts it judges."""
+    return afbar.requirements(CFG["rounds"][wc.rnd], replicates_of)
+
+
+# ---- rules/bundles.smk --------------------------------------------------------
+
+
+def bundle_arm(wc):
+    """The bundle's arm; for a round, read from the nomination once the checkpoint has run, and
+    only from a sealed one (a hand edit stops the DAG here). Whether the files it judged are
+    unchanged is checked when the bundle is built: a readout that is gone or remade here reruns
+    the nomination first."""
+    b = CFG["bundles"][wc.bundle]
+    if "arm" in b:
+        return b["arm"]
+    path = checkpoints.nominate.get(rnd=b["round"]).output[0]
+    try:
+        return afnominate.load_sealed(path)["promoted"]
+    except afnominate.SealError as e:
+        raise WorkflowError(f"arenaflow: bundle {wc.bundle}: {e}") from None
+
+
+def bundle_inputs(wc):
+    b, served = CFG["bundles"][wc.bundle], bundle_arm(wc)
+    lineage = [served, *CFG["arms"][served]["lineage"]]
+    corpora = {CFG["arms"][a]["corpus"] for a in lineage}
+    out = {
+        "runs": [f"runs/{a}/final" for a in lineage],
+        "corpora": [f"corpora/{c}/manifest.json" for c in sorted(corpora)],
+        "compare": lineage_comparisons(served),
+    }
+    if "round" in b:
+        out["nomination"] = f"nominations/{b['round']}.json"
+    return out
+
+
+def template_file(wc):
+    """The bundle's chat template file (relative to the workflow's root), or none for 'chatml'."""
+    spec = CFG["bundles"][wc.bundle]["chat_template"]
+    return [] if spec == "chatml" else [spec if Path(spec).is_absolute() else str(REPO / spec)]
+
+
+def bundle_source(wc):
+    b = CFG["bundles"][wc.bundle]
+    return f"--nomination nominations/{b['round']}.json" if "round" in b else f"--arm {b['arm']}"
+
+
+# ---- rules/report.smk ---------------------------------------------------------
+REPORTING = {"on": False}  # set while `snakemake --report` writes the report
+
+
+def _report_where_asked(create_report):
+    """Snakemake writes the report (and reads --report-stylesheet) from the cwd, which `workdir:`
+    moved to results/; a relative path means the directory snakemake was started in."""
+
+    def create(*args, **kwargs):
+        REPORTING["on"] = True
+        settings = kwargs.get("report_settings")
+        for attr in ("path", "stylesheet_path"):
+            p = getattr(settings, attr, None)
+            if p is not None and not Path(p).is_absolute():
+                setattr(settings, attr, Path(workflow.workdir_init) / p)
+        return create_report(*args, **kwargs)
+
+    return create
+
+
+def report_pages(wc):
+    """Every round's page files; under --report only the rounds whose pages are built, because
+    Snakemake refuses a report in which a file marked for it does not exist, and the main job
+    (bundles/B3f) builds no page."""
+    out = []
+    for rnd in CFG["rounds"]:
+        files = [expand(f, rnd=rnd)[0] for f in rules.round_report.output]
+        if REPORTING["on"] and not all(os.path.exists(f) for f in files):
+            logger.warning(
+                f"report: round {rnd}'s page is not built yet, so it is left out; "
+                f"`snakemake` (the default target) builds it"
+            )
+            continue
+        out += files
+    return out
+
+
+def round_report_inputs(wc):
+    r = CFG["rounds"][wc.rnd]
+    s = CFG["evals"][r["suite"]]
+    arms = [a for a in [r["incumbent"], *r["candidates"]] if a != "base"]
+    return {
+        "nomination": f"nominations/{wc.rnd}.json",
+        "registration": f"nominations/{wc.rnd}.bar.json",
+        # every regime of the round's suite: the sweep greedy and as served, side by side
+        "compare": [
+            f"compare/{r['suite']}/{g}/{c}__{r['incumbent']}.json"
+            for g in s["regimes"]
+            for c in r["candidates"]
+        ],
+        "noise": [
+            f"noise/{r['suite']}/{g}/{a}.json"
+            for g, reg in s["regimes"].items()
+            if reg["replicates"] >= 2
+            for a in [r["incumbent"], *r["candidates"]]
+        ],
+        "runs": [f"runs/{a}/final" for a in arms],
+    }
+
+
+def report_arms(wc):
+    return as_json(
+        {
+            a: {
+                "init": v["init"],
+                "policy": CFG["corpora"][v["corpus"]]["policy"],
+                "lr": v["hyper"]["lr"],
+            }
+            for a, v in CFG["arms"].items()
+        }
+    )

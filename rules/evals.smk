@@ -1,14 +1,3 @@
-def suite(wc):
-    return CFG["evals"][wc.suite]
-
-
-def decoding(wc):
-    # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
-    regime = suite(wc)["regimes"][wc.regime]
-    return as_json({k: regime[k] for k in ("temperature", "top_p", "max_new_tokens",
-                                           "repetition_penalty") if k in regime})
-
-
 rule readout:
     input:
         pool=lambda wc: f"pools/{suite(wc)['pool']}.jsonl",
@@ -16,6 +5,15 @@ rule readout:
         base=BASE_FILES,
     output:
         "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet",
+    log:
+        "logs/readouts/{suite}/{rarm}/{regime}.r{rep}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=60,
+        gres="gpu:1",  # Slurm GRES; ignored by local runs
+        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
     params:
         regime=decoding,
         adapter=lambda wc, input: adapter_flag(input.adapter),
@@ -23,16 +21,7 @@ rule readout:
         batch=lambda wc: suite(wc)["batch_size"],
         engine=lambda wc: suite(wc)["engine"],
         system=CFG["system_prompt"],
-        base=BASE,
-    log:
-        "logs/readouts/{suite}/{rarm}/{regime}.r{rep}.log",
-    resources:
-        mem_mb=8000,
-        runtime=60,
-        gres="gpu:1",  # Slurm GRES; ignored by local runs
-        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
-    conda:
-        "../envs/arenaflow.yaml"
+        base=base_dir,
     shell:
         "python -m arenaflow.evals readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "

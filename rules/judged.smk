@@ -2,23 +2,6 @@
 # unblinded comparison once config names the judge's CSV. Light work: both run in the main process.
 
 
-def judged(wc):
-    return CFG["judged"][wc.read]
-
-
-def judged_readout(wc, side):
-    j = judged(wc)
-    return f"readouts/{j['suite']}/{j[side]}/{j['regime']}.r{j['replicate']}.parquet"
-
-
-def judged_scores(wc):
-    j = judged(wc)
-    if "scores" not in j:
-        raise ValueError(f"config key 'judged/{wc.read}/scores' is not set: name the judge's CSV "
-                         f"(pair,verdict or pair,A,B) for judged/{wc.read}/pairs.jsonl")
-    return j["scores"]
-
-
 rule judged_pack:
     input:
         pool=lambda wc: f"pools/{CFG['evals'][judged(wc)['suite']]['pool']}.jsonl",
@@ -27,14 +10,14 @@ rule judged_pack:
     output:
         pairs="judged/{read}/pairs.jsonl",
         key="judged/{read}.key.json",
-    params:
-        n=lambda wc: judged(wc)["n"],
-        seed=lambda wc: judged(wc)["seed"],
     log:
         "logs/judged/{read}.pack.log",
     localrule: True
     conda:
         "../envs/arenaflow.yaml"
+    params:
+        n=lambda wc: judged(wc)["n"],
+        seed=lambda wc: judged(wc)["seed"],
     shell:
         "python -m arenaflow.judged pack --pool {input.pool} --a {input.a} --b {input.b} "
         "--n {params.n} --seed {params.seed} --out judged/{wildcards.read} --key {output.key} > {log} 2>&1"

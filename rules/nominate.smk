@@ -1,22 +1,11 @@
-from arenaflow import bar as afbar
-from arenaflow import nominate as afnominate
-
-
-def replicates_of(suite, regime):
-    return CFG["evals"][suite]["regimes"][regime]["replicates"]
-
-
-def round_needs(wc):
-    """compare and noise JSONs the round's bar reads, and the candidate readouts it judges."""
-    return afbar.requirements(CFG["rounds"][wc.rnd], replicates_of)
-
-
 # A round's registered bar never changes (arenaflow.nominate). Checked here, while the DAG is
 # built, so an edited bar stops even `snakemake -n` before any job starts: Snakemake records the
 # params a job ran with even when it fails, so a refused job would leave the edit looking current.
 for _rid, _rnd in CFG["rounds"].items():
     try:
-        afnominate.check_bar(_rid, _rnd, *afnominate.registered(REPO / CFG["results_dir"] / "nominations", _rid))
+        afnominate.check_bar(
+            _rid, _rnd, *afnominate.registered(REPO / CFG["results_dir"] / "nominations", _rid)
+        )
     except afnominate.RegistrationError as e:
         raise WorkflowError(f"arenaflow: {e}") from None
 
@@ -29,14 +18,14 @@ for _rid, _rnd in CFG["rounds"].items():
 rule register_bar:
     output:
         update("nominations/{rnd}.bar.json"),
-    params:
-        cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
-    priority: 100
-    localrule: True
     log:
         "logs/nominations/{rnd}.bar.log",
+    priority: 100
+    localrule: True
     conda:
         "../envs/arenaflow.yaml"
+    params:
+        cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     shell:
         "python -m arenaflow.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registry nominations/registry/{wildcards.rnd}.jsonl --out {output} > {log} 2>&1"
@@ -53,12 +42,12 @@ checkpoint nominate:
         readouts=lambda wc: round_needs(wc)["readouts"],
     output:
         update("nominations/{rnd}.json"),
-    params:
-        cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     log:
         "logs/nominations/{rnd}.log",
     conda:
         "../envs/arenaflow.yaml"
+    params:
+        cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     shell:
         "python -m arenaflow.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registration {input.registration} --registry nominations/registry/{wildcards.rnd}.jsonl "

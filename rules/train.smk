@@ -1,23 +1,3 @@
-def arm(wc):
-    return CFG["arms"][wc.arm]
-
-
-def arm_nodes(wc):
-    return arm(wc)["hyper"].get("nodes", 1)
-
-
-def launcher(wc):
-    # One task that starts its own ranks: the Slurm plugin's gpu=N can start a script twice.
-    # Several nodes: srun starts one task per node, each a torchrun whose rendezvous comes from
-    # the Slurm environment (arenaflow.launch: first host of SLURM_JOB_NODELIST, SLURM_NNODES,
-    # SLURM_NODEID).
-    n, k = arm(wc)["hyper"]["nproc"], arm_nodes(wc)
-    if k > 1:
-        return (f"srun --nodes {k} --ntasks-per-node 1 --kill-on-bad-exit=1 "
-                f"python -m arenaflow.launch --nproc-per-node {n}")
-    return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
-
-
 rule train_arm:
     input:
         corpus=lambda wc: f"corpora/{arm(wc)['corpus']}/manifest.json",
@@ -27,16 +7,10 @@ rule train_arm:
         budget=budget_gate,  # [] or a refusal naming the arm, before any sbatch (rules/common.smk)
     output:
         directory("runs/{arm}/final"),
-    params:
-        hyper=lambda wc: afconfig.result_hyper(arm(wc)["hyper"]),
-        init=lambda wc, input: input.init[0] if input.init else "base",
-        corpus=lambda wc: arm(wc)["corpus"],
-        launcher=launcher,
-        base=BASE,
-        base_name=CFG["base"]["name"],
-        base_rev=("--base-revision " + CFG["base"]["revision"]) if "revision" in CFG["base"] else "",
     log:
         "logs/train/{arm}.log",
+    conda:
+        "../envs/arenaflow.yaml"
     threads: lambda wc: arm(wc)["hyper"]["nproc"]
     resources:
         mem_mb=lambda wc: arm(wc)["hyper"]["mem_mb"],
@@ -55,8 +29,14 @@ rule train_arm:
         mpi=lambda wc: "srun" if arm_nodes(wc) > 1 else None,
         tasks=lambda wc: arm_nodes(wc) if arm_nodes(wc) > 1 else None,
         tasks_per_gpu=lambda wc: 0 if arm_nodes(wc) > 1 else None,
-    conda:
-        "../envs/arenaflow.yaml"
+    params:
+        hyper=lambda wc: afconfig.result_hyper(arm(wc)["hyper"]),
+        init=lambda wc, input: input.init[0] if input.init else "base",
+        corpus=lambda wc: arm(wc)["corpus"],
+        launcher=launcher,
+        base=base_dir,
+        base_name=CFG["base"]["name"],
+        base_rev=f"--base-revision {CFG['base']['revision']}" if "revision" in CFG["base"] else "",
     shell:
         "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
         "--params-json {params.hyper:q} --checkpoint-every {resources.checkpoint_every} --corpus corpora/{params.corpus} --corpus-id {params.corpus} "

@@ -175,11 +175,11 @@ def save_tokenizer(base_model: str, template: str, out: Path):
     return tok
 
 
-def load_template(spec: str, repo_root: Path) -> str:
+def load_template(spec: str) -> str:
+    """'chatml' (the training renderer's own template) or a template file's path."""
     if spec == "chatml":
         return chat.CHATML_TEMPLATE
-    path = Path(spec) if Path(spec).is_absolute() else repo_root / spec
-    return path.read_text(encoding="utf-8")
+    return Path(spec).read_text(encoding="utf-8")
 
 
 def card_context(args, arm: str, lineage: list[str], nomination: dict | None) -> dict:
@@ -233,7 +233,6 @@ def sealed_nomination(path: str) -> dict:
 
 def build(args) -> None:
     cfg = json.loads(args.bundle_json)
-    repo_root = Path(args.repo_root)
     nomination = sealed_nomination(args.nomination) if args.nomination else None
     arm = nomination["promoted"] if nomination else args.arm
     if arm == "base":
@@ -243,7 +242,7 @@ def build(args) -> None:
     verify_sources(args, arm, lineage)
     evidence = io.read_json(run_dir / "training_evidence.json")
     corpus_dir = Path(args.corpora) / evidence["corpus"]
-    template = load_template(cfg["chat_template"], repo_root)
+    template = load_template(args.chat_template or cfg["chat_template"])
     serving = cfg["serving"]
     out = Path(args.out)
     with io.atomic_dir(out) as tmp:
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--compare", nargs="*", default=[], help="compare JSONs to report in the card")
     b.add_argument("--base-model", required=True)
     b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
-    b.add_argument("--repo-root", default=".", help="where relative chat_template paths start")
+    b.add_argument("--chat-template", help="'chatml' or a template file (default: the bundle config's)")
     b.add_argument("--out", required=True, help="bundles/{bundle}")
     d = sub.add_parser("diff", help="which files differ and whether the weights are identical")
     d.add_argument("a")

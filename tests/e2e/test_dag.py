@@ -12,13 +12,6 @@ test_dag_small.py, in the default tier.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 from dagrun import CONFIG, REPO, build, planned_jobs, snakemake

@@ -159,7 +159,7 @@ def test_a_bundle_of_a_base_without_a_pad_token_reloads_and_keeps_the_bases_toke
     bundles.build(argparse.Namespace(
         bundle="S", arm="A", nomination=None, lineage_json=json.dumps({"A": []}), runs=str(root / "runs"),
         corpora=str(root / "corpora"), compare=[], base_model=str(nopad_base), bundle_json=json.dumps(cfg),
-        repo_root=".", out=str(out)))
+        chat_template=None, out=str(out)))
     checks = io.read_json(out / "checks.json")
     assert checks["reload"]["verdict"] == "RELOAD_CHECK_PASS"
     assert checks["template_matches_renderer"]["verdict"] == "PASS"

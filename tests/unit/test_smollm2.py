@@ -66,7 +66,7 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
            "reload_prompts": ["Reply with one word: what colour is a clear daytime sky?"]}
     args = argparse.Namespace(bundle="S", arm="A", nomination=None, lineage_json=json.dumps({"A": []}),
                               runs=str(trained / "runs"), corpora=str(trained / "corpora"), compare=[],
-                              base_model=str(smol), bundle_json=json.dumps(cfg), repo_root=".", out=str(out))
+                              base_model=str(smol), bundle_json=json.dumps(cfg), chat_template=None, out=str(out))
     bundles.build(args)
     checks = json.loads((out / "checks.json").read_text())
     assert {k: v["verdict"] for k, v in checks.items()} == {
