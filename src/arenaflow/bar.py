@@ -157,7 +157,7 @@ def judge_clause(clause: dict, cand: str, incumbent: str, compares: dict, noises
 
 
 def describe(c: dict) -> str:
-    """'clause 2: loop_rate (B3 - R2d, math/served) 4.40 <= 2 fails' for reasons and tables."""
+    """'clause 2: loop_rate vs R2d on math/served = 4.4 <= 2 fails' for reasons and tables."""
     lhs = f"{c['metric']}" + (f" vs {c['against']}" if c.get("against") else "")
     obs = "undefined" if c["observed"] is None else f"{c['observed']:.4g}"
     thr = "undefined" if c["threshold"] is None else f"{c['threshold']:.4g}"

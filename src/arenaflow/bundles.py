@@ -1,8 +1,9 @@
 """Serving bundles, assembled and checked; a bundle that fails a check is never written.
 
-    python -m arenaflow.bundles build --bundle B3f --arm B3 --runs runs --corpora corpora \
-        --compare compare/math/greedy/B3__R2d.json --base-model DIR --bundle-json '{...}' [--nomination nominations/r3.json] \
-        --lineage-json '[...]' --out bundles/B3f
+    python -m arenaflow.bundles build --bundle B3f (--arm B3 | --nomination nominations/r3.json) \
+        --lineage-json '{"B3": [...]}' --runs runs --corpora corpora \
+        --compare compare/math/greedy/B3__R2d.json --base-model DIR --bundle-json '{...}' \
+        [--chat-template chatml|FILE] --out bundles/B3f
     python -m arenaflow.bundles diff bundles/B3 bundles/B3f
 
 Checks, run on the assembled directory before it is moved into place:
@@ -44,7 +45,7 @@ def weight_files(run_dir: Path) -> list[str]:
     names = sorted(p.name for p in run_dir.glob("*.safetensors")) + ["config.json"]
     names += [n for n in ("model.safetensors.index.json", "generation_config.json") if (run_dir / n).exists()]
     return names
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
 
 SHAPES = {
     "system+user": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],

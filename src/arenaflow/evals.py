@@ -36,7 +36,7 @@ from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
 DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
-LOOP_N, LOOP_AT = degeneracy.LOOP_N, degeneracy.LOOP_THRESHOLD
+LOOP_AT = degeneracy.LOOP_THRESHOLD
 rep_ratio = degeneracy.rep_ratio
 # Per-side levels of a comparison, in points for rates; clause metrics of arenaflow.bar.
 LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
@@ -45,14 +45,18 @@ META_KEY = b"arenaflow"
 
 
 def structure(df: pd.DataFrame) -> pd.DataFrame:
-    """Add the structural battery columns from completion, n_tokens and stopped."""
+    """Add the structural battery columns from completion, n_tokens and stopped: the
+    per-sample flags are arenaflow.degeneracy.flags (the readout keeps truncated, empty, loop and
+    fffd; low_unique is the corpus builder's filter, not a readout column)."""
     df = df.copy()
     text = df["completion"].fillna("")
-    df["truncated"] = ~df["stopped"].astype(bool)
-    df["empty"] = text.str.strip() == ""
+    flags = pd.DataFrame([degeneracy.flags(t, bool(s)) for t, s in zip(text, df["stopped"])],
+                         index=df.index, columns=["truncated", "empty", "loop", "fffd"], dtype=bool)
+    df["truncated"] = flags["truncated"]
+    df["empty"] = flags["empty"]
     df["rep_ratio6"] = text.map(rep_ratio)
-    df["loop"] = df["rep_ratio6"] >= LOOP_AT
-    df["fffd"] = text.str.contains("\ufffd", regex=False)
+    df["loop"] = flags["loop"]
+    df["fffd"] = flags["fffd"]
     df["n_words"] = text.map(lambda s: len(s.split()))
     return df
 

@@ -6,7 +6,6 @@ so every stage decodes the same way.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ import torch
 from arenaflow import decode, models
 
 PROMPT_BUCKET = 32  # static engine: prompts are left-padded to a multiple of this
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
