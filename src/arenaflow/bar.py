@@ -32,7 +32,7 @@ from arenaflow import manifest
 
 PAIRED = ("delta", "p_value", "t", "t_items", "wins_minus_losses", "words_delta", "words_t")
 LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
-          "mean_words", "mean_tokens")  # = arenaflow.evals.LEVELS (a test keeps them equal)
+          "mean_words", "mean_tokens")  # what arenaflow.evals.levels() returns per side
 NOISE_STATS = ("mean_abs_delta", "max_abs_delta", "spread", "max_abs_t")
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 

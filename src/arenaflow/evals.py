@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from arenaflow import bar as afbar
 from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
 
 DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
@@ -38,9 +39,9 @@ DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
 # docs/lineages.md#000-two-repetition-measures)
 LOOP_AT = degeneracy.LOOP_THRESHOLD
 rep_ratio = degeneracy.rep_ratio
-# Per-side levels of a comparison, in points for rates; clause metrics of arenaflow.bar.
-LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
-          "mean_words", "mean_tokens")
+# Per-side levels of a comparison (levels() below), in points for rates: the level metrics a
+# bar's clause may name, defined once in arenaflow.bar.
+LEVELS = afbar.LEVELS
 META_KEY = b"arenaflow"
 
 

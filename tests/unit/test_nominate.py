@@ -238,8 +238,12 @@ def test_shipped_round_r3_reads_its_four_greedy_comparisons(repo_root):
                     "readouts": [f"readouts/math/{a}/greedy.r0.parquet" for a in ("B1", "B2", "B3", "B4")]}
 
 
-def test_bar_levels_are_the_readouts_levels():
-    assert bar.LEVELS == evals.LEVELS
+def test_a_readouts_levels_are_exactly_the_level_metrics_a_bar_can_name():
+    import pandas as pd
+
+    df = pd.DataFrame({"correct": [True, False], "truncated": [False, False], "empty": [False, True],
+                       "loop": [False, False], "fffd": [False, False], "n_words": [3, 0], "n_tokens": [4, 1]})
+    assert tuple(evals.levels(df)) == bar.LEVELS
 
 
 # --- registration: the bar is written before the readouts it judges ------------------------
