@@ -168,7 +168,23 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
     raw, files = load_arms(arms_dir, arm_schema, registry)
     if not raw:
         raise ConfigError(f"arms_dir {arms_dir}: no <arm>.yaml files")
+    _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
+    arms = _resolve_arms(cfg, raw, files, arms_dir)
+    _resolve_evals(cfg, config_file)
+    known_arms = set(arms) | {BASE}
+    _check_rounds(cfg, known_arms, config_file)
+    _resolve_judged(cfg, known_arms, root, config_file)
+    _resolve_bundles(cfg, schema, arms, config_file)
+    for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
+        for rid, regime in suite["regimes"].items():
+            if "as_served" in regime:
+                _as_served(regime, cfg, f"{config_file}: key 'evals/{sid}/regimes/{rid}/as_served'")
+    cfg["arms"] = arms
+    return cfg
 
+
+def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_file: str) -> None:
+    """Each corpus names a known pool and a known policy; its defaults are filled."""
     corpus_props = schema["properties"]["corpora"]["additionalProperties"]
     for cid, c in cfg["corpora"].items():
         where = f"{config_file}: key 'corpora/{cid}"
@@ -178,6 +194,10 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
             raise ConfigError(f"{where}/policy': {c['policy']!r} is not 'base', 'reference' or an arm in {arms_dir}")
         cfg["corpora"][cid] = _defaults(corpus_props, c)
 
+
+def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
+    """{arm: {init, corpus, description, hyper, file, lineage}}: an arm continues a known arm of
+    its own method and trains on a corpus of the format its objective needs."""
     arms = {}
     for arm, data in raw.items():
         where = f"{files[arm]}: key"
@@ -205,7 +225,11 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
                               f"{a['init']!r}, a {init['hyper']['method']} arm")
     for arm in arms:
         arms[arm]["lineage"] = _lineage(arm, arms, cfg["corpora"])
+    return arms
 
+
+def _resolve_evals(cfg: dict, config_file: str) -> None:
+    """Each suite reads a known pool, with its defaults filled; no corpus trains on an eval pool."""
     eval_pools = {s["pool"] for s in cfg["evals"].values()}
     for sid, suite in cfg["evals"].items():
         if suite["pool"] not in cfg["pools"]:
@@ -221,10 +245,15 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
             raise ConfigError(f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
                               "training on it would contaminate every readout")
 
-    known_arms = set(arms) | {BASE}
 
+def _replicates(cfg: dict, suite: str, regime: str) -> int | None:
+    return cfg["evals"].get(suite, {}).get("regimes", {}).get(regime, {}).get("replicates")
+
+
+def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
+    """Each round reads a known suite and regime, names known arms, and passes the bar's checks."""
     def replicates(suite, regime):
-        return cfg["evals"].get(suite, {}).get("regimes", {}).get(regime, {}).get("replicates")
+        return _replicates(cfg, suite, regime)
 
     for rid, rnd in cfg["rounds"].items():
         where = f"{config_file}: key 'rounds/{rid}"
@@ -241,6 +270,10 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
             raise ConfigError(f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate")
         for key, msg in afbar.validate(rnd, replicates, known_arms):
             raise ConfigError(f"{where}/{key}': {msg}")
+
+
+def _resolve_judged(cfg: dict, known_arms: set, root: Path, config_file: str) -> None:
+    """Each judged read compares two known arms on an existing replicate of a known regime."""
     for jid, j in cfg.setdefault("judged", {}).items():
         where = f"{config_file}: key 'judged/{jid}"
         if j["suite"] not in cfg["evals"]:
@@ -253,11 +286,16 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
         if j["a"] == j["b"]:
             raise ConfigError(f"{where}/b': a judged read compares two arms; a and b are both {j['a']!r}")
         j.setdefault("replicate", 0)
-        if j["replicate"] >= replicates(j["suite"], j["regime"]):
-            raise ConfigError(f"{where}/replicate': regime {j['regime']!r} has {replicates(j['suite'], j['regime'])} "
+        n = _replicates(cfg, j["suite"], j["regime"])
+        if j["replicate"] >= n:
+            raise ConfigError(f"{where}/replicate': regime {j['regime']!r} has {n} "
                               f"replicate(s), numbered from 0; got {j['replicate']}")
         if "scores" in j:
             j["scores"] = str(root / j["scores"])  # an absolute path stays as it is
+
+
+def _resolve_bundles(cfg: dict, schema: dict, arms: dict, config_file: str) -> None:
+    """Each bundle names a known arm or round; its and its serving block's defaults are filled."""
     bundle_props = schema["properties"]["bundles"]["additionalProperties"]
     for bid, b in cfg["bundles"].items():
         where = f"{config_file}: key 'bundles/{bid}"
@@ -269,12 +307,6 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
         b["serving"] = _defaults(bundle_props["properties"]["serving"], b["serving"])
         b.setdefault("system_prompt", cfg["system_prompt"])
         cfg["bundles"][bid] = b
-    for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
-        for rid, regime in suite["regimes"].items():
-            if "as_served" in regime:
-                _as_served(regime, cfg, f"{config_file}: key 'evals/{sid}/regimes/{rid}/as_served'")
-    cfg["arms"] = arms
-    return cfg
 
 
 def _as_served(regime: dict, cfg: dict, where: str) -> None:
