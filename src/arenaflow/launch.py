@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 
 PORT_ENV = "ARENAFLOW_RDZV_PORT"
@@ -27,7 +29,20 @@ PORT_ENV = "ARENAFLOW_RDZV_PORT"
 
 def expand_hostlist(nodelist: str) -> list[str]:
     """Slurm's compressed host list, expanded: 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07
-    login1 (zero padding kept; several bracket groups in one name are expanded left to right)."""
+    login1. Slurm's own `scontrol show hostnames` does it wherever scontrol is on PATH (as on
+    every Slurm node); parse_hostlist only where it is not."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return parse_hostlist(nodelist)
+    res = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"arenaflow.launch: scontrol show hostnames {nodelist!r} failed: {res.stderr.strip()}")
+    return res.stdout.split()
+
+
+def parse_hostlist(nodelist: str) -> list[str]:
+    """The fallback without scontrol: zero padding kept; several bracket groups in one name are
+    expanded left to right."""
     hosts, depth, cur = [], 0, ""
     for ch in nodelist + ",":  # split at top-level commas only
         if ch == "," and depth == 0:

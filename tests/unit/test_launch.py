@@ -32,7 +32,22 @@ REPO = Path(__file__).resolve().parents[2]
     ("x[009-011],y", ["x009", "x010", "x011", "y"]),
 ])
 def test_hostlist_expansion(nodelist, hosts):
-    assert launch.expand_hostlist(nodelist) == hosts
+    assert launch.expand_hostlist(nodelist) == hosts  # scontrol's, where this machine has it
+    assert launch.parse_hostlist(nodelist) == hosts  # the fallback without scontrol
+
+
+def test_hostlist_expansion_uses_scontrol_when_it_is_on_path(tmp_path, monkeypatch):
+    fake = tmp_path / "scontrol"
+    fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "n1\\nn2\\n"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert launch.expand_hostlist("gpu[01-03]") == ["n1", "n2"]  # what scontrol said, not the parser
+    assert (tmp_path / "args").read_text().split() == ["show", "hostnames", "gpu[01-03]"]
+
+
+def test_hostlist_expansion_falls_back_to_the_parser_without_scontrol(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no scontrol
+    assert launch.expand_hostlist("gpu[01-02],login1") == ["gpu01", "gpu02", "login1"]
 
 
 def test_each_node_runs_torchrun_with_the_rendezvous_at_the_first_host():
