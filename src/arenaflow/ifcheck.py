@@ -223,75 +223,110 @@ def _count(family: str, have: int, want: int, unit: str, op: str) -> tuple[bool,
     return ok, "" if ok else f"{family}: {_plural(have, unit)}, expected {bound}{want}"
 
 
+# Families whose check is a count against c["n"]: (counter, unit, comparison).
+_COUNTED = {
+    "word_eq": (lambda text: len(text.split()), "word", "=="),
+    "word_min": (lambda text: len(text.split()), "word", ">="),
+    "word_max": (lambda text: len(text.split()), "word", "<="),
+    "sent": (count_sentences, "sentence", "=="),
+    "para": (count_paragraphs, "paragraph", "=="),
+    "bullet": (lambda text: len(_BULLET.findall(text)), "bullet", "=="),
+    "numbered": (lambda text: len(_NUMBERED.findall(text)), "numbered item", "=="),
+    "placeholders": (lambda text: len(_PLACEHOLDER.findall(text)), "placeholder", ">="),
+    "highlights": (count_highlights, "highlighted section", ">="),
+}
+
+
+def _check_word_times(t: str, text: str, c: dict) -> tuple[bool, str]:
+    k = _occurrences(text, c["word"])
+    ok = k == c["n"]
+    return ok, "" if ok else f"word_times: {c['word']!r} appears {_plural(k, 'time')}, expected {c['n']}"
+
+
+def _check_contains(t: str, text: str, c: dict) -> tuple[bool, str]:
+    missing = [w for w in c["words"] if not _occurrences(text, w)]
+    return not missing, "" if not missing else f"contains: missing {_quoted_list(missing, 'and')}"
+
+
+def _check_no_word(t: str, text: str, c: dict) -> tuple[bool, str]:
+    found = [f"{w!r} x{k}" for w in c["words"] if (k := _occurrences(text, w))]
+    return not found, "" if not found else f"no_word: found {', '.join(found)}"
+
+
+def _check_no_chars(t: str, text: str, c: dict) -> tuple[bool, str]:
+    hits = (re.findall(r"\d", text) if t == "no_digits"
+            else [ch for ch in text if ch in c["chars"]])
+    what = "digit" if t == "no_digits" else "forbidden character"
+    return not hits, "" if not hits else f"{t}: {_plural(len(hits), what)} ({''.join(sorted(set(hits)))!r})"
+
+
+def _check_affix(t: str, text: str, c: dict) -> tuple[bool, str]:
+    s = text.strip()
+    ok = s.startswith(c["phrase"]) if t == "startswith" else s.endswith(c["phrase"])
+    n = len(c["phrase"])
+    seen = s[:n] if t == "startswith" else s[-n:]
+    verb = "begins" if t == "startswith" else "ends"
+    return ok, "" if ok else f"{t}: {verb} with {seen!r}, expected {c['phrase']!r}"
+
+
+def _check_case(t: str, text: str, c: dict) -> tuple[bool, str]:
+    # str.isupper/islower: at least one cased letter and none of the other case
+    ok = text.isupper() if t == "is_upper" else text.islower()
+    other = sum(ch.islower() if t == "is_upper" else ch.isupper() for ch in text)
+    case = "lowercase" if t == "is_upper" else "uppercase"
+    return ok, "" if ok else f"{t}: {_plural(other, case + ' letter')}" + ("" if other else " and no cased letter")
+
+
+def _check_quoted(t: str, text: str, c: dict) -> tuple[bool, str]:
+    s = text.strip()
+    ok = len(s) > 1 and s[0] == '"' and s[-1] == '"'
+    return ok, "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'"
+
+
+def _check_postscript(t: str, text: str, c: dict) -> tuple[bool, str]:
+    # markdown dresses the marker up ("**P.S.**", "> P.S."); the line still starts with it
+    ok = bool(re.search(rf"^[ \t]*(?:>[ \t]*)*(?:\*{{1,3}}|_{{1,3}})?{re.escape(c['marker'])}",
+                        text, flags=re.MULTILINE))
+    return ok, "" if ok else f"postscript: no line starts with {c['marker']!r}"
+
+
+def _check_json(t: str, text: str, c: dict) -> tuple[bool, str]:
+    value, err = _json(text)
+    if err:
+        return False, f"{t}: {err}"
+    want = dict if t == "json_keys" else list
+    if not isinstance(value, want):
+        return False, f"{t}: top level is {_JSON_TYPES[type(value)]}, expected {_JSON_TYPES[want]}"
+    if t == "json_array_len":
+        return _count(t, len(value), c["n"], "item", "==")
+    missing = [k for k in c["keys"] if k not in value]
+    return not missing, "" if not missing else f"json_keys: missing keys {_quoted_list(missing, 'and')}"
+
+
+def _check_table_rows(t: str, text: str, c: dict) -> tuple[bool, str]:
+    tables, rows = table_body_rows(text)
+    if not tables:
+        return False, "table_rows: no markdown table (a |-row followed by a |---| separator)"
+    return _count(t, rows, c["n"], "body row", "==")
+
+
+# The other families: family -> check(family, text, constraint) -> (passed, reason).
+_CHECKS = {
+    "word_times": _check_word_times, "contains": _check_contains, "no_word": _check_no_word,
+    "no_char": _check_no_chars, "no_digits": _check_no_chars,
+    "startswith": _check_affix, "endswith": _check_affix, "is_upper": _check_case, "is_lower": _check_case,
+    "quoted": _check_quoted, "postscript": _check_postscript,
+    "json_keys": _check_json, "json_array_len": _check_json, "table_rows": _check_table_rows,
+}
+
+
 def _check_one(text: str, c: dict) -> tuple[bool, str]:
     t = c["type"]
-    if t in ("word_eq", "word_min", "word_max"):
-        return _count(t, len(text.split()), c["n"], "word", {"word_eq": "==", "word_min": ">=", "word_max": "<="}[t])
-    if t == "word_times":
-        k = _occurrences(text, c["word"])
-        ok = k == c["n"]
-        return ok, "" if ok else f"word_times: {c['word']!r} appears {_plural(k, 'time')}, expected {c['n']}"
-    if t == "sent":
-        return _count(t, count_sentences(text), c["n"], "sentence", "==")
-    if t == "para":
-        return _count(t, count_paragraphs(text), c["n"], "paragraph", "==")
-    if t == "bullet":
-        return _count(t, len(_BULLET.findall(text)), c["n"], "bullet", "==")
-    if t == "numbered":
-        return _count(t, len(_NUMBERED.findall(text)), c["n"], "numbered item", "==")
-    if t == "placeholders":
-        return _count(t, len(_PLACEHOLDER.findall(text)), c["n"], "placeholder", ">=")
-    if t == "highlights":
-        return _count(t, count_highlights(text), c["n"], "highlighted section", ">=")
-    if t == "contains":
-        missing = [w for w in c["words"] if not _occurrences(text, w)]
-        return not missing, "" if not missing else f"contains: missing {_quoted_list(missing, 'and')}"
-    if t == "no_word":
-        found = [f"{w!r} x{k}" for w in c["words"] if (k := _occurrences(text, w))]
-        return not found, "" if not found else f"no_word: found {', '.join(found)}"
-    if t in ("no_char", "no_digits"):
-        hits = (re.findall(r"\d", text) if t == "no_digits"
-                else [ch for ch in text if ch in c["chars"]])
-        what = "digit" if t == "no_digits" else "forbidden character"
-        return not hits, "" if not hits else f"{t}: {_plural(len(hits), what)} ({''.join(sorted(set(hits)))!r})"
-    if t in ("startswith", "endswith"):
-        s = text.strip()
-        ok = s.startswith(c["phrase"]) if t == "startswith" else s.endswith(c["phrase"])
-        n = len(c["phrase"])
-        seen = s[:n] if t == "startswith" else s[-n:]
-        verb = "begins" if t == "startswith" else "ends"
-        return ok, "" if ok else f"{t}: {verb} with {seen!r}, expected {c['phrase']!r}"
-    if t in ("is_upper", "is_lower"):
-        # str.isupper/islower: at least one cased letter and none of the other case
-        ok = text.isupper() if t == "is_upper" else text.islower()
-        other = sum(ch.islower() if t == "is_upper" else ch.isupper() for ch in text)
-        case = "lowercase" if t == "is_upper" else "uppercase"
-        return ok, "" if ok else f"{t}: {_plural(other, case + ' letter')}" + ("" if other else " and no cased letter")
-    if t == "quoted":
-        s = text.strip()
-        ok = len(s) > 1 and s[0] == '"' and s[-1] == '"'
-        return ok, "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'"
-    if t == "postscript":
-        # markdown dresses the marker up ("**P.S.**", "> P.S."); the line still starts with it
-        ok = bool(re.search(rf"^[ \t]*(?:>[ \t]*)*(?:\*{{1,3}}|_{{1,3}})?{re.escape(c['marker'])}",
-                            text, flags=re.MULTILINE))
-        return ok, "" if ok else f"postscript: no line starts with {c['marker']!r}"
-    if t in ("json_keys", "json_array_len"):
-        value, err = _json(text)
-        if err:
-            return False, f"{t}: {err}"
-        want = dict if t == "json_keys" else list
-        if not isinstance(value, want):
-            return False, f"{t}: top level is {_JSON_TYPES[type(value)]}, expected {_JSON_TYPES[want]}"
-        if t == "json_array_len":
-            return _count(t, len(value), c["n"], "item", "==")
-        missing = [k for k in c["keys"] if k not in value]
-        return not missing, "" if not missing else f"json_keys: missing keys {_quoted_list(missing, 'and')}"
-    if t == "table_rows":
-        tables, rows = table_body_rows(text)
-        if not tables:
-            return False, "table_rows: no markdown table (a |-row followed by a |---| separator)"
-        return _count(t, rows, c["n"], "body row", "==")
+    if t in _COUNTED:
+        counter, unit, op = _COUNTED[t]
+        return _count(t, counter(text), c["n"], unit, op)
+    if t in _CHECKS:
+        return _CHECKS[t](t, text, c)
     raise AssertionError(f"family {t!r} has a spec but no check")  # pragma: no cover
 
 
