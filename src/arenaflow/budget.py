@@ -39,7 +39,7 @@ from pathlib import Path
 
 import yaml
 
-from arenaflow.config import REPO_ROOT
+from arenaflow.config import REPO_ROOT, with_hyper_defaults
 
 DEFAULT_HISTORY = ["runs/*/final/training_evidence.json"]
 DEFAULT_ESTIMATE = {"row_seconds": 0.05, "decode_step_seconds": 0.05, "overhead_minutes": 1.0}
@@ -62,14 +62,16 @@ def settings(cfg: dict) -> dict | None:
 
 
 def gpus(hyper: dict) -> int:
-    return int(hyper.get("nproc", 1)) * int(hyper.get("nodes", 1))
+    hyper = with_hyper_defaults(hyper)  # a record's hyperparameters may predate a key
+    return int(hyper["nproc"]) * int(hyper["nodes"])
 
 
 def train_steps(rows: int, hyper: dict) -> int:
     """Optimizer steps, as arenaflow.train.data.total_steps counts them (floor, at least 1)."""
+    hyper = with_hyper_defaults(hyper)
     per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * gpus(hyper)
-    steps = max(1, rows // per_step) * hyper.get("epochs", 1) if rows else 0
-    return min(steps, hyper.get("max_steps") or steps)
+    steps = max(1, rows // per_step) * hyper["epochs"] if rows else 0
+    return min(steps, hyper["max_steps"] or steps)
 
 
 def row_ktokens(hyper: dict) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 from pathlib import Path
@@ -63,6 +64,26 @@ def _defaults(schema: dict, data: dict) -> dict:
         if "default" in prop and key not in out:
             out[key] = copy.deepcopy(prop["default"])
     return out
+
+
+@functools.cache
+def _hyper_defaults(schema_dir: Path) -> dict:
+    arm_schema = yaml.safe_load((schema_dir / "arm.schema.yaml").read_text())
+    return _defaults(arm_schema["$defs"]["hyper"], {})
+
+
+def hyper_defaults(schema_dir: Path = SCHEMA_DIR) -> dict:
+    """The `default` of every hyper key in arm.schema.yaml: the one place a hyperparameter's
+    default lives. Config resolution, the trainer (arenaflow.train.loop) and the GPU-minute
+    estimate (arenaflow.budget) read a key missing from an arm's hyper here. Resolution does not
+    write them into the resolved hyper: that hyper is the train rule's param, and adding keys
+    to it would rerun every trained arm."""
+    return copy.deepcopy(_hyper_defaults(Path(schema_dir)))
+
+
+def with_hyper_defaults(hyper: dict, schema_dir: Path = SCHEMA_DIR) -> dict:
+    """`hyper` with the schema's defaults under it (what a training run of it uses)."""
+    return merge(hyper_defaults(schema_dir), hyper)
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -206,9 +227,10 @@ def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
         if data["corpus"] not in cfg["corpora"]:
             raise ConfigError(f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}")
         hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
-        wants_pairs = hyper.get("objective", "sft") in ("dpo", "simpo")
+        objective = with_hyper_defaults(hyper)["objective"]
+        wants_pairs = objective in ("dpo", "simpo")
         if wants_pairs != (cfg["corpora"][data["corpus"]]["format"] == "pairs"):
-            raise ConfigError(f"{where} 'hyper/objective': {hyper.get('objective', 'sft')!r} cannot train on "
+            raise ConfigError(f"{where} 'hyper/objective': {objective!r} cannot train on "
                               f"corpus {data['corpus']!r} (format {cfg['corpora'][data['corpus']]['format']!r}); "
                               "dpo/simpo need format 'pairs', sft needs 'sft'")
         arms[arm] = {

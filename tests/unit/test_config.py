@@ -96,6 +96,46 @@ def test_arm_hyper_overrides_train_defaults_and_keeps_the_rest(resolved, raw_cfg
     assert s1["micro_batch_size"] == defaults["micro_batch_size"]
 
 
+# The defaults the code used before arm.schema.yaml held them (train/loop.py DEFAULTS, budget.py's
+# .get(..., 1), config.py's objective 'sft'), and config.yaml's train_defaults as a minimal arm
+# resolved to before issue 18.
+CODE_DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
+                 "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
+                 "zero3_persistence_threshold": 100000, "length_bucketing": True,
+                 "zero3_leaf_modules": "auto", "fused_lora": True, "fused_kernels": True,
+                 "nproc": 1, "nodes": 1, "epochs": 1}
+MINIMAL_ARM_HYPER = {
+    "method": "lora", "lr": 0.001, "weight_decay": 0.0, "warmup_ratio": 0.02, "min_lr_ratio": 0.01,
+    "max_grad_norm": 1.0, "epochs": 1, "micro_batch_size": 16, "grad_accum": 2, "seq_len": 256,
+    "seed": 0, "nproc": 1, "runtime_min": 30, "mem_mb": 4000, "checkpoint_every": 0,
+    "lora": {"r": 8, "alpha": 16, "dropout": 0.0,
+             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
+
+
+def test_every_hyper_default_the_code_reads_is_the_schemas():
+    assert config.hyper_defaults() == CODE_DEFAULTS
+    for key, value in CODE_DEFAULTS.items():
+        schema = yaml.safe_load((config.SCHEMA_DIR / "arm.schema.yaml").read_text())
+        assert schema["$defs"]["hyper"]["properties"][key]["default"] == value, key
+
+
+def test_the_trainer_and_the_budget_fill_a_missing_key_from_the_schema():
+    from arenaflow import budget
+    from arenaflow.train import loop
+
+    assert not hasattr(loop, "DEFAULTS")
+    h = {"micro_batch_size": 2, "grad_accum": 1}
+    assert budget.gpus({}) == 1 and budget.train_steps(10, h) == 5
+    assert budget.train_steps(10, {**h, "max_steps": 3, "nproc": 1}) == 3
+
+
+def test_a_minimal_arm_resolves_to_train_defaults_alone(cfg, arms_copy, repo_root):
+    (arms_copy / "M.yaml").write_text("init: base\ncorpus: sft_s1\n")
+    res = config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE)
+    assert res["arms"]["M"]["hyper"] == MINIMAL_ARM_HYPER  # no schema default is written into it
+    assert config.with_hyper_defaults(res["arms"]["M"]["hyper"]) == {**CODE_DEFAULTS, **MINIMAL_ARM_HYPER}
+
+
 def test_corpus_defaults_are_filled_from_the_schema(resolved):
     sft = resolved["corpora"]["sft_s1"]
     assert (sft["k"], sft["select"], sft["min_chars"], sft["seed"]) == (4, "median", 0, 0)

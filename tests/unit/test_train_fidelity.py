@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 from arenaflow import corpora, pools, tinymodel
+from arenaflow.config import hyper_defaults
 from arenaflow.train import data, objective
 from arenaflow.train import model as tmodel
-from arenaflow.train.loop import DEFAULTS
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
@@ -71,7 +71,7 @@ def reference_losses(corpus: Path, hyper: dict) -> tuple[list[float], list[dict]
     """The same optimisation in plain PyTorch: no DeepSpeed, one process."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    hyper = {**DEFAULTS, **hyper}
+    hyper = {**hyper_defaults(), **hyper}
     rows = data.load_corpus(corpus)[0]["sft"]
     torch.manual_seed(hyper["seed"])
     net = tmodel.build(str(BASE), "base", hyper)
@@ -201,13 +201,13 @@ def test_fused_kernels_on_cuda_train_as_transformers_modules_do(corpus, tmp_path
 
 
 def test_zero3_leaf_classes_resolve_auto_and_refuse_what_deepspeed_cannot_do():
-    net = tmodel.build(str(BASE), "base", {**DEFAULTS, **HYPER})
-    assert tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER}) == ["LlamaDecoderLayer"]
-    assert tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER, "objective": "dpo"}) == []
+    net = tmodel.build(str(BASE), "base", {**hyper_defaults(), **HYPER})
+    assert tmodel.zero3_leaf_classes(net, {**hyper_defaults(), **HYPER}) == ["LlamaDecoderLayer"]
+    assert tmodel.zero3_leaf_classes(net, {**hyper_defaults(), **HYPER, "objective": "dpo"}) == []
     with pytest.raises(SystemExit, match="objective 'simpo' runs two forward passes"):
-        tmodel.zero3_leaf_classes(net, {**DEFAULTS, **HYPER, "objective": "simpo", "zero3_leaf_modules": ["X"]})
+        tmodel.zero3_leaf_classes(net, {**hyper_defaults(), **HYPER, "objective": "simpo", "zero3_leaf_modules": ["X"]})
     with pytest.raises(SystemExit, match=r"zero3_leaf_modules \['MambaBlock'\]: no module of tiny has such a class"):
-        tmodel.mark_zero3_leaves(net, {**DEFAULTS, **HYPER, "zero3_leaf_modules": ["MambaBlock"]}, "tiny")
+        tmodel.mark_zero3_leaves(net, {**hyper_defaults(), **HYPER, "zero3_leaf_modules": ["MambaBlock"]}, "tiny")
 
 
 def test_profile_step_writes_the_profilers_table_next_to_the_run(corpus, tmp_path):
