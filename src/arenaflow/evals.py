@@ -260,7 +260,7 @@ def verify_judged(compare: list[str], noise: list[str], readouts: list[str]) -> 
                                      "files given, so nothing records its sha256")
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("readout", help="one (suite, arm, regime, replicate) readout")
@@ -288,54 +288,65 @@ def main(argv: list[str] | None = None) -> None:
     n.add_argument("--regime", default=None)
     n.add_argument("--readouts", nargs="+", required=True, help="the arm's K >= 2 replicate readouts")
     n.add_argument("--out", required=True, help="noise/{suite}/{regime}/{arm}.json")
-    args = ap.parse_args(argv)
-    if args.cmd == "readout":
-        from arenaflow import models
+    return ap
 
-        regime = json.loads(args.regime_json)
-        seed = args.seed + 1000 * args.replicate
-        model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout")
-        pool = io.read_jsonl(args.pool)
-        jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
-        t0 = time.perf_counter()
-        df = readout(pool, model, tok, args.system_prompt, regime, seed,
-                     args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
-                     engine=args.engine)
-        seconds = time.perf_counter() - t0  # decoding and scoring
-        df.insert(0, "arm", args.arm)
-        df["replicate"] = args.replicate
-        write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
-                                     "decoding": regime, "replicate": args.replicate, "seed": seed,
-                                     "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool,
-                                     "tokens": int(df["n_tokens"].sum()), "seconds": round(seconds, 3),
-                                     **verify.meta(pool)})
-        print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
-        jobclock.done(args.out, tokens=int(df["n_tokens"].sum()), seconds=seconds)
-    elif args.cmd == "compare":
-        cand, ref = load(args.cand), load(args.ref)
-        res = compare(cand, ref, args.out)
-        res.update(suite=args.suite, regime=args.regime, cand=str(cand["arm"].iloc[0]),
-                   ref=str(ref["arm"].iloc[0]),
-                   readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)})
-        io.write_json(args.out, manifest.seal(res))
-        t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
-        print(f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
-              f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}")
-    else:
-        df = load(args.readouts)
-        arms = sorted(df["arm"].unique())
-        if len(arms) != 1:
-            raise SystemExit(f"{args.out}: a noise floor is one arm against itself; got arms {arms}")
-        if df["replicate"].nunique() < 2:
-            raise SystemExit(f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
-                             "replicates to K >= 2 in config evals")
-        res = noise(df, args.out)
-        res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
-        io.write_json(args.out, manifest.seal(res))
-        t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
-        print(f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
-              f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "
-              f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}")
+
+def _readout_cmd(args) -> None:
+    from arenaflow import models
+
+    regime = json.loads(args.regime_json)
+    seed = args.seed + 1000 * args.replicate
+    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout")
+    pool = io.read_jsonl(args.pool)
+    jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+    t0 = time.perf_counter()
+    df = readout(pool, model, tok, args.system_prompt, regime, seed,
+                 args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
+                 engine=args.engine)
+    seconds = time.perf_counter() - t0  # decoding and scoring
+    df.insert(0, "arm", args.arm)
+    df["replicate"] = args.replicate
+    write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
+                                 "decoding": regime, "replicate": args.replicate, "seed": seed,
+                                 "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool,
+                                 "tokens": int(df["n_tokens"].sum()), "seconds": round(seconds, 3),
+                                 **verify.meta(pool)})
+    print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
+    jobclock.done(args.out, tokens=int(df["n_tokens"].sum()), seconds=seconds)
+
+
+def _compare_cmd(args) -> None:
+    cand, ref = load(args.cand), load(args.ref)
+    res = compare(cand, ref, args.out)
+    res.update(suite=args.suite, regime=args.regime, cand=str(cand["arm"].iloc[0]),
+               ref=str(ref["arm"].iloc[0]),
+               readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)})
+    io.write_json(args.out, manifest.seal(res))
+    t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
+    print(f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
+          f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}")
+
+
+def _noise_cmd(args) -> None:
+    df = load(args.readouts)
+    arms = sorted(df["arm"].unique())
+    if len(arms) != 1:
+        raise SystemExit(f"{args.out}: a noise floor is one arm against itself; got arms {arms}")
+    if df["replicate"].nunique() < 2:
+        raise SystemExit(f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
+                         "replicates to K >= 2 in config evals")
+    res = noise(df, args.out)
+    res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
+    io.write_json(args.out, manifest.seal(res))
+    t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
+    print(f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
+          f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "
+          f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    {"readout": _readout_cmd, "compare": _compare_cmd, "noise": _noise_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":
