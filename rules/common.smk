@@ -10,6 +10,7 @@ from snakemake.logging import logger
 from arenaflow import bar as afbar
 from arenaflow import config as afconfig
 from arenaflow import nominate as afnominate
+from arenaflow import paths as afpaths
 
 REPO = Path(workflow.basedir)
 try:
@@ -64,7 +65,7 @@ def as_json(section):
 
 def run_dir(arm):
     """runs/{arm}/final, or nothing for 'base' (which has no adapter)."""
-    return [] if arm == "base" else [f"runs/{arm}/final"]
+    return [] if arm == "base" else [afpaths.run(arm)]
 
 
 def adapter_flag(paths):
@@ -73,7 +74,7 @@ def adapter_flag(paths):
 
 def readouts(suite, arm, regime):
     reps = range(CFG["evals"][suite]["regimes"][regime]["replicates"])  # per regime (config.py)
-    return [f"readouts/{suite}/{arm}/{regime}.r{r}.parquet" for r in reps]
+    return [afpaths.readout(suite, arm, regime, r) for r in reps]
 
 
 def lineage_comparisons(arm):
@@ -82,7 +83,7 @@ def lineage_comparisons(arm):
     for a in [arm, *CFG["arms"][arm]["lineage"]]:
         init = CFG["arms"][a]["init"]
         for suite, s in CFG["evals"].items():
-            out += [f"compare/{suite}/{regime}/{a}__{init}.json" for regime in s["regimes"]]
+            out += [afpaths.compare(suite, regime, a, init) for regime in s["regimes"]]
     return out
 
 
@@ -128,7 +129,7 @@ def pool_file(wc):
 
 
 def corpus_pool(wc):
-    return f"pools/{CFG['corpora'][wc.corpus]['pool']}.jsonl"
+    return afpaths.pool(CFG["corpora"][wc.corpus]["pool"])
 
 
 # ---- rules/corpora.smk --------------------------------------------------------
@@ -147,7 +148,7 @@ def eval_pools(wc):
     """Every evaluation pool, to decontaminate the corpus against (unless it opts out)."""
     if not CFG["corpora"][wc.corpus]["decontaminate"]:
         return []
-    return sorted({f"pools/{s['pool']}.jsonl" for s in CFG["evals"].values()})
+    return sorted({afpaths.pool(s["pool"]) for s in CFG["evals"].values()})
 
 
 def candidate_flags(wc, input):
@@ -209,7 +210,7 @@ def judged(wc):
 
 def judged_readout(wc, side):
     j = judged(wc)
-    return f"readouts/{j['suite']}/{j[side]}/{j['regime']}.r{j['replicate']}.parquet"
+    return afpaths.readout(j["suite"], j[side], j["regime"], j["replicate"])
 
 
 def judged_scores(wc):
@@ -257,12 +258,12 @@ def bundle_inputs(wc):
     lineage = [served, *CFG["arms"][served]["lineage"]]
     corpora = {CFG["arms"][a]["corpus"] for a in lineage}
     out = {
-        "runs": [f"runs/{a}/final" for a in lineage],
+        "runs": [afpaths.run(a) for a in lineage],
         "corpora": [f"corpora/{c}/manifest.json" for c in sorted(corpora)],
         "compare": lineage_comparisons(served),
     }
     if "round" in b:
-        out["nomination"] = f"nominations/{b['round']}.json"
+        out["nomination"] = afpaths.nomination(b["round"])
     return out
 
 
@@ -274,7 +275,7 @@ def template_file(wc):
 
 def bundle_source(wc):
     b = CFG["bundles"][wc.bundle]
-    return f"--nomination nominations/{b['round']}.json" if "round" in b else f"--arm {b['arm']}"
+    return f"--nomination {afpaths.nomination(b['round'])}" if "round" in b else f"--arm {b['arm']}"
 
 
 # ---- rules/report.smk ---------------------------------------------------------
@@ -319,21 +320,21 @@ def round_report_inputs(wc):
     s = CFG["evals"][r["suite"]]
     arms = [a for a in [r["incumbent"], *r["candidates"]] if a != "base"]
     return {
-        "nomination": f"nominations/{wc.rnd}.json",
-        "registration": f"nominations/{wc.rnd}.bar.json",
+        "nomination": afpaths.nomination(wc.rnd),
+        "registration": afpaths.registration(wc.rnd),
         # every regime of the round's suite: the sweep greedy and as served, side by side
         "compare": [
-            f"compare/{r['suite']}/{g}/{c}__{r['incumbent']}.json"
+            afpaths.compare(r["suite"], g, c, r["incumbent"])
             for g in s["regimes"]
             for c in r["candidates"]
         ],
         "noise": [
-            f"noise/{r['suite']}/{g}/{a}.json"
+            afpaths.noise(r["suite"], g, a)
             for g, reg in s["regimes"].items()
             if reg["replicates"] >= 2
             for a in [r["incumbent"], *r["candidates"]]
         ],
-        "runs": [f"runs/{a}/final" for a in arms],
+        "runs": [afpaths.run(a) for a in arms],
     }
 
 

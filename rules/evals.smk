@@ -1,10 +1,10 @@
 rule readout:
     input:
-        pool=lambda wc: f"pools/{suite(wc)['pool']}.jsonl",
+        pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
         adapter=lambda wc: run_dir(wc.rarm),
         base=BASE_FILES,
     output:
-        "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet",
+        afpaths.READOUT,
     log:
         "logs/readouts/{suite}/{rarm}/{regime}.r{rep}.log",
     conda:
@@ -36,7 +36,7 @@ rule compare:
         cand=lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
         ref=lambda wc: readouts(wc.suite, wc.ref, wc.regime),
     output:
-        "compare/{suite}/{regime}/{rarm}__{ref}.json",
+        afpaths.COMPARE,
     log:
         "logs/compare/{suite}/{regime}/{rarm}__{ref}.log",
     conda:
@@ -51,7 +51,7 @@ rule noise:
     input:
         lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
     output:
-        "noise/{suite}/{regime}/{rarm}.json",
+        afpaths.NOISE,
     log:
         "logs/noise/{suite}/{regime}/{rarm}.log",
     conda:

@@ -4,7 +4,7 @@
 
 rule judged_pack:
     input:
-        pool=lambda wc: f"pools/{CFG['evals'][judged(wc)['suite']]['pool']}.jsonl",
+        pool=lambda wc: afpaths.pool(CFG["evals"][judged(wc)["suite"]]["pool"]),
         a=lambda wc: judged_readout(wc, "a"),
         b=lambda wc: judged_readout(wc, "b"),
     output:

@@ -17,7 +17,7 @@ for _rid, _rnd in CFG["rounds"].items():
 # the previous file in place instead of deleting it.
 rule register_bar:
     output:
-        update("nominations/{rnd}.bar.json"),
+        update(afpaths.REGISTRATION),
     log:
         "logs/nominations/{rnd}.bar.log",
     priority: 100
@@ -36,12 +36,12 @@ rule register_bar:
 # refused judgement leaves the previous nomination in place.
 checkpoint nominate:
     input:
-        registration="nominations/{rnd}.bar.json",
+        registration=afpaths.REGISTRATION,
         compare=lambda wc: round_needs(wc)["compare"],
         noise=lambda wc: round_needs(wc)["noise"],
         readouts=lambda wc: round_needs(wc)["readouts"],
     output:
-        update("nominations/{rnd}.json"),
+        update(afpaths.NOMINATION),
     log:
         "logs/nominations/{rnd}.log",
     conda:

@@ -2,7 +2,7 @@ rule build_pool:
     input:
         pool_file,
     output:
-        "pools/{pool}.jsonl",
+        afpaths.POOL,
     log:
         "logs/pools/{pool}.log",
     conda:

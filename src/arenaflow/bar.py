@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import operator
 
-from arenaflow import manifest
+from arenaflow import manifest, paths
 
 PAIRED = ("delta", "p_value", "t", "t_items", "wins_minus_losses", "words_delta", "words_t")
 LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
@@ -105,11 +105,11 @@ def requirements(rnd: dict, replicates) -> dict[str, list[str]]:
     creation times the registration must precede)."""
     need = comparisons_needed(rnd)
     noise = [(c["suite"], c["regime"], c["noise"]["arm"]) for c in resolve(rnd) if "noise" in c]
-    readouts = [f"readouts/{s}/{cand}/{r}.r{k}.parquet"
+    readouts = [paths.readout(s, cand, r, k)
                 for s, r, cand in dict.fromkeys((s, r, c) for s, r, c, _ in need)
                 for k in range(replicates(s, r))]
-    return {"compare": [f"compare/{s}/{r}/{c}__{ref}.json" for s, r, c, ref in need],
-            "noise": [f"noise/{s}/{r}/{a}.json" for s, r, a in dict.fromkeys(noise)],
+    return {"compare": [paths.compare(s, r, c, ref) for s, r, c, ref in need],
+            "noise": [paths.noise(s, r, a) for s, r, a in dict.fromkeys(noise)],
             "readouts": readouts}
 
 
@@ -142,7 +142,7 @@ def judge_clause(clause: dict, cand: str, incumbent: str, compares: dict, noises
         nz = clause["noise"]
         floor = noises[(s, r, nz["arm"])].get(nz["stat"])
         out["threshold"] = None if floor is None else nz["times"] * floor
-        out["threshold_from"] = f"{nz['times']:g} x {nz['stat']} of noise/{s}/{r}/{nz['arm']}.json"
+        out["threshold_from"] = f"{nz['times']:g} x {nz['stat']} of {paths.noise(s, r, nz['arm'])}"
         if floor is None:
             why = why or f"the noise floor's {nz['stat']} is undefined"
     else:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from arenaflow import paths
 from arenaflow.config import REPO_ROOT, with_hyper_defaults
 
 DEFAULT_HISTORY = ["runs/*/final/training_evidence.json"]
@@ -186,10 +187,10 @@ class Budget:
         return float(self.est["row_seconds"]), "prior (estimate.row_seconds)"
 
     def pending(self, arm: str) -> bool:
-        return not (self.results / "runs" / arm / "final").exists()
+        return not (self.results / paths.run(arm)).exists()
 
     def pool_rows(self, pool: str) -> int:
-        built = self.results / "pools" / f"{pool}.jsonl"
+        built = self.results / paths.pool(pool)
         if built.exists():
             return count_rows(built)
         p = self.cfg["pools"][pool]
@@ -232,7 +233,7 @@ class Budget:
         for suite, s in self.cfg["evals"].items():
             for regime, g in s["regimes"].items():
                 for r in range(g.get("replicates", s.get("replicates", 1))):
-                    yield suite, regime, self.results / "readouts" / suite / arm / f"{regime}.r{r}.parquet"
+                    yield suite, regime, self.results / paths.readout(suite, arm, regime, r)
 
     def sampling_pending(self, corpus: str) -> bool:
         return (self.cfg["corpora"][corpus]["policy"] != "reference"
@@ -273,7 +274,7 @@ class Budget:
         on_disk = 0.0
         for suite, s in self.cfg["evals"].items():
             for regime in s["regimes"]:
-                n = len(list((self.results / "readouts" / suite).glob(f"*/{regime}.r*.parquet")))
+                n = len(list(self.results.glob(paths.READOUT.format(suite=suite, rarm="*", regime=regime, rep="*"))))
                 on_disk += n * self.readout(suite, regime)
         for corpus in self.cfg["corpora"]:
             if (self.results / "candidates" / corpus / "samples.jsonl").exists():

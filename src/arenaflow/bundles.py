@@ -200,9 +200,9 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
                             "pass_at_1": st.get("pass_at_1"), **{k: st.get(k) for k in (
                                 "rows", "tokens", "supervised_tokens", "solved", "prompts", "unsolved_dropped")}})
     evaluations = []
-    for path in map(Path, args.compare):  # compare/{suite}/{regime}/{cand}__{ref}.json
+    for path in args.compare:  # written by `arenaflow.evals compare`, which records its suite and regime
         c = io.read_json(path)
-        evaluations.append({**c, "suite": f"{path.parent.parent.name}/{path.parent.name}"})
+        evaluations.append({**c, "suite": f"{c['suite']}/{c['regime']}"})
     return {"training": training, "corpora": corpora_ctx, "evaluations": evaluations,
             "nomination": nomination, "lineage": list(reversed([arm, *lineage]))}
 
