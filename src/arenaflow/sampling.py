@@ -82,37 +82,43 @@ def generate(
         enc = left_pad(tokenizer, chunk, pad, PROMPT_BUCKET if engine == "static" else 1)
         enc = {key: v.to(model.device) for key, v in enc.items()}
         torch.manual_seed(seed + b)
-        if engine == "static":
-            ids, mask = (enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask"))
-            decoder = decode.decoder_for(model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad)
-            new = decoder.run(ids, mask)
-        else:
-            gen = model.generate(
-                **enc,
-                max_new_tokens=decoding.max_new_tokens,
-                num_return_sequences=k,
-                eos_token_id=stops,
-                pad_token_id=pad,
-                **({"cache_implementation": cache_implementation} if cache_implementation else {}),
-                **decoding.generate_kwargs(),
-            )
-            new = gen[:, enc["input_ids"].shape[1] :].tolist()
+        new = _decode_batch(model, enc, decoding, k, stops, pad, engine, cache_implementation)
         for i in range(len(chunk)):
-            samples = []
-            for ids in new[i * k : (i + 1) * k]:
-                stop_at = next((j for j, t in enumerate(ids) if t in stops), None)
-                kept = ids if stop_at is None else ids[:stop_at]
-                samples.append(
-                    {
-                        "text": tokenizer.decode(kept, skip_special_tokens=True),
-                        "n_tokens": len(kept) + (stop_at is not None),
-                        "stopped": stop_at is not None,
-                    }
-                )
-                done_tokens += samples[-1]["n_tokens"]
+            samples = [_sample(tokenizer, ids, stops) for ids in new[i * k : (i + 1) * k]]
+            done_tokens += sum(s["n_tokens"] for s in samples)
             out.append(samples)
         progress(desc, len(out), len(prompts), k, done_tokens, time.time() - t0)
     return out
+
+
+def _decode_batch(model, enc: dict, decoding: Decoding, k: int, stops: list[int], pad: int,
+                  engine: str, cache_implementation: str | None) -> list[list[int]]:
+    """The new tokens of `k` samples per prompt of the left-padded batch `enc`, prompt-major."""
+    if engine == "static":
+        ids, mask = (enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask"))
+        decoder = decode.decoder_for(model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad)
+        return decoder.run(ids, mask)
+    gen = model.generate(
+        **enc,
+        max_new_tokens=decoding.max_new_tokens,
+        num_return_sequences=k,
+        eos_token_id=stops,
+        pad_token_id=pad,
+        **({"cache_implementation": cache_implementation} if cache_implementation else {}),
+        **decoding.generate_kwargs(),
+    )
+    return gen[:, enc["input_ids"].shape[1] :].tolist()
+
+
+def _sample(tokenizer, ids: list[int], stops) -> dict:
+    """{text, n_tokens, stopped} of one sample's new tokens, cut at the first stop token (which counts)."""
+    stop_at = next((j for j, t in enumerate(ids) if t in stops), None)
+    kept = ids if stop_at is None else ids[:stop_at]
+    return {
+        "text": tokenizer.decode(kept, skip_special_tokens=True),
+        "n_tokens": len(kept) + (stop_at is not None),
+        "stopped": stop_at is not None,
+    }
 
 
 def left_pad(tokenizer, texts: list[str], pad: int, multiple: int = 1) -> dict:
