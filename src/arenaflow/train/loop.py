@@ -18,12 +18,13 @@ import shutil
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
 from arenaflow.train import checkpoints, data, lora_fused, objective
 from arenaflow.train import model as tmodel
@@ -33,6 +34,11 @@ FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right aft
 PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
 FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"  # verification: "aot_eager" traces the fused kernels on CPU too
+DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
+            "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
+            "zero3_persistence_threshold": 100000,  # DeepSpeed's own default
+            "length_bucketing": True, "zero3_leaf_modules": "auto", "fused_lora": True,
+            "fused_kernels": True}
 
 
 def ensure_dist_env() -> None:
@@ -137,13 +143,54 @@ def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
     return out
 
 
-def run(args) -> None:
-    import deepspeed
-    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+@dataclass
+class Run:
+    """What setup() builds and the training, save and clean-up phases read and update."""
 
-    hyper = afconfig.with_hyper_defaults(json.loads(args.params_json))  # defaults: arm.schema.yaml
+    args: Any
+    hyper: dict
+    cuda: bool
+    rank: int
+    world: int
+    corpus: dict = None
+    corpus_record: dict = None
+    preference: bool = False
+    net: Any = None
+    pad: int = 0
+    rows: list = None
+    ref: dict | None = None
+    n_steps: int = 0
+    lengths: Any = None
+    warmup: int = 0
+    base_rev: str = ""
+    out: Path = None
+    ckpt_dir: Path = None
+    run_id: Any = None
+    plan: Any = None
+    engine: Any = None
+    optimizer: Any = None
+    start: int = 0
+    metrics: list = field(default_factory=list)
+    tokens_seen: int = 0
+    t0: float = 0.0
+    wall: float = 0.0
+
+
+def run(args) -> None:
+    """Setup, train, save, clean up (the phases of a torchtune recipe)."""
+    hyper = {**DEFAULTS, **json.loads(args.params_json)}
     if args.checkpoint_every is not None:
         hyper["checkpoint_every"] = args.checkpoint_every
+    r = setup(args, hyper)
+    train(r)
+    save(r)
+    cleanup(r)
+
+
+def setup(args, hyper: dict) -> Run:
+    """Distributed start-up, logging, corpus, model and DeepSpeed engine, resumed if a checkpoint fits."""
+    import deepspeed
+
     ensure_dist_env()
     cuda = torch.cuda.is_available()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -154,153 +201,211 @@ def run(args) -> None:
     log.info("code: %s", json.dumps(manifest.code_version()))
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    r = Run(args=args, hyper=hyper, cuda=cuda, rank=rank, world=world)
+    setup_data(r)
+    setup_engine(r)
+    return r
 
-    corpus, corpus_record = data.load_corpus(Path(args.corpus))
-    preference = hyper["objective"] in ("dpo", "simpo")
+
+def setup_data(r: Run) -> None:
+    """Corpus, model, tokenizer, DPO reference, step count and the checkpoint plan."""
+    args, hyper = r.args, r.hyper
+    r.corpus, r.corpus_record = data.load_corpus(Path(args.corpus))
+    corpus = r.corpus
+    r.preference = preference = hyper["objective"] in ("dpo", "simpo")
     if preference != ("chosen" in corpus):
         raise SystemExit(f"objective {hyper['objective']!r} needs a "
                          f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one")
     torch.manual_seed(hyper["seed"])
-    net = tmodel.build(args.base_model, args.init, hyper)
+    r.net = tmodel.build(args.base_model, args.init, hyper)
     tokenizer = models.load_tokenizer(args.base_model)
-    pad = models.pad_id(tokenizer)
+    r.pad = models.pad_id(tokenizer)
     rows = corpus["chosen"] if preference else corpus["sft"]
     if hyper["packing"] and not preference:
         rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
-    ref = reference_logprobs(net, corpus, hyper, pad) if hyper["objective"] == "dpo" else None
-    n_steps = data.total_steps(len(rows), hyper, world)
-    lengths = None
+    r.rows = rows
+    r.ref = reference_logprobs(r.net, corpus, hyper, r.pad) if hyper["objective"] == "dpo" else None
+    r.n_steps = data.total_steps(len(rows), hyper, r.world)
     if hyper["length_bucketing"]:
-        lengths = data.row_lengths(rows, hyper["seq_len"])
+        r.lengths = data.row_lengths(rows, hyper["seq_len"])
         if preference:
-            lengths = np.maximum(lengths, data.row_lengths(corpus["rejected"], hyper["seq_len"]))
-    warmup = math.ceil(hyper["warmup_ratio"] * n_steps)
-    base_rev = models.base_revision(args.base_model, args.base_revision)
-    out = Path(args.out)
-    ckpt_dir = out.parent / "checkpoints"
-    run_id = checkpoints.identity(hyper, corpus_record["digest"], args.init, base_rev, world)
-    plan = checkpoints.plan(ckpt_dir, run_id, world)
-    if plan.universal:
-        checkpoints.to_universal(ckpt_dir, plan.tag)
-    leaf = tmodel.mark_zero3_leaves(net, hyper, args.base_model)
+            r.lengths = np.maximum(r.lengths, data.row_lengths(corpus["rejected"], hyper["seq_len"]))
+    r.warmup = math.ceil(hyper["warmup_ratio"] * r.n_steps)
+    r.base_rev = models.base_revision(args.base_model, args.base_revision)
+    r.out = Path(args.out)
+    r.ckpt_dir = r.out.parent / "checkpoints"
+    r.run_id = checkpoints.identity(hyper, r.corpus_record["digest"], args.init, r.base_rev, r.world)
+    r.plan = checkpoints.plan(r.ckpt_dir, r.run_id, r.world)
+    if r.plan.universal:
+        checkpoints.to_universal(r.ckpt_dir, r.plan.tag)
+
+
+def setup_engine(r: Run) -> None:
+    """ZeRO-3 leaves, fused kernels, the DeepSpeed engine and the resumed steps."""
+    import deepspeed
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    net, hyper = r.net, r.hyper
+    leaf = tmodel.mark_zero3_leaves(net, hyper, r.args.base_model)
     log.info("ZeRO-3 leaf modules: %s", leaf or "none (hooks on every submodule)")
     if leaf and hyper["method"] == "lora" and hyper["fused_lora"]:  # needs whole blocks gathered
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
     backend = os.environ.get(FUSED_BACKEND)
-    if hyper["fused_kernels"] and (cuda or backend):  # inductor kernels: GPUs only (gains measured there)
+    if hyper["fused_kernels"] and (r.cuda or backend):  # inductor kernels: GPUs only (gains measured there)
         log.info("fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor"))
-    engine, optimizer, _, _ = deepspeed.initialize(
+    r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
-        optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=cuda or None),
+        optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=r.cuda or None),
         # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
         # WarmupCosineLR runs one step behind (docs/notes.md#separate-learning-rates-and-the-scheduler).
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
-            opt, warmup, n_steps, min_lr_rate=hyper["min_lr_ratio"]),
-        config=deepspeed_config(hyper, cuda, plan.universal),
+            opt, r.warmup, r.n_steps, min_lr_rate=hyper["min_lr_ratio"]),
+        config=deepspeed_config(hyper, r.cuda, r.plan.universal),
     )
-    start, metrics = checkpoints.resume(engine, ckpt_dir, plan)
-    if rank == 0:  # start-up (imports, model, DeepSpeed) ends; the first step compiles
-        jobclock.loaded(args.out)
-    tokens_seen = metrics[-1]["tokens_seen"] if metrics else 0
-    t0 = time.time() - (metrics[-1]["elapsed_s"] if metrics else 0.0)
-    progress = Progress(out.parent / "metrics.jsonl", metrics, start, n_steps, rank)
-    for step, glob in data.global_batches(len(rows), hyper, world):
-        if step > n_steps:
+    r.start, r.metrics = checkpoints.resume(r.engine, r.ckpt_dir, r.plan)
+    if r.rank == 0:  # start-up (imports, model, DeepSpeed) ends; the first step compiles
+        jobclock.loaded(r.args.out)
+    r.tokens_seen = r.metrics[-1]["tokens_seen"] if r.metrics else 0
+    r.t0 = time.time() - (r.metrics[-1]["elapsed_s"] if r.metrics else 0.0)
+
+
+def train(r: Run) -> None:
+    """Every step after the resumed ones: metrics appended, checkpoints every `checkpoint_every`."""
+    progress = Progress(r.out.parent / "metrics.jsonl", r.metrics, r.start, r.n_steps, r.rank)
+    for step, glob in data.global_batches(len(r.rows), r.hyper, r.world):
+        if step > r.n_steps:
             break
-        if step <= start:
+        if step <= r.start:
             continue
-        prof = start_profile(step)
-        # Divide each micro-batch's *sum* by the global count; DeepSpeed divides by grad_accum
-        # and averages over ranks, hence the world * accum factor.
-        n_global = len(glob) if preference else data.supervised_tokens(rows, glob, hyper["seq_len"])
-        scale = world * hyper["grad_accum"] / max(n_global, 1)
-        # Summed on the device and read once per step: a .item() per micro-batch would stall
-        # the host until the GPU drains, every micro-batch.
-        loss_acc = torch.zeros((), dtype=torch.float64, device=engine.device)
-        host = [0.0, 0.0, 0.0]  # tokens, margin, pref_acc
-        for micro in data.micro_batches(glob, hyper, world, rank, lengths):
-            if preference:
-                cpu = {s: data.collate(corpus[s], micro, hyper["seq_len"], pad) for s in ("chosen", "rejected")}
-                batch = {s: {k: v.to(engine.device) for k, v in b.items()} for s, b in cpu.items()}
-                r = (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device)) if ref else None
-                loss_sum, diag = objective.preference_sum(engine, batch["chosen"], batch["rejected"], r, hyper)
-                ntok = int(cpu["chosen"]["attention_mask"].sum() + cpu["rejected"]["attention_mask"].sum())
-            else:
-                cpu = data.collate(rows, micro, hyper["seq_len"], pad)
-                batch = {k: v.to(engine.device, non_blocking=True) for k, v in cpu.items()}
-                loss_sum, diag = objective.sft_sum(engine, batch)
-                ntok = int(cpu["attention_mask"].sum())
-            engine.backward(loss_sum * scale)
-            lrs = {g["name"]: g["lr"] for g in optimizer.param_groups}  # the LRs this step applies
-            engine.step()
-            loss_acc += loss_sum.detach()
-            host = [host[0] + ntok, host[1] + diag.get("margin", 0.0), host[2] + diag.get("pref_acc", 0.0)]
-        sums = torch.cat([loss_acc.reshape(1), torch.tensor(host, dtype=torch.float64, device=engine.device)])
-        if world > 1:
-            torch.distributed.all_reduce(sums)  # on the device: NCCL reduces CUDA tensors only
-        sums = sums.cpu()
-        if prof:
-            finish_profile(prof, out.parent / f"profile_rank{rank}.txt")
-        tokens_seen += int(sums[1])
-        gn = engine.get_global_grad_norm()
-        m = {"step": step, "loss": float(sums[0]) / max(n_global, 1),
-             "grad_norm": None if gn is None else float(gn), "lr": lrs, "tokens_seen": tokens_seen,
-             "elapsed_s": round(time.time() - t0, 3)}
-        if preference:
-            m.update(margin=float(sums[2]) / len(glob), pref_acc=float(sums[3]) / len(glob))
-        metrics.append(m)
+        m, lrs = train_step(r, step, glob)
+        r.metrics.append(m)
         progress.step(m, lrs)
-        if hyper["checkpoint_every"] and step % hyper["checkpoint_every"] == 0 and step < n_steps:
-            checkpoints.save(engine, ckpt_dir, step, metrics, run_id, world)
-            if os.environ.get(FAIL_AFTER_STEP) == str(step):
-                log.warning("%s=%d: exiting as if preempted", FAIL_AFTER_STEP, step)
-                sys.stdout.flush()
-                os._exit(75)
-    wall = time.time() - t0
+        if r.hyper["checkpoint_every"] and step % r.hyper["checkpoint_every"] == 0 and step < r.n_steps:
+            save_checkpoint(r, step)
+    r.wall = time.time() - r.t0
     progress.close()
 
+
+def train_step(r: Run, step: int, glob) -> tuple[dict, dict]:
+    """One optimizer step over the global batch `glob`: its metrics and the LRs it applied."""
+    prof = start_profile(step)
+    # Divide each micro-batch's *sum* by the global count; DeepSpeed divides by grad_accum
+    # and averages over ranks, hence the world * accum factor.
+    n_global = len(glob) if r.preference else data.supervised_tokens(r.rows, glob, r.hyper["seq_len"])
+    scale = r.world * r.hyper["grad_accum"] / max(n_global, 1)
+    sums, lrs = accumulate(r, glob, scale)
+    if prof:
+        finish_profile(prof, r.out.parent / f"profile_rank{r.rank}.txt")
+    r.tokens_seen += int(sums[1])
+    gn = r.engine.get_global_grad_norm()
+    m = {"step": step, "loss": float(sums[0]) / max(n_global, 1),
+         "grad_norm": None if gn is None else float(gn), "lr": lrs, "tokens_seen": r.tokens_seen,
+         "elapsed_s": round(time.time() - r.t0, 3)}
+    if r.preference:
+        m.update(margin=float(sums[2]) / len(glob), pref_acc=float(sums[3]) / len(glob))
+    return m, lrs
+
+
+def accumulate(r: Run, glob, scale: float) -> tuple[torch.Tensor, dict]:
+    """Forward and backward of this rank's micro-batches; [loss, tokens, margin, pref_acc]
+    summed over ranks (on the host) and the LRs applied."""
+    engine = r.engine
+    # Summed on the device and read once per step: a .item() per micro-batch would stall
+    # the host until the GPU drains, every micro-batch.
+    loss_acc = torch.zeros((), dtype=torch.float64, device=engine.device)
+    host = [0.0, 0.0, 0.0]  # tokens, margin, pref_acc
+    for micro in data.micro_batches(glob, r.hyper, r.world, r.rank, r.lengths):
+        loss_sum, diag, ntok = micro_loss(r, micro)
+        engine.backward(loss_sum * scale)
+        lrs = {g["name"]: g["lr"] for g in r.optimizer.param_groups}  # the LRs this step applies
+        engine.step()
+        loss_acc += loss_sum.detach()
+        host = [host[0] + ntok, host[1] + diag.get("margin", 0.0), host[2] + diag.get("pref_acc", 0.0)]
+    sums = torch.cat([loss_acc.reshape(1), torch.tensor(host, dtype=torch.float64, device=engine.device)])
+    if r.world > 1:
+        torch.distributed.all_reduce(sums)  # on the device: NCCL reduces CUDA tensors only
+    return sums.cpu(), lrs
+
+
+def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int]:
+    """One micro-batch's summed loss, its diagnostics and its attended tokens."""
+    engine, seq_len, pad = r.engine, r.hyper["seq_len"], r.pad
+    if r.preference:
+        cpu = {s: data.collate(r.corpus[s], micro, seq_len, pad) for s in ("chosen", "rejected")}
+        batch = {s: {k: v.to(engine.device) for k, v in b.items()} for s, b in cpu.items()}
+        ref = r.ref
+        ref = (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device)) if ref else None
+        loss_sum, diag = objective.preference_sum(engine, batch["chosen"], batch["rejected"], ref, r.hyper)
+        ntok = int(cpu["chosen"]["attention_mask"].sum() + cpu["rejected"]["attention_mask"].sum())
+    else:
+        cpu = data.collate(r.rows, micro, seq_len, pad)
+        batch = {k: v.to(engine.device, non_blocking=True) for k, v in cpu.items()}
+        loss_sum, diag = objective.sft_sum(engine, batch)
+        ntok = int(cpu["attention_mask"].sum())
+    return loss_sum, diag, ntok
+
+
+def save_checkpoint(r: Run, step: int) -> None:
+    checkpoints.save(r.engine, r.ckpt_dir, step, r.metrics, r.run_id, r.world)
+    if os.environ.get(FAIL_AFTER_STEP) == str(step):
+        log.warning("%s=%d: exiting as if preempted", FAIL_AFTER_STEP, step)
+        sys.stdout.flush()
+        os._exit(75)
+
+
+def save(r: Run) -> None:
+    """The final weights, evidence, metrics and manifest; the probe's logits when asked."""
     # Every rank joins the gather inside save(); only rank 0 writes.
-    with io.atomic_dir(out) if rank == 0 else contextlib.nullcontext(out) as tmp:
-        tmodel.save(engine, net, tmp, rank, hyper)
-        if rank == 0:
-            io.write_json(tmp / "training_evidence.json", {
-                "arm": args.arm,
-                "job_id": os.environ.get("SLURM_JOB_ID") or f"local-{socket.gethostname()}-{os.getpid()}",
-                "gpu_env": {k: os.environ.get(k) for k in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")},
-                "optimizer_steps": len(metrics),
-                "resumed_from_step": start or None,
-                "tokens_seen": tokens_seen,
-                "dataset_sha256": corpus_record["digest"],
-                "dataset_files_sha256": {k: v["sha256"] for k, v in corpus_record["files"].items()},
-                "manifest_sha256": manifest.sha256_file(Path(args.corpus) / manifest.MANIFEST),
-                "corpus": args.corpus_id or Path(args.corpus).name,
-                "base_model": args.base_name or args.base_model,
-                "base_revision": base_rev,
-                "init": Path(args.init).parent.name if args.init != "base" else "base",
-                "hyperparameters": hyper,
-                "world_size": world,
-                "device": "cuda" if cuda else "cpu",
-                "code": manifest.code_version(),
-                "wall_time_s": round(wall, 2),
-                "gpu_hours": round(wall * world / 3600, 4) if cuda else 0.0,
-                "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-                "final_loss": metrics[-1]["loss"] if metrics else None,
-            })
-            io.write_jsonl(tmp / "metrics.jsonl", metrics)
-            manifest.write(tmp, params=hyper)
+    with io.atomic_dir(r.out) if r.rank == 0 else contextlib.nullcontext(r.out) as tmp:
+        tmodel.save(r.engine, r.net, tmp, r.rank, r.hyper)
+        if r.rank == 0:
+            io.write_json(tmp / "training_evidence.json", training_evidence(r))
+            io.write_jsonl(tmp / "metrics.jsonl", r.metrics)
+            manifest.write(tmp, params=r.hyper)
     if os.environ.get(PROBE_LOGITS):
         # Every rank joins the forward (ZeRO-3 gathers each layer's shards as it runs).
-        probe = {k: v.to(engine.device) for k, v in data.collate(rows, [0], hyper["seq_len"], pad).items()}
+        probe = {k: v.to(r.engine.device) for k, v in data.collate(r.rows, [0], r.hyper["seq_len"], r.pad).items()}
         with torch.no_grad():
-            logits = engine(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
-        if rank == 0:
+            logits = r.engine(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+        if r.rank == 0:
             torch.save({"input_ids": probe["input_ids"].cpu(), "logits": logits.float().cpu()},
                        os.environ[PROBE_LOGITS])
-    if rank == 0:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)  # the final weights supersede them
-        log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", args.arm, len(metrics),
-                 metrics[-1]["loss"], wall, out)
-        jobclock.done(args.out, tokens=tokens_seen, seconds=round(wall, 3))
+
+
+def training_evidence(r: Run) -> dict:
+    args, cuda, wall, metrics = r.args, r.cuda, r.wall, r.metrics
+    return {
+        "arm": args.arm,
+        "job_id": os.environ.get("SLURM_JOB_ID") or f"local-{socket.gethostname()}-{os.getpid()}",
+        "gpu_env": {k: os.environ.get(k) for k in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")},
+        "optimizer_steps": len(metrics),
+        "resumed_from_step": r.start or None,
+        "tokens_seen": r.tokens_seen,
+        "dataset_sha256": r.corpus_record["digest"],
+        "dataset_files_sha256": {k: v["sha256"] for k, v in r.corpus_record["files"].items()},
+        "manifest_sha256": manifest.sha256_file(Path(args.corpus) / manifest.MANIFEST),
+        "corpus": args.corpus_id or Path(args.corpus).name,
+        "base_model": args.base_name or args.base_model,
+        "base_revision": r.base_rev,
+        "init": Path(args.init).parent.name if args.init != "base" else "base",
+        "hyperparameters": r.hyper,
+        "world_size": r.world,
+        "device": "cuda" if cuda else "cpu",
+        "code": manifest.code_version(),
+        "wall_time_s": round(wall, 2),
+        "gpu_hours": round(wall * r.world / 3600, 4) if cuda else 0.0,
+        "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "final_loss": metrics[-1]["loss"] if metrics else None,
+    }
+
+
+def cleanup(r: Run) -> None:
+    """Drop the checkpoints, log the summary and leave the process group together."""
+    if r.rank == 0:
+        shutil.rmtree(r.ckpt_dir, ignore_errors=True)  # the final weights supersede them
+        log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", r.args.arm, len(r.metrics),
+                 r.metrics[-1]["loss"], r.wall, r.out)
+        jobclock.done(r.args.out, tokens=r.tokens_seen, seconds=round(r.wall, 3))
     # No rank leaves before rank 0 has committed the outputs (see __main__ on the exit itself).
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
