@@ -88,14 +88,18 @@ def lineage_comparisons(arm):
 
 
 # The GPU-minute budget (config `budget:`, arenaflow.budget). The train rule's input function
-# calls budget_gate for every arm the DAG holds, while the DAG is built: the pending arms seen so
-# far are costed together, and a run that would overrun the budget is refused there, naming the
-# arm, its estimate and the budget left, before any job is submitted. Not re-checked inside a
-# submitted job (the decision was made before sbatch), nor by --touch or --report (no executor).
+# calls budget_gate for every arm the DAG holds, while the DAG is built, before any job is
+# submitted. Stateless: an input function cannot see which targets were asked for, so each arm
+# is costed with what any DAG holding it must also run (its pending lineage) and with the other
+# pending arms of every round that names it, with their lineages (Budget.gate_arms); a run that
+# would overrun the budget is refused there, naming the arm, its estimate and the budget left.
+# Unlike the set it replaces (arms seen so far in this DAG), it does not add up independent
+# lineages asked for together (two targets in no common round): run `python -m arenaflow.plan`
+# for those. Not re-checked inside a submitted job (the decision was made before sbatch), nor by
+# --touch or --report (no executor).
 from arenaflow import budget as afbudget
 
 BUDGET = afbudget.Budget(CFG, results=REPO / CFG["results_dir"]) if "budget" in CFG else None
-BUDGET_ARMS = set()
 
 
 def budget_gate(wc):
@@ -104,13 +108,11 @@ def budget_gate(wc):
         or not workflow.is_main_process
         or workflow.executor_plugin is None
         or workflow.touch
-        or wc.arm in BUDGET_ARMS
     ):
         return []
-    BUDGET_ARMS.add(wc.arm)
     BUDGET.refresh()  # a DAG update after a checkpoint sees what has run since
     try:
-        BUDGET.check(BUDGET_ARMS, wc.arm)
+        BUDGET.check(BUDGET.gate_arms(wc.arm), wc.arm)
     except afbudget.BudgetError as e:
         raise WorkflowError(str(e)) from None
     return []

@@ -261,6 +261,23 @@ class Budget:
     def pending_arms(self) -> list[str]:
         return [a for a in sorted(self.cfg["arms"]) if self.pending(a)]
 
+    def gate_arms(self, arm: str) -> list[str]:
+        """The arms costed together when the workflow gates `arm`: `arm`, its lineage (init and
+        corpus-policy ancestors), and, for each round with `arm` among its candidates, every arm
+        of that round (incumbent, control, the other candidates) with its lineage. A function of
+        the config alone: whatever target makes the DAG hold `arm`, it holds this set's pending
+        arms too, except a candidate's siblings when the target is the candidate alone (counting
+        them is the safe side: the round's nomination needs them all)."""
+        arms = self.cfg["arms"]
+        out = {arm, *arms[arm]["lineage"]}
+        for rnd in self.cfg.get("rounds", {}).values():
+            members = [rnd["incumbent"], *rnd.get("candidates", []), rnd.get("control")]
+            if arm in rnd.get("candidates", []):
+                for a in members:
+                    if a in arms:
+                        out |= {a, *arms[a]["lineage"]}
+        return sorted(out)
+
     def cost(self, arms) -> float:
         """GPU-minutes of running `arms` (pending ones; a shared corpus is sampled once)."""
         ests = [self.estimate(a) for a in arms if self.pending(a)]

@@ -195,6 +195,15 @@ def test_check_names_the_arm_its_estimate_and_the_budget_left(tmp_path):
     assert "6.0 of 7.0 GPU-minutes are left" in msg and "(S1)" in msg
 
 
+def test_the_gate_costs_an_arm_with_its_lineage_and_its_rounds_other_arms(tmp_path):
+    b = afbudget.Budget(e2e_config(tmp_path, {"gpu_minutes": 8}))
+    assert b.gate_arms("S1") == ["S1"]
+    assert b.gate_arms("R220") == ["R220", "S1"]
+    assert b.gate_arms("R2d") == ["R220", "R2d", "S1"]  # an incumbent: its lineage only
+    everyone = ["B1", "B2", "B3", "B4", "R220", "R2d", "S1"]
+    assert [b.gate_arms(a) for a in ("B1", "B4")] == [everyone, everyone]  # a candidate: the round
+
+
 def snakemake_dry(tmp_path: Path, target: str, budget: dict, env=None):
     arms = tmp_path / "arms"
     if not arms.exists():
