@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
 from arenaflow.train import checkpoints, data, lora_fused, objective
 from arenaflow.train import model as tmodel
@@ -34,11 +35,6 @@ FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right aft
 PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
 FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"  # verification: "aot_eager" traces the fused kernels on CPU too
-DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
-            "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
-            "zero3_persistence_threshold": 100000,  # DeepSpeed's own default
-            "length_bucketing": True, "zero3_leaf_modules": "auto", "fused_lora": True,
-            "fused_kernels": True}
 
 
 def ensure_dist_env() -> None:
@@ -178,7 +174,7 @@ class Run:
 
 def run(args) -> None:
     """Setup, train, save, clean up (the phases of a torchtune recipe)."""
-    hyper = {**DEFAULTS, **json.loads(args.params_json)}
+    hyper = afconfig.with_hyper_defaults(json.loads(args.params_json))  # defaults: arm.schema.yaml
     if args.checkpoint_every is not None:
         hyper["checkpoint_every"] = args.checkpoint_every
     r = setup(args, hyper)
