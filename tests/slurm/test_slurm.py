@@ -9,8 +9,9 @@ call is bounded by `timeout -k`.
 
 What is checked, from Slurm's own records (`scontrol show job`), the plugin's sbatch calls
 (`--verbose`) and each training job's environment (training_evidence.json's gpu_env):
-  - the smallest DAG that runs every rule (tests/e2e/mini.yaml) to bundles/B3f runs under
-    --profile tests/slurm/profile, every job a Slurm job (register_bar is local);
+  - the smallest DAG that runs every rule (tests/e2e/mini.yaml), to round r3's nomination (or
+    bundles/B3f, see TARGET), runs under --profile tests/slurm/profile, every job a Slurm job
+    (register_bar is local);
   - GPU rules (train_arm, sample_candidates, readout) were submitted with --gres=gpu:N and no
     --gpus/--ntasks-per-gpu; training ran with SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES set;
   - CPU rules (build_pool, build_corpus, verify_candidates, compare, noise, nominate,
@@ -37,9 +38,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "tests/slurm/profile"
 TIMEOUT = int(os.environ.get("ARENAFLOW_SLURM_TEST_TIMEOUT", "900"))  # per Snakemake call, seconds
-# The smallest DAG that runs every rule (tests/e2e/mini.yaml), to its bundle.
+# The smallest DAG that runs every rule (tests/e2e/mini.yaml), to round r3's nomination: every
+# GPU rule and the CPU rules up to the checkpoint. bundles/B3f adds the served readouts of the
+# lineage and the bundle (~2 min more on 2 cores): ARENAFLOW_SLURM_E2E_TARGET=bundles/B3f.
 CONFIGS = [str(REPO / f) for f in ("config/config.yaml", "tests/e2e/config.yaml", "tests/e2e/mini.yaml")]
-TARGET = os.environ.get("ARENAFLOW_SLURM_E2E_TARGET", "bundles/B3f")
+TARGET = os.environ.get("ARENAFLOW_SLURM_E2E_TARGET", "nominations/r3.json")
 pytestmark = pytest.mark.slurm
 
 GPU_RULES = {"train_arm", "sample_candidates", "readout"}
