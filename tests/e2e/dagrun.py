@@ -26,16 +26,32 @@ def snakemake(*args: str, results: Path, arms: Path, check: bool = True, timeout
     return proc
 
 
+def planned_blocks(out: str) -> list[tuple[str, str]]:
+    """(rule, the job's block of text) of every job a dry run's output lists."""
+    blocks = []
+    for block in re.split(r"\n(?=(?:\[.*\]\n)?(?:local)?(?:rule|checkpoint) \w+:)", out):
+        m = re.search(r"^(?:\[.*\]\n)?(?:local)?(?:rule|checkpoint) (\w+):", block)
+        if m and m.group(1) != "all":
+            blocks.append((m.group(1), block))
+    return blocks
+
+
 def planned_jobs(proc) -> list[tuple[str, str]]:
     """(rule, wildcards) of every job a dry run would run."""
-    out = proc.stdout + proc.stderr
     jobs = []
-    for block in re.split(r"\n(?=\[.*\]\n(?:local)?(?:rule|checkpoint) )", out):
-        m = re.search(r"(?:rule|checkpoint) (\w+):", block)
-        if m and m.group(1) != "all":
-            wc = re.search(r"wildcards: (.*)", block)
-            jobs.append((m.group(1), wc.group(1).strip() if wc else ""))
+    for rule, block in planned_blocks(proc.stdout + proc.stderr):
+        wc = re.search(r"wildcards: (.*)", block)
+        jobs.append((rule, wc.group(1).strip() if wc else ""))
     return jobs
+
+
+def planned_resources(cmd: list[str]) -> list[tuple[str, str, str]]:
+    """Run a dry run (`cmd`) and give (rule, block, resources line) of every job it plans."""
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    return [(rule, block, re.search(r"resources: (.*)", block).group(1))
+            for rule, block in planned_blocks(out)]
 
 
 def build(root: Path, configfiles: tuple[Path, ...]) -> dict:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from dagrun import planned_resources
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
@@ -33,16 +33,8 @@ def test_a_dry_run_asks_gres_for_gpu_rules_only(tmp_path):
     cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", "bundles/B3f",
            "--profile", str(REPO / "profiles/slurm"), "--configfile", str(REPO / "config/config.yaml"),
            str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
     seen = set()
-    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) )", out):
-        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
-        if not m or m.group(1) == "all":
-            continue
-        rule = m.group(1)
-        res = re.search(r"resources: (.*)", block).group(1)
+    for rule, block, res in planned_resources(cmd):
         gres = re.search(r"\bgres=gpu:(\d+)", res)
         assert not re.search(r"\bgpus?=", res), (rule, res)  # never the plugin's gpu=N
         if rule in GPU_RULES:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from dagrun import planned_resources
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
@@ -32,15 +32,8 @@ def test_a_dry_run_asks_local_gpus_for_gpu_rules_only(tmp_path, cap):
            "--profile", str(REPO / "profiles/gpu-local"), "--configfile", str(REPO / "config/config.yaml"),
            str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}",
            *(["--resources", f"local_gpus={cap}"] if cap else [])]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
     seen = set()
-    for block in re.split(r"\n(?=(?:local)?(?:rule|checkpoint) )", out):
-        m = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
-        if not m or m.group(1) == "all":
-            continue
-        rule, res = m.group(1), re.search(r"resources: (.*)", block).group(1)
+    for rule, block, res in planned_resources(cmd):
         asked = re.search(r"\blocal_gpus=(\d+)", res)
         assert not re.search(r"\bgpus?=", res), (rule, res)
         if rule in GPU_RULES:
