@@ -60,7 +60,13 @@ def test_sweep_is_ordered_by_learning_rate():
     assert roundreport.sweep_order(RND["candidates"], ARMS) == ["B2", "B1", "B3", "B4"]
 
 
-def test_pages_without_noise_or_metrics_say_so(tmp_path):
+def test_pages_without_noise_or_metrics_say_so(tmp_path, monkeypatch):
+    said = {}
+    empty = roundreport._empty
+    monkeypatch.setattr(roundreport, "_empty", lambda path, msg: (said.setdefault(path.name, msg), empty(path, msg)))
     roundreport.noise_floor(tmp_path / "n.png", {})
     roundreport.loss_curves(tmp_path / "l.png", {"B1": tmp_path / "missing"}, "R2d")
-    assert (tmp_path / "n.png").stat().st_size > 0 and (tmp_path / "l.png").stat().st_size > 0
+    assert "no noise floor was measured" in said["n.png"] and "K >= 2" in said["n.png"]
+    assert "No training metrics" in said["l.png"]
+    for name in ("n.png", "l.png"):  # still a page, one that says why it is empty
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
