@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import json
+import re
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from arenaflow import evals, io, verify
@@ -187,16 +191,27 @@ def tiny_readout(tmp_path_factory, repo_root):
 
 
 def test_same_seed_gives_identical_readout_rows_and_shows_progress(tiny_readout, capsys):
-    a, b = tiny_readout("a"), tiny_readout("b")
+    now = lambda: dt.datetime.now(dt.timezone.utc)  # noqa: E731
+    before = now()
+    a = tiny_readout("a")
+    between = now()
+    b = tiny_readout("b")
+    after = now()
     err = capsys.readouterr().err
     assert "readout math/base/served.r0: 4/6 prompts" in err and "6/6 prompts" in err  # per batch
     da, db = pd.read_parquet(a), pd.read_parquet(b)
     pd.testing.assert_frame_equal(da, db)
     assert len(da) == len(POOL) and da["item_id"].tolist() == [r["id"] for r in POOL]
-    ma, mb = evals.readout_meta(a), evals.readout_meta(b)
+    # the metadata is read here from the parquet schema itself, not through readout_meta
+    ma, mb = (json.loads(pq.read_schema(p).metadata[evals.META_KEY]) for p in (a, b))
+    assert evals.readout_meta(a) == ma
     assert ma["seed"] == 0 and ma["decoding"]["temperature"] == 0.8
     assert ma["verifier"] == verify.verifier()  # a math pool
-    assert ma["created_utc"] <= mb["created_utc"]  # recorded in the schema, not in the rows
+    # when each was made is recorded (a UTC time inside its own run), so it differs between the
+    # two; their rows are still identical, so it is in the schema, not in the rows
+    made = [dt.datetime.fromisoformat(m["created_utc"]) for m in (ma, mb)]
+    assert before <= made[0] <= between <= made[1] <= after and made[0] < made[1]
+    assert not {"created_utc", "code", "seconds"} & set(da.columns)  # what differs run to run
 
 
 def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
@@ -204,10 +219,19 @@ def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
     m0, m1 = evals.readout_meta(r0), evals.readout_meta(r1)
     assert (m0["seed"], m1["seed"]) == (0, 1000)
     d0, d1 = pd.read_parquet(r0), pd.read_parquet(r1)
-    assert d0["prompt_sha256"].tolist() == d1["prompt_sha256"].tolist()
     assert d0["completion"].tolist() != d1["completion"].tolist()  # T=0.8, another seed
+    # replicate 1 decodes with seed 0 + 1000 (not only records it): replicate 0 at seed 1000
+    # reads out the same rows
+    seeded = pd.read_parquet(tiny_readout("s1000", replicate=0, seed=1000))
+    pd.testing.assert_frame_equal(seeded.drop(columns="replicate"), d1.drop(columns="replicate"))
+    # each item carries the same prompt and target on both replicates, whatever the row order
+    d1 = d1.sample(frac=1, random_state=0)
+    keys = ["item_id", "prompt_sha256", "target_sha256"]
+    assert sorted(map(tuple, d0[keys].to_numpy())) == sorted(map(tuple, d1[keys].to_numpy()))
     res = evals.noise(pd.concat([d0, d1], ignore_index=True), "t")
-    assert res["k"] == 2 and res["n"] == len(POOL)
+    assert res["k"] == 2 and res["n"] == len(POOL) and res["replicate_ids"] == [0, 1]
+    accuracies = [100 * d["correct"].mean() for d in (d0, d1)]
+    assert res["replicate_accuracies"] == pytest.approx(accuracies)
 
 
 def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tiny_readout):
@@ -217,25 +241,39 @@ def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tin
     assert (evals.readout_meta(hf)["engine"], evals.readout_meta(static)["engine"]) == ("hf", "static")
 
 
-def test_readout_scores_instruction_and_open_items_with_the_candidate_verdicts():
-    from pathlib import Path
-
+def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdicts(repo_root):
     from arenaflow import models
 
-    base = Path(__file__).resolve().parents[2] / "models/tiny-arith"
-    model, tok = models.load_policy(base, None)
+    model, tok = models.load_policy(repo_root / "models/tiny-arith", None)
+    apples = "Ann has 23 apples and gets 15 more. How many apples now?"
+    pens, cups = ("Ann has 3 pens and gets 4 more. How many pens now?",
+                  "Ben has 5 cups and gets 2 more. How many cups now?")
     pool = [
-        {"id": "if-1", "category": "no_char", "prompt": "Ann has 3 pens and gets 4 more. How many pens now?",
+        {"id": "math-38", "category": "add", "prompt": apples, "gold": "38"},
+        {"id": "math-83", "category": "add", "prompt": apples, "gold": "83"},  # a wrong gold
+        {"id": "if-1", "category": "no_char", "prompt": pens,
          "constraints": [{"type": "no_digits"}]},
-        {"id": "open-1", "category": "open", "prompt": "Ben has 5 cups and gets 2 more. How many cups now?",
-         "min_chars": 0},
+        {"id": "open-1", "category": "open", "prompt": cups, "min_chars": 0},
+        {"id": "open-long", "category": "open", "prompt": cups, "min_chars": 200},
     ]
     df = evals.readout(pool, model, tok, "", {"temperature": 0.0, "max_new_tokens": 48}, 0, 8, "t")
-    row_if, row_open = df.iloc[0], df.iloc[1]
-    # the tiny model answers with digits ("3 + 4 = 7."), which the constraint forbids
-    assert not row_if["correct"] and "no_digits" in row_if["reasons"]
-    assert bool(row_open["correct"]) == bool(row_open["stopped"] and not row_open["loop"])
-    assert row_if["target_sha256"] != row_open["target_sha256"]
+    df = df.set_index("item_id")
+    text = df["completion"]
+    assert df["stopped"].all() and not (df["loop"] | df["empty"] | df["fffd"]).any()
+    # math: right when the answer's last number is the gold (the tiny model answers
+    # "... = 38. The answer is 38."), so one gold of the two is met
+    last_number = text.map(lambda t: re.findall(r"-?\d+", t)[-1])
+    gold = pd.Series({r["id"]: r["gold"] for r in pool if "gold" in r})
+    expected = (last_number[gold.index] == gold).tolist()
+    assert df.loc[gold.index, "correct"].tolist() == expected == [True, False]
+    assert df.loc["math-38", "target_sha256"] == hashlib.sha256(b"38").hexdigest()
+    # instruction following: the tiny model answers with digits, which the constraint forbids
+    assert any(c.isdigit() for c in text["if-1"])
+    assert not df.loc["if-1", "correct"] and "no_digits" in df.loc["if-1", "reasons"]
+    # open-ended: a clean stopped answer is right when it is long enough
+    assert df.loc["open-1", "correct"]
+    assert len(text["open-long"]) < 200 and not df.loc["open-long", "correct"]
+    assert df["target_sha256"].nunique() == len(pool)
 
 
 def test_compare_splits_the_structural_battery_by_category():
