@@ -33,6 +33,8 @@ workdir: str(REPO / CFG["results_dir"])
 BASE = CFG["base"]["path"]
 BASE_FILES = sorted(str(p) for p in Path(BASE).iterdir() if p.is_file())
 ARM_IDS = sorted(CFG["arms"])
+TRAINED_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afconfig.TRAINED)
+MERGED_IDS = sorted(set(ARM_IDS) - set(TRAINED_IDS))
 READOUT_ARMS = ["base", *ARM_IDS]
 
 
@@ -184,6 +186,22 @@ def launcher(wc):
     return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
 
 
+# ---- rules/merge.smk ----------------------------------------------------------
+
+
+def merge_parents(wc):
+    return [afpaths.run(p) for p in arm(wc)["merge"]["weights"]]
+
+
+def merge_flags(wc, input):
+    """--parent ARM=DIR:WEIGHT per parent, from the rule's inputs (a param path would hide them)."""
+    w = arm(wc)["merge"]["weights"]
+    flags = [f"--parent {p}={d}:{w[p]!r}" for p, d in zip(w, input.parents)]
+    if arm(wc)["merge"]["rank"]:
+        flags.append(f"--rank {arm(wc)['merge']['rank']}")
+    return " ".join(flags)
+
+
 # ---- rules/evals.smk ----------------------------------------------------------
 
 
@@ -258,7 +276,7 @@ def bundle_arm(wc):
 def bundle_inputs(wc):
     b, served = CFG["bundles"][wc.bundle], bundle_arm(wc)
     lineage = [served, *CFG["arms"][served]["lineage"]]
-    corpora = {CFG["arms"][a]["corpus"] for a in lineage}
+    corpora = {CFG["arms"][a]["corpus"] for a in lineage} - {None}  # a merge has none
     out = {
         "runs": [afpaths.run(a) for a in lineage],
         "corpora": [f"corpora/{c}/manifest.json" for c in sorted(corpora)],
@@ -340,14 +358,13 @@ def round_report_inputs(wc):
     }
 
 
+def report_arm(v):
+    if v["kind"] == afconfig.TRAINED:
+        policy = CFG["corpora"][v["corpus"]]["policy"]
+        return {"init": v["init"], "policy": policy, "lr": v["hyper"]["lr"]}
+    dose = {"dose": v["dose"]} if "dose" in v else {}
+    return {"init": v["init"], "weights": v["merge"]["weights"], **dose}
+
+
 def report_arms(wc):
-    return as_json(
-        {
-            a: {
-                "init": v["init"],
-                "policy": CFG["corpora"][v["corpus"]]["policy"],
-                "lr": v["hyper"]["lr"],
-            }
-            for a, v in CFG["arms"].items()
-        }
-    )
+    return as_json({a: report_arm(v) for a, v in CFG["arms"].items()})

@@ -15,6 +15,12 @@ rule round_report:
             category="Round {rnd}",
             subcategory="1. sweep",
         ),
+        merges=report(
+            "reports/{rnd}/merges.png",
+            caption="../workflow/report/merges.rst",
+            category="Round {rnd}",
+            subcategory="1. sweep",
+        ),
         wl=report(
             "reports/{rnd}/wins_losses.png",
             caption="../workflow/report/wins_losses.rst",

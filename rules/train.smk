@@ -7,6 +7,8 @@ rule train_arm:
         budget=budget_gate,  # [] or a refusal naming the arm, before any sbatch (rules/common.smk)
     output:
         directory(afpaths.RUN),
+    wildcard_constraints:
+        arm=ids(TRAINED_IDS),
     log:
         "logs/train/{arm}.log",
     conda:

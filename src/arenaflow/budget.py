@@ -40,7 +40,7 @@ from pathlib import Path
 import yaml
 
 from arenaflow import paths
-from arenaflow.config import REPO_ROOT, with_hyper_defaults
+from arenaflow.config import REPO_ROOT, TRAINED, with_hyper_defaults
 
 DEFAULT_HISTORY = ["runs/*/final/training_evidence.json"]
 DEFAULT_ESTIMATE = {"row_seconds": 0.05, "decode_step_seconds": 0.05, "overhead_minutes": 1.0}
@@ -247,16 +247,24 @@ class Budget:
     def estimate(self, arm: str) -> ArmEstimate:
         if arm not in self._estimates:
             a = self.cfg["arms"][arm]
-            rows, steps, train = self.train(arm)
             readouts = sum(self.readout(s, g) for s, g, p in self.readout_files(arm) if not p.exists())
+            if a["kind"] != TRAINED:  # made on CPU from its parents: only its readouts use GPUs
+                self._estimates[arm] = ArmEstimate(
+                    arm=arm, priority=self.priority(arm), gpus=1, rows=0, steps=0, train=0.0,
+                    readouts=readouts, corpus="-", sampling=0.0, needs=self.pending_of(a["merge"]["weights"]))
+                return self._estimates[arm]
+            rows, steps, train = self.train(arm)
             policy = self.cfg["corpora"][a["corpus"]]["policy"]
-            needs = [d for d in dict.fromkeys([a["init"], policy]) if d in self.cfg["arms"] and self.pending(d)]
             self._estimates[arm] = ArmEstimate(
                 arm=arm, priority=self.priority(arm), gpus=gpus(a["hyper"]), rows=rows, steps=steps,
                 train=train, readouts=readouts, corpus=a["corpus"],
                 sampling=self.sampling(a["corpus"]) if self.sampling_pending(a["corpus"]) else 0.0,
-                needs=needs)
+                needs=self.pending_of([a["init"], policy]))
         return self._estimates[arm]
+
+    def pending_of(self, arms) -> list[str]:
+        """The pending arms among `arms` ('base' and 'reference' are never pending)."""
+        return [d for d in dict.fromkeys(arms) if d in self.cfg["arms"] and self.pending(d)]
 
     def pending_arms(self) -> list[str]:
         return [a for a in sorted(self.cfg["arms"]) if self.pending(a)]

@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import graphlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from arenaflow import bar as afbar
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT / "workflow" / "schemas"
 BASE, REFERENCE = "base", "reference"
+TRAINED, MERGE, DOSE = "trained", "merge", "dose"  # the kinds of arm (arm.schema.yaml)
 RESERVED = {BASE, REFERENCE}
 
 
@@ -95,7 +98,8 @@ def merge(base: dict, over: dict) -> dict:
 
 
 def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dict, dict]:
-    """Return ({arm: raw arm config}, {arm: file path}) for every arms_dir/<arm>.yaml."""
+    """Return ({arm: raw arm config}, {arm: file path}) for every arms_dir/<arm>.yaml; a dose
+    file with a list of alphas gives one arm per alpha (dose_ids)."""
     if not arms_dir.is_dir():
         raise ConfigError(f"arms_dir {arms_dir}: not a directory")
     arms, files = {}, {}
@@ -107,8 +111,47 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
             raise ConfigError(f"{path}: '{arm}' is reserved and cannot name an arm")
         data = load_yaml(path) or {}
         _validate(data, arm_schema, registry, str(path))
-        arms[arm], files[arm] = data, path
+        _check_kind(data, path)
+        for aid, adata in dose_ids(arm, data).items():
+            if aid in arms:
+                raise ConfigError(f"{path}: arm id {aid!r} is also {files[aid]}'s")
+            arms[aid], files[aid] = adata, path
     return arms, files
+
+
+def arm_kind(data: dict) -> str:
+    """TRAINED, MERGE or DOSE: what an arm file (already checked by _check_kind) declares."""
+    return DOSE if "dose" in data else MERGE if "merge" in data else TRAINED
+
+
+def _check_kind(data: dict, path: Path) -> None:
+    """An arm file is exactly one kind: trained (init and corpus), merge: or dose:."""
+    present = [k for k, keys in ((TRAINED, ("init", "corpus", "hyper")), (MERGE, ("merge",)),
+                                 (DOSE, ("dose",))) if any(k2 in data for k2 in keys)]
+    if len(present) != 1:
+        raise ConfigError(f"{path}: an arm file is exactly one of: a trained arm (keys init and corpus), "
+                          f"a merge (key merge) or a dose line (key dose); it has {present or 'none of them'}")
+    missing = [k for k in ("init", "corpus") if k not in data]
+    if present == [TRAINED] and missing:
+        raise ConfigError(f"{path}: key '{missing[0]}': a trained arm needs init and corpus")
+
+
+def alpha_id(alpha: float) -> str:
+    """0.5 -> 'a0p5', 2 -> 'a2', -0.5 -> 'am0p5': an arm id may hold neither '.' nor a leading '-'."""
+    return "a" + f"{alpha:g}".replace("-", "m").replace(".", "p")
+
+
+def dose_ids(stem: str, data: dict) -> dict[str, dict]:
+    """{arm id: arm data}: a dose with a list of alphas is one arm per alpha, <stem>-a<alpha>."""
+    alphas = data.get("dose", {}).get("alpha")
+    if not isinstance(alphas, list):
+        return {stem: data}
+    out = {}
+    for a in alphas:
+        out[f"{stem}-{alpha_id(a)}"] = {**data, "dose": {**data["dose"], "alpha": a}}
+    if len(out) != len(alphas):
+        raise ConfigError(f"{stem}: key 'dose/alpha': {alphas} name the same arm twice")
+    return out
 
 
 def load_yaml(path: str | os.PathLike):
@@ -217,37 +260,81 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
 
 
 def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
-    """{arm: {init, corpus, description, hyper, file, lineage}}: an arm continues a known arm of
-    its own method and trains on a corpus of the format its objective needs."""
+    """{arm: {kind, init, corpus, description, hyper, file, lineage}} (merges also `merge`, doses
+    `dose`): an arm continues or merges known arms of its own method, and a trained arm trains
+    on a corpus of the format its objective needs."""
     arms = {}
     for arm, data in raw.items():
-        where = f"{files[arm]}: key"
-        if data["init"] != BASE and data["init"] not in raw:
-            raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
-        if data["corpus"] not in cfg["corpora"]:
-            raise ConfigError(f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}")
-        hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
-        objective = with_hyper_defaults(hyper)["objective"]
-        wants_pairs = objective in ("dpo", "simpo")
-        if wants_pairs != (cfg["corpora"][data["corpus"]]["format"] == "pairs"):
-            raise ConfigError(f"{where} 'hyper/objective': {objective!r} cannot train on "
-                              f"corpus {data['corpus']!r} (format {cfg['corpora'][data['corpus']]['format']!r}); "
-                              "dpo/simpo need format 'pairs', sft needs 'sft'")
-        arms[arm] = {
-            "init": data["init"],
-            "corpus": data["corpus"],
-            "description": data.get("description", ""),
-            "hyper": hyper,
-            "file": str(files[arm]),
-        }
-    for a in arms.values():
-        init = arms.get(a["init"])
-        if init and init["hyper"]["method"] != a["hyper"]["method"]:
-            raise ConfigError(f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "
-                              f"{a['init']!r}, a {init['hyper']['method']} arm")
+        if arm_kind(data) == TRAINED:
+            arms[arm] = _trained_arm(cfg, data, files[arm], raw, arms_dir)
+        else:
+            arms[arm] = _merged_arm(data, files[arm], raw, arms_dir)
     for arm in arms:
         arms[arm]["lineage"] = _lineage(arm, arms, cfg["corpora"])
+    for arm in arms:  # after the cycle check: a merge's method is its parents'
+        _method(arm, arms)
+    for a in arms.values():
+        init = arms.get(a["init"])
+        if a["kind"] == TRAINED and init and init["hyper"]["method"] != a["hyper"]["method"]:
+            raise ConfigError(f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "
+                              f"{a['init']!r}, a {init['hyper']['method']} arm")
     return arms
+
+
+def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
+    where = f"{file}: key"
+    if data["init"] != BASE and data["init"] not in raw:
+        raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
+    if data["corpus"] not in cfg["corpora"]:
+        raise ConfigError(f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}")
+    hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
+    objective = with_hyper_defaults(hyper)["objective"]
+    fmt = cfg["corpora"][data["corpus"]]["format"]
+    if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
+        raise ConfigError(f"{where} 'hyper/objective': {objective!r} cannot train on corpus {data['corpus']!r} "
+                          f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'")
+    return {"kind": TRAINED, "init": data["init"], "corpus": data["corpus"],
+            "description": data.get("description", ""), "hyper": hyper, "file": str(file)}
+
+
+def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
+    """A merge or dose arm: its parents with their weights (arenaflow.merge's one formula,
+    base + sum_i w_i (arm_i - base)). Its `init`, the arm it is compared against in its lineage,
+    is a dose's `from` or a merge's first arm. 'base' as a parent adds nothing and is dropped."""
+    if arm_kind(data) == DOSE:
+        d, key = data["dose"], "dose"
+        if d["from"] == d["to"]:
+            raise ConfigError(f"{file}: key 'dose/to': the line needs two arms; from and to are both {d['to']!r}")
+        weights, init = {d["from"]: 1.0 - d["alpha"], d["to"]: float(d["alpha"])}, d["from"]
+        spec = {"dose": {"from": d["from"], "to": d["to"], "alpha": d["alpha"]}}
+        keys = {d["from"]: "dose/from", d["to"]: "dose/to"}
+    else:
+        m, key = data["merge"], "merge"
+        weights, init, spec = dict(m["of"]), next(iter(m["of"])), {}
+        keys = {a: f"merge/of/{a}" for a in weights}
+    for a, w in weights.items():
+        if a != BASE and a not in raw:
+            raise ConfigError(f"{file}: key '{keys[a]}': {a!r} is not 'base' or an arm in {arms_dir}")
+        if not math.isfinite(w):
+            raise ConfigError(f"{file}: key '{keys[a]}': weight {w} is not a finite number")
+    parents = {a: float(w) for a, w in weights.items() if a != BASE and w != 0}
+    if not parents:
+        raise ConfigError(f"{file}: key '{key}': nothing to merge: every arm is 'base' or has weight 0")
+    return {"kind": arm_kind(data), "init": init, "corpus": None, "description": data.get("description", ""),
+            "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")}, **spec,
+            "hyper": {}, "file": str(file)}
+
+
+def _method(arm: str, arms: dict) -> str:
+    """'lora' or 'full'; a merge's parents must agree (an adapter and full weights do not add)."""
+    a = arms[arm]
+    if "method" not in a["hyper"]:
+        methods = {p: _method(p, arms) for p in a["merge"]["weights"]}
+        if len(set(methods.values())) > 1:
+            raise ConfigError(f"{a['file']}: key '{a['kind']}': cannot merge arms of different methods: "
+                              + ", ".join(f"{p} is {m}" for p, m in methods.items()))
+        a["hyper"]["method"] = next(iter(methods.values()))
+    return a["hyper"]["method"]
 
 
 def _resolve_evals(cfg: dict, config_file: str) -> None:
@@ -347,16 +434,13 @@ def _as_served(regime: dict, cfg: dict, where: str) -> None:
 
 
 def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
-    """Arms `arm` depends on, nearest first, through init and through its corpus's policy.
-    Raises ConfigError on a cycle."""
+    """Arms `arm` depends on, nearest first, through init and its corpus's policy, or through a
+    merge's arms. Raises ConfigError on a cycle."""
     order, stack = [], [(arm, (arm,))]
     seen = set()
     while stack:
         cur, path = stack.pop()
-        corpus = arms[cur]["corpus"]
-        deps = [("init", arms[cur]["init"], "init"),
-                ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}")]
-        for key, dep, via in deps:
+        for key, dep, via in _deps(arms[cur], corpora):
             if dep in RESERVED:
                 continue
             if dep in path:
@@ -368,7 +452,18 @@ def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
                 seen.add(dep)
                 order.append(dep)
                 stack.append((dep, (*path, dep)))
-    return order
+    # each arm before its own ancestors (a merge's parents share some): a chain reads nearest first
+    graph = {a: [d for _k, d, _v in _deps(arms[a], corpora) if d in seen] for a in order}
+    return list(reversed(list(graphlib.TopologicalSorter(graph).static_order())))
+
+
+def _deps(a: dict, corpora: dict) -> list[tuple[str, str, str]]:
+    """(key, arm, how) of each arm `a` is made from."""
+    if a["kind"] != TRAINED:
+        return [(a["kind"], p, f"{a['kind']} weight {w:g}") for p, w in a["merge"]["weights"].items()]
+    corpus = a["corpus"]
+    return [("init", a["init"], "init"),
+            ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}")]
 
 
 def stage_json(section: dict) -> str:
@@ -405,7 +500,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         raise SystemExit(f"arenaflow config error: {e}") from None
     for arm, a in cfg["arms"].items():
-        print(f"{arm}: init={a['init']} corpus={a['corpus']} lineage={' <- '.join([arm, *a['lineage']]) or arm}")
+        made = (f"init={a['init']} corpus={a['corpus']}" if a["kind"] == TRAINED else
+                f"{a['kind']} " + " + ".join(f"{w:g} x {p}" for p, w in a["merge"]["weights"].items()))
+        print(f"{arm}: {made} lineage={' <- '.join([arm, *a['lineage']])}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
         --compare compare/math/*/B?__R2d.json --noise noise/math/served/*.json \
         --runs runs/B1/final ... --out-dir reports/r3
 
-Writes dose_response.png (delta with its 95% CI per candidate, in learning-rate order, per
-regime, with the incumbent's noise floor as a band), wins_losses.png, noise_floor.png,
+Writes dose_response.png (delta with its 95% CI per trained candidate, in learning-rate order,
+per regime, with the incumbent's noise floor as a band), merges.png (each dose line's delta along
+alpha, each soup beside the arms it averages), wins_losses.png, noise_floor.png,
 loss_curves.png, lineage.png and nomination.html. rules/report.smk wraps each in report() with
 a caption from workflow/report/, under one category per round.
 """
@@ -42,9 +43,11 @@ def _empty(path: Path, text: str) -> None:
 
 
 def sweep_order(candidates: list[str], arms: dict) -> list[str]:
-    """Candidates by learning rate (the sweep's dose), then as listed."""
+    """Trained candidates by learning rate (the sweep's dose), then as listed; merges, which
+    have no learning rate, after them (their own page: merges.png)."""
     lr = lambda a: arms.get(a, {}).get("lr") or 0.0  # noqa: E731
-    return sorted(candidates, key=lambda a: (lr(a), candidates.index(a)))
+    merged = lambda a: "weights" in arms.get(a, {})  # noqa: E731
+    return sorted(candidates, key=lambda a: (merged(a), lr(a), candidates.index(a)))
 
 
 def _label(a: str, arms: dict) -> str:
@@ -54,7 +57,7 @@ def _label(a: str, arms: dict) -> str:
 
 def dose_response(path: Path, rnd: dict, arms: dict, compares: dict, noises: dict) -> None:
     plt = _plt()
-    order = sweep_order(rnd["candidates"], arms)
+    order = [a for a in sweep_order(rnd["candidates"], arms) if "weights" not in arms.get(a, {})]
     regimes = sorted({r for (r, _c) in compares})
     fig, ax = plt.subplots(figsize=(1.6 * len(order) + 3, 4))
     width = 0.6 / max(1, len(regimes))
@@ -80,6 +83,68 @@ def dose_response(path: Path, rnd: dict, arms: dict, compares: dict, noises: dic
     ax.set_title(f"dose-response: {rnd['suite']}, paired by item")
     ax.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def dose_lines(rnd: dict, arms: dict) -> dict[tuple[str, str], dict[float, str]]:
+    """{(from, to): {alpha: arm}} of the round's dose arms, with each end that the round reads
+    (the incumbent or a candidate) at alpha 0 and 1."""
+    read = {rnd["incumbent"], *rnd["candidates"]}
+    lines: dict[tuple[str, str], dict[float, str]] = {}
+    for a in rnd["candidates"]:
+        d = arms.get(a, {}).get("dose")
+        if d:
+            line = lines.setdefault((d["from"], d["to"]), {})
+            line[float(d["alpha"])] = a
+            line.update({x: end for x, end in ((0.0, d["from"]), (1.0, d["to"])) if end in read})
+    return {k: dict(sorted(v.items())) for k, v in lines.items()}
+
+
+def _delta(compares: dict, regime: str, arm: str, incumbent: str):
+    """(delta, lo, hi) of `arm` against the incumbent; the incumbent itself is 0 by definition."""
+    if arm == incumbent:
+        return 0.0, 0.0, 0.0
+    c = compares.get((regime, arm))
+    return None if c is None else (c["delta"], c["delta"] - c["ci95"][0], c["ci95"][1] - c["delta"])
+
+
+def merges(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
+    """Each dose line's delta along alpha, and each soup beside the arms it averages."""
+    lines = dose_lines(rnd, arms)
+    soups = [a for a in rnd["candidates"] if "weights" in arms.get(a, {}) and "dose" not in arms[a]]
+    if not lines and not soups:
+        _empty(path, "No merge or dose arm among this round's candidates\n(config/arms/<arm>.yaml with merge: or dose:).")
+        return
+    plt = _plt()
+    regimes = sorted({r for (r, _c) in compares})
+    panels = [("line", k) for k in lines] + ([("soups", None)] if soups else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (kind, key) in zip(axes[0], panels):
+        for k, regime in enumerate(regimes):
+            names = list(lines[key].items()) if kind == "line" else \
+                [(i, a) for i, a in enumerate(_soup_members(soups, arms))]
+            pts = [(x, a, _delta(compares, regime, a, rnd["incumbent"])) for x, a in names]
+            pts = [(x + 0.06 * (k - (len(regimes) - 1) / 2), a, d) for x, a, d in pts if d]
+            ax.errorbar([p[0] for p in pts], [p[2][0] for p in pts], fmt="o-" if kind == "line" else "o",
+                        yerr=[[p[2][1] for p in pts], [p[2][2] for p in pts]], capsize=4, label=regime)
+            if kind == "line" and k == 0:
+                for x, a, d in pts:
+                    ax.annotate(a, (x, d[0]), textcoords="offset points", xytext=(4, 6), fontsize=7)
+        if kind == "line":
+            ax.set_xlabel(f"alpha: {key[0]} + alpha x ({key[1]} - {key[0]})")
+            ax.set_title(f"dose line {key[0]} -> {key[1]}")
+        else:
+            members = _soup_members(soups, arms)
+            ax.set_xticks(range(len(members)), members, fontsize=8)
+            ax.set_title("soups beside the arms they average")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_ylabel(f"Δ accuracy vs {rnd['incumbent']} (pt), 95% CI")
+        ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def _soup_members(soups: list[str], arms: dict) -> list[str]:
+    """Each soup after the arms it averages, each arm once."""
+    return list(dict.fromkeys(a for s in soups for a in [*arms[s]["weights"], s]))
 
 
 def _save(plt, fig, path: Path) -> None:
@@ -154,20 +219,30 @@ def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
     _save(plt, fig, path)
 
 
+def _sources(a: dict) -> list[tuple[str, str]]:
+    """(arm, line style) of the edges into an arm: init solid, corpus policy dashed, a merge's
+    arms dotted."""
+    if "weights" in a:
+        return [(p, ":") for p in a["weights"]]
+    return [(a["init"], "-"), (a.get("policy"), "--")]
+
+
 def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
-    """base -> ... -> incumbent -> candidates: init edges solid, corpus-policy edges dashed."""
+    """base -> ... -> incumbent -> candidates: init edges solid, corpus-policy edges dashed,
+    merge edges dotted."""
     plt = _plt()
     keep, stack = {"base"}, [rnd["incumbent"], *rnd["candidates"], rnd.get("control")]
     while stack:
         a = stack.pop()
         if a in arms and a not in keep:  # 'base', 'reference' and None end a walk
             keep.add(a)
-            stack += [arms[a]["init"], arms[a].get("policy")]
+            stack += [src for src, _ in _sources(arms[a])]
     depth = {"base": 0}
 
     def d(a):
         if a not in depth:
-            depth[a] = d(arms[a]["init"]) + 1
+            srcs = [s for s, style in _sources(arms[a]) if style != "--"]
+            depth[a] = max(d(s) for s in srcs) + 1
         return depth[a]
 
     levels: dict[int, list[str]] = {}
@@ -176,13 +251,13 @@ def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
     pos = {a: (lv, i - (len(names) - 1) / 2) for lv, names in levels.items() for i, a in enumerate(names)}
     fig, ax = plt.subplots(figsize=(2 + 1.8 * len(levels), 1.5 + 0.8 * max(map(len, levels.values()))))
     for a in keep - {"base"}:
-        for src, style in ((arms[a]["init"], "-"), (arms[a].get("policy"), "--")):
+        for src, style in _sources(arms[a]):
             # a corpus sampled by the init itself adds no information: draw it once, solid
-            if src in pos and (style == "-" or src != arms[a]["init"]):
+            if src in pos and (style != "--" or src != arms[a]["init"]):
                 (x0, y0), (x1, y1) = pos[src], pos[a]
                 ax.annotate("", (x1, y1), (x0, y0), arrowprops={
                     "arrowstyle": "-|>", "ls": style, "shrinkA": 16, "shrinkB": 16,  # stop at the boxes
-                    "color": "black" if style == "-" else GREY})
+                    "color": GREY if style == "--" else "black"})
     for a, (x, y) in pos.items():
         color = GOLD if a == promoted else BLUE if a == rnd["incumbent"] else \
             "#c8e6c9" if a in rnd["candidates"] else "#eeeeee"
@@ -192,8 +267,8 @@ def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
     ax.set_xlim(-0.6, max(levels) + 0.6)
     ax.set_ylim(min(p[1] for p in pos.values()) - 0.8, max(p[1] for p in pos.values()) + 0.8)
     ax.axis("off")
-    ax.set_title(f"round lineage: init (solid), corpus sampled by (dashed); gold = promoted {promoted}",
-                 fontsize=9)
+    ax.set_title(f"round lineage: init (solid), corpus sampled by (dashed), merged from (dotted); "
+                 f"gold = promoted {promoted}", fontsize=9)
     _save(plt, fig, path)
 
 
@@ -234,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--round", required=True)
     ap.add_argument("--round-json", required=True)
-    ap.add_argument("--arms-json", required=True, help="{arm: {init, policy, lr}}")
+    ap.add_argument("--arms-json", required=True,
+                    help="{arm: {init, policy, lr}} ({arm: {init, weights[, dose]}} for a merge)")
     ap.add_argument("--nomination", required=True)
     ap.add_argument("--registration", required=True)
     ap.add_argument("--compare", nargs="*", default=[], help="candidates vs the incumbent, any regime")
@@ -253,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dose_response(out / "dose_response.png", rnd, arms, compares, noises)
+    merges(out / "merges.png", rnd, arms, compares)
     wins_losses(out / "wins_losses.png", rnd, arms, compares)
     noise_floor(out / "noise_floor.png", noises)
     loss_curves(out / "loss_curves.png", {Path(r).parent.name: Path(r) for r in args.runs}, rnd["incumbent"])

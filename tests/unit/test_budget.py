@@ -21,6 +21,7 @@ from arenaflow import plan as afplan
 from arenaflow.train import data
 
 REPO = Path(__file__).resolve().parents[2]
+MERGES = ["dose-a0p5", "dose-a1p5", "dose-a2", "soup"]  # config/arms: made on CPU, read out on GPUs
 HYPER = {"micro_batch_size": 4, "grad_accum": 2, "seq_len": 512, "epochs": 3, "nproc": 2}
 
 
@@ -93,11 +94,14 @@ def test_history_calibrates_step_time_and_counts_as_spent(tmp_path):
     assert spent["runs"] == 3 and spent["before"] == 10
     assert spent["training_measured"] == pytest.approx((2.4 + 4.0 + 3.2) / 60 + 3 * 0.5)
     assert b.left() == pytest.approx(100 - spent["total"])
-    assert b.pending_arms() == ["B1", "B2", "B3", "B4"]
+    assert b.pending_arms() == ["B1", "B2", "B3", "B4", *MERGES]
     # the pending B-arms train on rft_r3 (a 64-prompt pool before the corpus exists: 8 steps,
     # capped at max_steps 4 by tests/e2e/config.yaml)
     e = b.estimate("B1")
     assert (e.rows, e.steps, e.needs) == (64, 4, [])
+    soup = b.estimate("soup")  # no training: its readouts only, and it waits for B3 and B2
+    assert (soup.train, soup.sampling, soup.needs) == (0.0, 0.0, ["B3", "B2"])
+    assert soup.readouts == pytest.approx(e.readouts) and soup.readouts > 0
     assert e.train == pytest.approx(1 * (4 * 0.4 * 2 / 60 + 0.5))
     (results / "corpora/rft_r3").mkdir(parents=True)
     (results / "corpora/rft_r3/stats.json").write_text(json.dumps({"rows": 40}))
@@ -175,7 +179,7 @@ def test_plan_cli_lists_pending_arms_and_picks_by_priority(tmp_path, capsys):
             "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
     assert afplan.main([*args, "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
-    assert {e["arm"] for e in p["pending"]} == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4"}
+    assert {e["arm"] for e in p["pending"]} == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4", *MERGES}
     assert p["left"] == 13 and p["chosen_cost"] <= 13
     assert p["chosen"] == ["R220", "S1"]  # a lineage prefix: R220 needs S1; R2d would not fit
     assert afplan.main(args) == 0
@@ -200,7 +204,7 @@ def test_the_gate_costs_an_arm_with_its_lineage_and_its_rounds_other_arms(tmp_pa
     assert b.gate_arms("S1") == ["S1"]
     assert b.gate_arms("R220") == ["R220", "S1"]
     assert b.gate_arms("R2d") == ["R220", "R2d", "S1"]  # an incumbent: its lineage only
-    everyone = ["B1", "B2", "B3", "B4", "R220", "R2d", "S1"]
+    everyone = ["B1", "B2", "B3", "B4", "R220", "R2d", "S1", *MERGES]
     assert [b.gate_arms(a) for a in ("B1", "B4")] == [everyone, everyone]  # a candidate: the round
 
 

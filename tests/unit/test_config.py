@@ -58,9 +58,11 @@ def resolve(cfg, repo_root):
 
 def test_shipped_config_resolves_every_arm_file(resolved, repo_root):
     stems = {p.stem for p in (repo_root / "config" / "arms").glob("*.yaml")}
-    assert set(resolved["arms"]) == stems
+    doses = {"dose-a0p5", "dose-a1p5", "dose-a2"}  # dose.yaml's alpha: [0.5, 1.5, 2.0]
+    assert set(resolved["arms"]) == stems - {"dose"} | doses
     for arm, a in resolved["arms"].items():
-        assert Path(a["file"]) == repo_root / "config" / "arms" / f"{arm}.yaml"
+        stem = "dose" if arm in doses else arm
+        assert Path(a["file"]) == repo_root / "config" / "arms" / f"{stem}.yaml"
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "config" / "arms").glob("*.yaml")),
@@ -277,7 +279,7 @@ def test_unknown_top_level_key_names_file_and_key(cfg, repo_root):
         (lambda c: c["pools"].__setitem__("math.r9", c["pools"]["math_r1"]), "pools", "math.r9"),
         (lambda c: c["corpora"].__setitem__("rft/r9", dict(c["corpora"]["rft_r1"])), "corpora", "rft/r9"),
         (lambda c: c["corpora"]["rft_r1"].__setitem__("pool", "../math_r1"), "corpora/rft_r1/pool", "../math_r1"),
-        (lambda c: c["rounds"]["r3"]["candidates"].append("B/5"), "rounds/r3/candidates/4", "B/5"),
+        (lambda c: c["rounds"]["r3"]["candidates"].append("B/5"), "rounds/r3/candidates/8", "B/5"),
         (lambda c: c["bundles"].__setitem__("B3.f", c["bundles"]["B3f"]), "bundles", "B3.f"),
     ],
     ids=["pool-dot", "corpus-slash", "pool-ref-path", "candidate-slash", "bundle-dot"],

@@ -49,7 +49,7 @@ def test_round_report_writes_every_page_file(tmp_path):
     roundreport.main(["--round", "r3", "--round-json", json.dumps(RND), "--arms-json", json.dumps(ARMS),
                       "--nomination", str(tmp_path / "r3.json"), "--registration", str(tmp_path / "r3.bar.json"),
                       "--compare", *paths, "--noise", str(noise), "--runs", *runs, "--out-dir", str(out)])
-    for name in ("dose_response", "wins_losses", "noise_floor", "loss_curves", "lineage"):
+    for name in ("dose_response", "merges", "wins_losses", "noise_floor", "loss_curves", "lineage"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     page = (out / "nomination.html").read_text()
     assert nom["promoted"] == "B3" and "promoted B3" in page
@@ -70,3 +70,46 @@ def test_pages_without_noise_or_metrics_say_so(tmp_path, monkeypatch):
     assert "No training metrics" in said["l.png"]
     for name in ("n.png", "l.png"):  # still a page, one that says why it is empty
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+MERGED = {"soup": {"init": "B3", "weights": {"B3": 0.5, "B2": 0.5}},
+          **{f"dose-a{x}": {"init": "R2d", "weights": {"R2d": 1 - a, "B3": a},
+                            "dose": {"from": "R2d", "to": "B3", "alpha": a}}
+             for x, a in (("0p5", 0.5), ("1p5", 1.5), ("2", 2.0))}}
+
+
+def test_dose_line_runs_from_its_from_to_its_to_along_alpha():
+    rnd = {**RND, "candidates": ["B3", "dose-a2", "dose-a0p5", "dose-a1p5"]}
+    lines = roundreport.dose_lines(rnd, {**ARMS, **MERGED})
+    # R2d is the incumbent (alpha 0) and B3 a candidate (alpha 1): both ends are on the line
+    assert lines == {("R2d", "B3"): {0.0: "R2d", 0.5: "dose-a0p5", 1.0: "B3", 1.5: "dose-a1p5", 2.0: "dose-a2"}}
+    alone = roundreport.dose_lines({**RND, "candidates": ["dose-a2"]}, {**ARMS, **MERGED})
+    assert alone == {("R2d", "B3"): {0.0: "R2d", 2.0: "dose-a2"}}  # B3 is not read by that round
+
+
+def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatch):
+    arms = {**ARMS, **MERGED}
+    cands = ["soup", "B1", "dose-a0p5", "B2"]
+    assert roundreport.sweep_order(cands, arms) == ["B2", "B1", "soup", "dose-a0p5"]
+    compares = {("greedy", a): {"delta": d, "ci95": [d - 1, d + 1]}
+                for a, d in (("B2", 0.5), ("B3", 1.0), ("soup", 0.8), ("dose-a0p5", 0.4))}
+    drawn = []
+    monkeypatch.setattr(roundreport, "_save", lambda plt, fig, path: drawn.append(
+        [tuple(map(tuple, line.get_xydata())) for ax in fig.axes for line in ax.get_lines()]))
+    roundreport.merges(tmp_path / "m.png", {**RND, "candidates": ["B2", "B3", "soup", "dose-a0p5"]}, arms, compares)
+    # the dose line: R2d (0) -> dose-a0p5 (0.4) -> B3 (1.0), along alpha 0, 0.5, 1
+    assert ((0.0, 0.0), (0.5, 0.4), (1.0, 1.0)) in drawn[0]
+    # the soup beside its parents: B3, B2, soup at x 0, 1, 2
+    assert ((0.0, 1.0), (1.0, 0.5), (2.0, 0.8)) in drawn[0]
+    figs = []
+    monkeypatch.setattr(roundreport, "_save", lambda plt, fig, path: figs.append(fig))
+    roundreport.lineage(tmp_path / "l.png", {**RND, "candidates": ["B3", "soup"]}, arms, "soup")
+    ax = figs[0].axes[0]
+    boxes = {t.get_text(): t.get_position() for t in ax.texts if t.get_text()}
+    dotted = {(a.xyann, a.xy) for a in ax.texts if not a.get_text() and a.arrow_patch.get_linestyle() == ":"}
+    # B2 is drawn although the round reads only B3 and soup: it is merged into the soup
+    assert {(boxes["B3"], boxes["soup"]), (boxes["B2"], boxes["soup"])} == dotted
+    said = {}
+    monkeypatch.setattr(roundreport, "_empty", lambda path, msg: said.setdefault(path.name, msg))
+    roundreport.merges(tmp_path / "e.png", RND, ARMS, compares)
+    assert "No merge or dose arm" in said["e.png"]

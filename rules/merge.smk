@@ -1,0 +1,27 @@
+# A merge or dose arm (config/arms/<arm>.yaml with `merge:` or `dose:`): made in weight space from
+# its parents' runs, streamed tensor by tensor on CPU (arenaflow.merge), no GPU and no training.
+# Its output is a run like a trained arm's (runs/{arm}/final), so readouts, comparisons,
+# nominations and bundles take it as they take any arm.
+rule merge_arm:
+    input:
+        parents=merge_parents,
+        arm_file=lambda wc: arm(wc)["file"],
+        base=BASE_FILES,
+    output:
+        directory(afpaths.RUN),
+    wildcard_constraints:
+        arm=ids(MERGED_IDS),
+    log:
+        "logs/merge/{arm}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        spec=lambda wc: as_json(arm(wc)["merge"]),  # weights and rank: a change reruns the merge
+        parents=merge_flags,
+        base=base_dir,
+    shell:
+        "python -m arenaflow.merge --arm {wildcards.arm} {params.parents} "
+        "--base-model {params.base:q} --out {output} > {log} 2>&1"
