@@ -9,10 +9,10 @@ rule merge_arm:
         base=BASE_FILES,
     output:
         directory(afpaths.RUN),
-    wildcard_constraints:
-        arm=ids(MERGED_IDS),
     log:
         "logs/merge/{arm}.log",
+    wildcard_constraints:
+        arm=ids(MERGED_IDS),
     conda:
         "../envs/arenaflow.yaml"
     resources:

@@ -7,10 +7,10 @@ rule train_arm:
         budget=budget_gate,  # [] or a refusal naming the arm, before any sbatch (rules/common.smk)
     output:
         directory(afpaths.RUN),
-    wildcard_constraints:
-        arm=ids(TRAINED_IDS),
     log:
         "logs/train/{arm}.log",
+    wildcard_constraints:
+        arm=ids(TRAINED_IDS),
     conda:
         "../envs/arenaflow.yaml"
     threads: lambda wc: arm(wc)["hyper"]["nproc"]
