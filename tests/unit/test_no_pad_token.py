@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from arenaflow import bundles, chat, corpora, evals, io, models, pools, sampling, tinymodel
+from arenaflow import bundles, chat, evals, io, models, pools, sampling, tinymodel
 from arenaflow.train import data, objective
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
@@ -124,20 +121,10 @@ def test_a_readout_without_a_pad_token_reads_the_same_rows_and_shows_rows_rate_a
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, nopad_base):
+def trained(tmp_path_factory, nopad_base, train_arm):
     root = tmp_path_factory.mktemp("lineage")
     rows = pools.generate(16, 5, "train", {"add": 1}, "np")
-    corpora.build(root / "corpora/c", rows, models.load_tokenizer(nopad_base), SYSTEM, {})
-    hyper = {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-             "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-             "epochs": 1, "max_steps": 2, "micro_batch_size": 2, "grad_accum": 1, "seq_len": 256, "seed": 0}
-    proc = subprocess.run(
-        [sys.executable, "-m", "arenaflow.train", "--arm", "A", "--params-json", json.dumps(hyper),
-         "--corpus", str(root / "corpora/c"), "--corpus-id", "c", "--init", "base",
-         "--base-model", str(nopad_base), "--out", str(root / "runs/A/final")],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return root, proc
+    return root, train_arm(root, nopad_base, rows, SYSTEM)
 
 
 def test_training_without_a_pad_token_logs_rate_and_eta_and_streams_its_metrics(trained):

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from arenaflow import bundles, chat, corpora, manifest, models, pools
+from arenaflow import bundles, chat, manifest, models, pools
 from arenaflow.train import data
 
 pytest.importorskip("gguf", reason="pip install gguf (scripts/setup.sh installs it)")
@@ -39,21 +36,11 @@ def smol_nopad(smol, strip_pad):
 
 
 @pytest.fixture(scope="module")
-def trained(smol_nopad, tmp_path_factory):
-    smol = smol_nopad
+def trained(smol_nopad, tmp_path_factory, train_arm):
     root = tmp_path_factory.mktemp("lineage")
     rows = pools.generate(8, 1, "train", {"add": 1}, "s")
-    corpora.build(root / "corpora/ref", rows, models.load_tokenizer(smol), SYSTEM, {})
-    hyper = {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-             "lr": 1e-4, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-             "epochs": 1, "max_steps": 1, "micro_batch_size": 4, "grad_accum": 1, "seq_len": 256, "seed": 0}
-    run = root / "runs/A/final"
-    proc = subprocess.run(
-        [sys.executable, "-m", "arenaflow.train", "--arm", "A", "--params-json", json.dumps(hyper),
-         "--corpus", str(root / "corpora/ref"), "--corpus-id", "ref", "--init", "base",
-         "--base-model", str(smol), "--out", str(run)],
-        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    train_arm(root, smol_nopad, rows, SYSTEM, corpus_id="ref", lr=1e-4, max_steps=1,
+              micro_batch_size=4, timeout=900, threads=2)
     return root
 
 
