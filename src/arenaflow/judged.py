@@ -119,6 +119,19 @@ def score(key: dict, scores: pd.DataFrame, shown: str) -> dict:
         raise ValueError(f"{shown}: columns {sorted(cols)}; expected pair,verdict (a preference read) "
                          "or pair,A,B (an adjudication of each side, 1/0)")
     x, y = key["arms"]
+    df = _unblind(key, scores, shown)
+    return {"kind": "preference" if "verdict" in cols else "adjudication", "arms": [x, y],
+            "n": len(df), **_tally(df, x, y),
+            "by_stratum": {s: _tally(d, x, y) for s, d in df.groupby("stratum")},
+            "by_category": {c: _tally(d, x, y) for c, d in df.groupby("category")},
+            "rows": df.to_dict("records")}
+
+
+def _unblind(key: dict, scores: pd.DataFrame, shown: str) -> pd.DataFrame:
+    """The scores in arm terms, one row per pair with its key entry: `preferred` (an arm or
+    'tie') for a preference read, each arm's True/False for an adjudication. A pair not in the
+    key, scored twice or left unscored raises ValueError naming the CSV line."""
+    x, y = key["arms"]
     seen: dict[str, int] = {}
     rows = []
     for i, rec in enumerate(scores.to_dict("records")):
@@ -130,33 +143,33 @@ def score(key: dict, scores: pd.DataFrame, shown: str) -> dict:
             raise ValueError(f"{where}: pair {pid!r} is scored twice (first on line {seen[pid]})")
         seen[pid] = i + 2
         k = key["pairs"][pid]
-        if "verdict" in cols:
-            rows.append({"pair": pid, **k, "written": rec["verdict"], "preferred": _verdict(rec["verdict"], key["arms"], k, where)})
+        if "verdict" in rec:
+            rows.append({"pair": pid, **k, "written": rec["verdict"],
+                         "preferred": _verdict(rec["verdict"], key["arms"], k, where)})
         else:
-            side = {k["A"]: _label(rec["A"], f"{where} (column A)"), k["B"]: _label(rec["B"], f"{where} (column B)")}
+            side = {k["A"]: _label(rec["A"], f"{where} (column A)"),
+                    k["B"]: _label(rec["B"], f"{where} (column B)")}
             rows.append({"pair": pid, **k, x: side[x], y: side[y]})
     unscored = sorted(set(key["pairs"]) - seen.keys())
     if unscored:
         raise ValueError(f"{shown}: {len(unscored)} pairs are not scored: {', '.join(unscored[:10])}")
-    df = pd.DataFrame(rows)
-
-    def compare(d: pd.DataFrame) -> dict:
-        if "preferred" in d:
-            w, l_ = int((d["preferred"] == x).sum()), int((d["preferred"] == y).sum())
-            counts = {"preferred": {x: w, y: l_}, "ties": int((d["preferred"] == "tie").sum())}
-        else:
-            w, l_ = int((d[x] & ~d[y]).sum()), int((d[y] & ~d[x]).sum())
-            counts = {"positive": {x: int(d[x].sum()), y: int(d[y].sum())}, "only": {x: w, y: l_}}
-        paired = stats.from_counts(w, l_)  # the same sign test the readout comparisons use
-        return {**counts, "discordant": paired["discordant"], "p_value": paired["p_value"]}
-
-    return {"kind": "preference" if "verdict" in cols else "adjudication", "arms": [x, y], "n": len(df),
-            **compare(df), "by_stratum": {s: compare(d) for s, d in df.groupby("stratum")},
-            "by_category": {c: compare(d) for c, d in df.groupby("category")},
-            "rows": df.to_dict("records")}
+    return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _tally(d: pd.DataFrame, x: str, y: str) -> dict:
+    """Arm x against arm y over the unblinded rows d: the counts, and the sign test over the
+    pairs where they differ."""
+    if "preferred" in d:
+        w, l_ = int((d["preferred"] == x).sum()), int((d["preferred"] == y).sum())
+        counts = {"preferred": {x: w, y: l_}, "ties": int((d["preferred"] == "tie").sum())}
+    else:
+        w, l_ = int((d[x] & ~d[y]).sum()), int((d[y] & ~d[x]).sum())
+        counts = {"positive": {x: int(d[x].sum()), y: int(d[y].sum())}, "only": {x: w, y: l_}}
+    paired = stats.from_counts(w, l_)  # the same sign test the readout comparisons use
+    return {**counts, "discordant": paired["discordant"], "p_value": paired["p_value"]}
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Blinded judged reads of two arms (see the module docstring).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="the judge's packet and its key, kept apart")
@@ -172,23 +185,28 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--key", required=True)
     s.add_argument("--scores", required=True, help="CSV: pair,verdict or pair,A,B")
     s.add_argument("--out", required=True, help="result JSON")
-    args = ap.parse_args(argv)
-    if args.cmd == "pack":
-        out, key_path = Path(args.out), Path(args.key)
-        if key_path.resolve().is_relative_to(out.resolve()):
-            raise SystemExit(f"--key {key_path} is inside --out {out}: the judge would get the key with the packet")
-        try:
-            pairs, key = pack(io.read_jsonl(args.pool), pd.read_parquet(args.a), pd.read_parquet(args.b),
-                              args.n, args.seed, f"{args.a} vs {args.b}")
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-        with io.atomic_dir(out) as tmp:
-            io.write_jsonl(tmp / "pairs.jsonl", pairs)
-        key.update(pairs_sha256=manifest.sha256_file(out / "pairs.jsonl"), pool=args.pool,
-                   readouts=[{"path": p, "sha256": manifest.sha256_file(p)} for p in (args.a, args.b)])
-        io.write_json(key_path, key)
-        print(f"{len(pairs)} pairs ({key['strata']}) -> {out / 'pairs.jsonl'}; key -> {key_path}")
-        return
+    return ap
+
+
+def _pack_cmd(args) -> None:
+    out, key_path = Path(args.out), Path(args.key)
+    if key_path.resolve().is_relative_to(out.resolve()):
+        raise SystemExit(f"--key {key_path} is inside --out {out}: the judge would get the key "
+                         "with the packet")
+    try:
+        pairs, key = pack(io.read_jsonl(args.pool), pd.read_parquet(args.a),
+                          pd.read_parquet(args.b), args.n, args.seed, f"{args.a} vs {args.b}")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    with io.atomic_dir(out) as tmp:
+        io.write_jsonl(tmp / "pairs.jsonl", pairs)
+    key.update(pairs_sha256=manifest.sha256_file(out / "pairs.jsonl"), pool=args.pool,
+               readouts=[{"path": p, "sha256": manifest.sha256_file(p)} for p in (args.a, args.b)])
+    io.write_json(key_path, key)
+    print(f"{len(pairs)} pairs ({key['strata']}) -> {out / 'pairs.jsonl'}; key -> {key_path}")
+
+
+def _score_cmd(args) -> None:
     key = io.read_json(args.key)
     if manifest.sha256_file(args.pairs) != key["pairs_sha256"]:
         raise SystemExit(f"{args.pairs} is not the packet {args.key} was written for (sha256 differs)")
@@ -202,6 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     won = res.get("preferred") or res["positive"]
     print(f"{res['kind']} of {res['n']} pairs: {x} {won[x]}, {y} {won[y]}, "
           f"{res['discordant']} discordant, sign test p = {res['p_value']:.3g} -> {args.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    {"pack": _pack_cmd, "score": _score_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":
