@@ -56,33 +56,22 @@ def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int
     for name, b in (("row_budget", row_budget), ("token_budget", token_budget)):
         if b is not None and (not isinstance(b, int) or b < 0):
             raise CoverageError(f"{name} must be a non-negative integer, got {b!r}")
-    if not rows:
-        raise CoverageError("no candidate rows")
-    min_per_group, max_per_group = dict(min_per_group or {}), dict(max_per_group or {})
-    ids = [str(r["id"]) for r in rows]
-    dup = [i for i, c in collections.Counter(ids).items() if c > 1]
-    if dup:
-        raise CoverageError(f"duplicate row ids: {sorted(dup)[:5]}")
-    groups = [str(r[group_field]) for r in rows]
-    prompts = [str(r.get(prompt_field, r["id"])) for r in rows]
-    tokens = [int(r[token_field]) for r in rows]
+    ids, groups, prompts, tokens = _columns(rows, group_field, prompt_field, token_field)
+    mins, maxs = dict(min_per_group or {}), dict(max_per_group or {})
     w = _weights(weights, groups, prompts)
-    _precheck(groups, prompts, tokens, row_budget, token_budget, min_per_group, max_per_group)
+    _precheck(groups, prompts, tokens, row_budget, token_budget, mins, maxs)
 
     prob = pulp.LpProblem("coverage", pulp.LpMaximize)
     x = [binary(prob, f"x{i}") for i in range(len(rows))]
     prob += pulp.lpSum(w[g] * xi for g, xi in zip(groups, x))
-    by_prompt, by_group = collections.defaultdict(list), collections.defaultdict(list)
-    for i, (p, g) in enumerate(zip(prompts, groups)):
-        by_prompt[p].append(x[i])
-        by_group[g].append(x[i])
-    for xs in by_prompt.values():
+    for xs in _by(prompts, x).values():
         if len(xs) > 1:
             prob += pulp.lpSum(xs) <= 1
-    for g, m in min_per_group.items():
+    by_group = _by(groups, x)
+    for g, m in mins.items():
         if m > 0:
             prob += pulp.lpSum(by_group[g]) >= m
-    for g, m in max_per_group.items():
+    for g, m in maxs.items():
         if g in by_group:
             prob += pulp.lpSum(by_group[g]) <= m
     if row_budget is not None:
@@ -93,14 +82,41 @@ def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int
     if status != "Optimal":
         raise CoverageError(
             f"CBC status {status}: no subset keeps at most one row per prompt and meets the minimums "
-            f"{min_per_group} and maxima {max_per_group} within row_budget={row_budget}, "
-            f"token_budget={token_budget}")
+            f"{mins} and maxima {maxs} within row_budget={row_budget}, token_budget={token_budget}")
     chosen = [i for i, xi in enumerate(x) if xi.value() is not None and xi.value() > 0.5]
-    per_group = dict.fromkeys(sorted(set(groups)), 0)
-    for i in chosen:
-        per_group[groups[i]] += 1
     return Selection(ids=[ids[i] for i in chosen], objective=float(pulp.value(prob.objective) or 0.0),
-                     per_group=per_group, tokens=sum(tokens[i] for i in chosen), status=status)
+                     per_group=_per_group(groups, chosen), tokens=sum(tokens[i] for i in chosen),
+                     status=status)
+
+
+def _columns(rows: list[dict], group_field: str, prompt_field: str,
+             token_field: str) -> tuple[list[str], list[str], list[str], list[int]]:
+    """Each row's id, group, prompt and token count, in row order; no rows, or an id on two
+    rows, raises CoverageError."""
+    if not rows:
+        raise CoverageError("no candidate rows")
+    ids = [str(r["id"]) for r in rows]
+    dup = [i for i, c in collections.Counter(ids).items() if c > 1]
+    if dup:
+        raise CoverageError(f"duplicate row ids: {sorted(dup)[:5]}")
+    return (ids, [str(r[group_field]) for r in rows],
+            [str(r.get(prompt_field, r["id"])) for r in rows], [int(r[token_field]) for r in rows])
+
+
+def _by(keys: list[str], x: list) -> dict[str, list]:
+    """The variables x grouped by their rows' keys (a prompt or a group)."""
+    out = collections.defaultdict(list)
+    for k, xi in zip(keys, x):
+        out[k].append(xi)
+    return out
+
+
+def _per_group(groups: list[str], chosen: list[int]) -> dict[str, int]:
+    """Chosen rows per group, every group present (zeros included), by name."""
+    out = dict.fromkeys(sorted(set(groups)), 0)
+    for i in chosen:
+        out[groups[i]] += 1
+    return out
 
 
 def binary(prob: pulp.LpProblem, name: str) -> pulp.LpVariable:
