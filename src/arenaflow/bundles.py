@@ -19,8 +19,9 @@ Checks, run on the assembled directory before it is moved into place:
    the bundle itself, for a full fine-tune),
    greedy generation with the bundle's stop ids on the reload prompts: each stops, none is empty,
    none contains U+FFFD (RELOAD_CHECK_PASS / RELOAD_CHECK_FAIL, outputs in reload_check.json);
-4. evidence: the evidence's dataset sha256 is the corpus manifest's digest, and the adapter is
-   the arm's final adapter byte for byte.
+4. evidence: the evidence's dataset sha256 is the corpus manifest's digest (a merge's: each
+   parent's weight files are the ones it merged, by sha256), and the adapter is the arm's final
+   adapter byte for byte.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ import jinja2
 from arenaflow import chat, io, manifest, models, nominate, sampling
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
+
+
+def evidence_file(run_dir: Path) -> str:
+    """The evidence a run carries: a trained arm's training evidence or a merge's."""
+    return MERGE if (run_dir / MERGE).exists() else TRAINING
 
 
 def weight_files(run_dir: Path) -> list[str]:
@@ -139,16 +146,33 @@ def check_reload(bundle_dir: Path, base_model: str, serving: dict, system_prompt
     return {"verdict": verdict, "detail": f"{len(results)} prompts stopped, non-empty, no U+FFFD"}
 
 
-def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path) -> dict:
-    evidence = io.read_json(bundle_dir / "training_evidence.json")
-    digest = manifest.verify(corpus_dir)["digest"]
-    if evidence["dataset_sha256"] != digest:
-        raise BundleCheckError(f"training_evidence.json dataset_sha256 {evidence['dataset_sha256']} "
-                               f"is not {corpus_dir}'s digest {digest}")
+def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path | None) -> dict:
+    """A trained arm's evidence names its corpus's digest; a merge's names each parent's weight
+    files by sha256, which must be the parent run's (verified by its manifest before the build)."""
+    if (bundle_dir / MERGE).exists():
+        detail = _check_merge_parents(io.read_json(bundle_dir / MERGE), run_dir.parent.parent)
+    else:
+        evidence = io.read_json(bundle_dir / TRAINING)
+        digest = manifest.verify(corpus_dir)["digest"]
+        if evidence["dataset_sha256"] != digest:
+            raise BundleCheckError(f"{TRAINING} dataset_sha256 {evidence['dataset_sha256']} "
+                                   f"is not {corpus_dir}'s digest {digest}")
+        detail = f"dataset sha256 = corpus digest {digest[:16]}…"
     for f in weight_files(run_dir):
         if manifest.sha256_file(bundle_dir / f) != manifest.sha256_file(run_dir / f):
             raise BundleCheckError(f"{f} differs from {run_dir / f}")
-    return {"verdict": "PASS", "detail": f"dataset sha256 = corpus digest {digest[:16]}…; adapter = {run_dir.name} of the arm"}
+    return {"verdict": "PASS", "detail": f"{detail}; adapter = {run_dir.name} of the arm"}
+
+
+def _check_merge_parents(evidence: dict, runs: Path) -> str:
+    for p in evidence["parents"]:
+        files = manifest.verify(runs / p["arm"] / "final")["files"]
+        for name, sha in p["files_sha256"].items():
+            if files.get(name, {}).get("sha256") != sha:
+                raise BundleCheckError(f"{MERGE}: parent {p['arm']}'s {name} is not the one merged "
+                                       f"(recorded {sha[:16]}…)")
+    return "merged from " + " + ".join(f"{p['weight']:g} x {p['arm']}" for p in evidence["parents"]) + \
+        " (each parent's weights by sha256)"
 
 
 def generation_config(tokenizer, serving: dict) -> dict:
@@ -187,14 +211,18 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
     runs, corpora = Path(args.runs), Path(args.corpora)
     training, corpus_ids = [], []
     for a in reversed([arm, *lineage]):
-        ev = io.read_json(runs / a / "final" / "training_evidence.json")
+        run = runs / a / "final"
+        if evidence_file(run) == MERGE:
+            training.append(_merge_row(a, io.read_json(run / MERGE)))
+            continue
+        ev = io.read_json(run / TRAINING)
         rows = io.read_json(corpora / ev["corpus"] / "stats.json")["rows"]
         training.append({"arm": a, "method": ev["hyperparameters"]["method"], "init": ev["init"],
                          "corpus": ev["corpus"], "rows": rows, "steps": ev["optimizer_steps"],
                          "lr": ev["hyperparameters"]["lr"], "job": ev["job_id"]})
         corpus_ids.append(ev["corpus"])
     corpora_ctx = []
-    for c in corpus_ids:
+    for c in dict.fromkeys(corpus_ids):
         st = io.read_json(corpora / c / "stats.json")
         corpora_ctx.append({"id": c, "digest": io.read_json(corpora / c / "manifest.json")["digest"],
                             "pass_at_1": st.get("pass_at_1"), **{k: st.get(k) for k in (
@@ -207,6 +235,33 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
             "nomination": nomination, "lineage": list(reversed([arm, *lineage]))}
 
 
+def _merge_row(arm: str, ev: dict) -> dict:
+    """A merge in the card's training table: its weights in place of an init, no corpus."""
+    made = " + ".join(f"{p['weight']:g} x {p['arm']}" for p in ev["parents"])
+    return {"arm": arm, "method": f"merge ({ev['representation']})", "init": made, "corpus": "none",
+            "rows": 0, "steps": 0, "lr": "-", "job": "CPU", "merge": ev}
+
+
+def served_evidence(run_dir: Path, runs: Path) -> dict:
+    """What the card and serving_config.json say of the served weights. A merge's base and
+    method are its parents': read from the first trained arm among them, and the LoRA geometry
+    from its own adapter_config.json."""
+    if evidence_file(run_dir) == TRAINING:
+        return io.read_json(run_dir / TRAINING)
+    ev, parent = io.read_json(run_dir / MERGE), run_dir
+    while evidence_file(parent) == MERGE:
+        parent = runs / io.read_json(parent / MERGE)["parents"][0]["arm"] / "final"
+    trained = io.read_json(parent / TRAINING)
+    hyper = {"method": "lora" if ev["output"] == "adapter" else "full", "objective": "merge"}
+    if ev["output"] == "adapter":
+        cfg = io.read_json(run_dir / "adapter_config.json")
+        hyper["lora"] = {"r": cfg["r"], "alpha": cfg["lora_alpha"], "dropout": cfg["lora_dropout"],
+                         "target_modules": sorted(cfg["target_modules"]),
+                         "modules_to_save": cfg.get("modules_to_save") or []}
+    return {**ev, "base_model": trained["base_model"], "base_revision": trained["base_revision"],
+            "hyperparameters": hyper}
+
+
 def verify_sources(args, arm: str, lineage: list[str]) -> None:
     """Everything a bundle copies or cites, verified before any of it is read: every run of the
     lineage (the served one's adapter and evidence are copied, the others' evidence is cited in
@@ -215,7 +270,8 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
     for a in [arm, *lineage]:
         run = Path(args.runs) / a / "final"
         manifest.require(run, who)
-        corpora.add(io.read_json(run / "training_evidence.json")["corpus"])
+        if evidence_file(run) == TRAINING:
+            corpora.add(io.read_json(run / TRAINING)["corpus"])
     for c in sorted(corpora):
         manifest.require(Path(args.corpora) / c, who)
     for path in args.compare:
@@ -241,15 +297,15 @@ def build(args) -> None:
     lineage = json.loads(args.lineage_json)[arm]
     run_dir = Path(args.runs) / arm / "final"
     verify_sources(args, arm, lineage)
-    evidence = io.read_json(run_dir / "training_evidence.json")
-    corpus_dir = Path(args.corpora) / evidence["corpus"]
+    evidence = served_evidence(run_dir, Path(args.runs))
+    corpus_dir = Path(args.corpora) / evidence["corpus"] if "corpus" in evidence else None
     template = load_template(args.chat_template or cfg["chat_template"])
     serving = cfg["serving"]
     out = Path(args.out)
     with io.atomic_dir(out) as tmp:
         for f in weight_files(run_dir):
             shutil.copyfile(run_dir / f, tmp / f)
-        shutil.copyfile(run_dir / "training_evidence.json", tmp / "training_evidence.json")
+        shutil.copyfile(run_dir / evidence_file(run_dir), tmp / evidence_file(run_dir))
         tok = save_tokenizer(args.base_model, template, tmp)
         io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
         io.write_json(tmp / "generation_config.json", generation_config(tok, serving))

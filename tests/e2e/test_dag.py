@@ -31,6 +31,21 @@ def test_dry_run_lists_the_whole_lineage(built):
             "readout", "compare", "nominate", "build_bundle"} <= rules
     trained = {wc.split("=")[1] for r, wc in jobs if r == "train_arm"}
     assert trained == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4"}
+    merged = {wc.split("=")[1] for r, wc in jobs if r == "merge_arm"}
+    assert merged == {"soup", "dose-a0p5", "dose-a1p5", "dose-a2"}
+
+
+def test_the_round_page_reads_the_dose_line_and_the_soup_with_k_replicates(built):
+    """r3's report page: every merge read out as served K = 3 times (a noise floor each), and
+    the merges page drawn (issue 19)."""
+    res, arms = built["results"], built["arms"]
+    snakemake("reports/r3/merges.png", results=res, arms=arms)
+    assert (res / "reports/r3/merges.png").read_bytes()[:4] == b"\x89PNG"
+    for arm in ("soup", "dose-a0p5", "dose-a1p5", "dose-a2"):
+        noise = json.loads((res / f"noise/math/served/{arm}.json").read_text())
+        assert noise["k"] == 3 and len(noise["replicate_accuracies"]) == 3
+        c = json.loads((res / f"compare/math/served/{arm}__R2d.json").read_text())
+        assert c["t"] is not None or c["wins"] + c["losses"] == 0  # a t over the 3 replicates
 
 
 def test_the_b3_template_defect_fails_the_bundle_and_leaves_no_directory(built):

@@ -16,7 +16,7 @@ import pytest
 from dagrun import MINI, REPO, build, planned_jobs, snakemake
 
 STAGES = {"build_pool", "sample_candidates", "verify_candidates", "build_corpus", "train_arm",
-          "readout", "compare", "register_bar", "nominate", "build_bundle"}
+          "merge_arm", "readout", "compare", "register_bar", "nominate", "build_bundle"}
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,13 @@ def test_dry_run_lists_every_stage_and_the_lineage(built):
     jobs = planned_jobs(built["dry"])
     assert STAGES <= {r for r, _ in jobs}
     assert {wc.split("=")[1] for r, wc in jobs if r == "train_arm"} == {"S1", "R220", "R2d", "B3"}
+    assert {wc for r, wc in jobs if r == "merge_arm"} == {"arm=dose-a1p5"}
+
+
+def served(built) -> tuple[str, str]:
+    """(the arm round r3 promoted, its evidence file: a merge's or a trained arm's)."""
+    arm = json.loads((built["results"] / "nominations/r3.json").read_text())["promoted"]
+    return arm, "merge_evidence.json" if arm.startswith("dose") else "training_evidence.json"
 
 
 def test_bundle_reloads_as_a_server_would(built):
@@ -37,7 +44,7 @@ def test_bundle_reloads_as_a_server_would(built):
     bundle = built["results"] / "bundles/B3f"
     for f in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json",
               "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-              "serving_config.json", "system_prompt.txt", "training_evidence.json", "README.md",
+              "serving_config.json", "system_prompt.txt", served(built)[1], "README.md",
               "manifest.json", "reload_check.json"):
         assert (bundle / f).is_file(), f
     assert json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
@@ -60,34 +67,52 @@ def test_evidence_matches_corpus_and_every_manifest_verifies(built):
 
     res = built["results"]
     bundle = res / "bundles/B3f"
-    evidence = json.loads((bundle / "training_evidence.json").read_text())
-    served = json.loads((res / "nominations/r3.json").read_text())["promoted"]
-    assert evidence["arm"] == served
-    corpus = res / "corpora" / evidence["corpus"]
-    assert evidence["dataset_sha256"] == json.loads((corpus / "manifest.json").read_text())["digest"]
-    assert evidence["init"] in {"R220", "R2d"}  # R2d when B3 is served, R220 when R2d is kept
+    arm, evidence_file = served(built)
     dirs = [bundle, *(res / "runs").glob("*/final"), *(res / "corpora").glob("*")]
     for d in dirs:
         manifest.verify(d)
     assert (bundle / "adapter_model.safetensors").read_bytes() == \
-        (res / "runs" / served / "final/adapter_model.safetensors").read_bytes()
+        (res / "runs" / arm / "final/adapter_model.safetensors").read_bytes()
+    for a in {"B3", "R2d", arm} - {"dose-a1p5"}:  # every trained arm r3 read names its corpus
+        evidence = json.loads((res / "runs" / a / "final/training_evidence.json").read_text())
+        corpus = res / "corpora" / evidence["corpus"]
+        assert evidence["arm"] == a
+        assert evidence["dataset_sha256"] == json.loads((corpus / "manifest.json").read_text())["digest"]
+    merged = json.loads((res / "runs/dose-a1p5/final/merge_evidence.json").read_text())
+    weights = {p["arm"]: p["weight"] for p in merged["parents"]}
+    assert weights == {"R2d": -0.5, "B3": 1.5}  # R2d + 1.5 (B3 - R2d)
+    for p in merged["parents"]:
+        run = manifest.verify(res / "runs" / p["arm"] / "final")["files"]
+        assert {f: run[f]["sha256"] for f in p["files_sha256"]} == p["files_sha256"]
+    assert json.loads((bundle / evidence_file).read_text()) == \
+        json.loads((res / "runs" / arm / "final" / evidence_file).read_text())
 
 
-def test_touching_an_arm_reruns_exactly_it_and_its_descendants(built):
-    arm_file = built["arms"] / "B3.yaml"
-    os.utime(arm_file)
+def touched_plan(built, arm_file: str) -> list[tuple[str, str]]:
+    os.utime(built["arms"] / arm_file)
     try:
-        dry = snakemake("-n", "bundles/B3f", results=built["results"], arms=built["arms"], configfiles=MINI)
+        return planned_jobs(snakemake("-n", "bundles/B3f", results=built["results"], arms=built["arms"],
+                                      configfiles=MINI))
     finally:
         # leave the build consistent for the other tests: mark every output up to date again
         snakemake("--touch", "bundles/B3f", results=built["results"], arms=built["arms"], configfiles=MINI)
-    jobs = planned_jobs(dry)
-    trained = {wc for r, wc in jobs if r == "train_arm"}
-    assert trained == {"arm=B3"}
-    assert {r for r, _ in jobs} <= {"train_arm", "readout", "compare", "nominate", "build_bundle"}
+
+
+def test_touching_an_arm_reruns_exactly_it_and_its_descendants(built):
+    jobs = touched_plan(built, "B3.yaml")
+    assert {wc for r, wc in jobs if r == "train_arm"} == {"arm=B3"}
+    assert {wc for r, wc in jobs if r == "merge_arm"} == {"arm=dose-a1p5"}  # B3 is on its line
+    assert {r for r, _ in jobs} <= {"train_arm", "merge_arm", "readout", "compare", "nominate", "build_bundle"}
     readouts = {wc for r, wc in jobs if r == "readout"}
-    assert all("rarm=B3" in wc for wc in readouts) and readouts
+    assert all("rarm=B3" in wc or "rarm=dose-a1p5" in wc for wc in readouts) and readouts
     assert ("build_bundle", "bundle=B3f") in jobs
+
+
+def test_touching_a_merge_reruns_the_merge_and_nothing_it_is_made_of(built):
+    jobs = touched_plan(built, "dose.yaml")
+    assert ("merge_arm", "arm=dose-a1p5") in jobs
+    assert not {r for r, _ in jobs} & {"train_arm", "sample_candidates", "build_corpus"}
+    assert all("rarm=dose-a1p5" in wc for r, wc in jobs if r == "readout")
 
 
 def test_a_bad_arm_value_stops_the_dry_run_naming_file_and_key(built, tmp_path):
