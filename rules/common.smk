@@ -168,8 +168,14 @@ def arm(wc):
     return CFG["arms"][wc.arm]
 
 
+def arm_hyper(wc):
+    """The arm's hyper with arm.schema.yaml's defaults under it, for its resources; its param is
+    the hyper as resolved (a default written into it would rerun the arm)."""
+    return afconfig.with_hyper_defaults(arm(wc)["hyper"])
+
+
 def arm_nodes(wc):
-    return arm(wc)["hyper"].get("nodes", 1)
+    return arm_hyper(wc)["nodes"]
 
 
 def launcher(wc):
@@ -177,7 +183,7 @@ def launcher(wc):
     # Several nodes: srun starts one task per node, each a torchrun whose rendezvous comes from
     # the Slurm environment (arenaflow.launch: first host of SLURM_JOB_NODELIST, SLURM_NNODES,
     # SLURM_NODEID).
-    n, k = arm(wc)["hyper"]["nproc"], arm_nodes(wc)
+    n, k = arm_hyper(wc)["nproc"], arm_nodes(wc)
     if k > 1:
         return (
             f"srun --nodes {k} --ntasks-per-node 1 --kill-on-bad-exit=1 "
@@ -211,14 +217,9 @@ def suite(wc):
 
 def decoding(wc):
     # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
+    # Only those the regime sets: the readout takes the others from the schema (decoding_of).
     regime = suite(wc)["regimes"][wc.regime]
-    return as_json(
-        {
-            k: regime[k]
-            for k in ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
-            if k in regime
-        }
-    )
+    return as_json({k: regime[k] for k in afconfig.DECODING_KEYS if k in regime})
 
 
 # ---- rules/judged.smk ---------------------------------------------------------

@@ -13,20 +13,20 @@ rule train_arm:
         arm=ids(TRAINED_IDS),
     conda:
         "../envs/arenaflow.yaml"
-    threads: lambda wc: arm(wc)["hyper"]["nproc"]
+    threads: lambda wc: arm_hyper(wc)["nproc"]
     resources:
-        mem_mb=lambda wc: arm(wc)["hyper"]["mem_mb"],
-        runtime=lambda wc: arm(wc)["hyper"]["runtime_min"],
+        mem_mb=lambda wc: arm_hyper(wc)["mem_mb"],
+        runtime=lambda wc: arm_hyper(wc)["runtime_min"],
         # a resource, not a param: the checkpoint cadence never changes the weights
-        checkpoint_every=lambda wc: arm(wc)["hyper"]["checkpoint_every"],
-        nproc=lambda wc: arm(wc)["hyper"]["nproc"],
+        checkpoint_every=lambda wc: arm_hyper(wc)["checkpoint_every"],
+        nproc=lambda wc: arm_hyper(wc)["nproc"],
         # One Slurm task (per node) holding all of the arm's GPUs (of that node); torchrun starts
         # the ranks. Several nodes: the plugin's MPI path runs the job script on the first node
         # (mpi), which calls srun itself; tasks_per_gpu=0 keeps --ntasks-per-gpu off.
-        gres=lambda wc: f"gpu:{arm(wc)['hyper']['nproc']}",
+        gres=lambda wc: f"gpu:{arm_hyper(wc)['nproc']}",
         # Local runs cap the GPUs their jobs hold at once with this (profiles/gpu-local): not
         # `gpu`, which the Slurm plugin turns into --gpus beside the GRES above.
-        local_gpus=lambda wc: arm(wc)["hyper"]["nproc"],
+        local_gpus=lambda wc: arm_hyper(wc)["nproc"],
         nodes=arm_nodes,
         mpi=lambda wc: "srun" if arm_nodes(wc) > 1 else None,
         tasks=lambda wc: arm_nodes(wc) if arm_nodes(wc) > 1 else None,

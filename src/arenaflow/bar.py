@@ -44,7 +44,11 @@ def bar_sha256(bar: list[dict]) -> str:
 
 def resolve(rnd: dict) -> list[dict]:
     """The bar with every default made explicit and every arm named, so its sha256 changes
-    when any part of its meaning does (a clause, the incumbent, the control, a default regime)."""
+    when any part of its meaning does (a clause, the incumbent, the control, a default regime).
+    A noise floor's `times` defaults as config.schema.yaml says (not filled into the config: the
+    round is a rule param and its bar is registered as written)."""
+    from arenaflow.config import schema_defaults  # here: arenaflow.config imports this module
+
     out = []
     for i, c in enumerate(rnd["bar"], start=1):
         vs = c.get("vs", "incumbent" if c["metric"] in PAIRED else "none")
@@ -54,8 +58,8 @@ def resolve(rnd: dict) -> list[dict]:
         if "value" in c:
             r["value"] = c["value"]
         else:
-            r["noise"] = {"stat": c["noise"]["stat"], "times": c["noise"].get("times", 1),
-                          "arm": c["noise"].get("arm", rnd["incumbent"])}
+            noise = {**schema_defaults("noise"), **c["noise"]}
+            r["noise"] = {"stat": noise["stat"], "times": noise["times"], "arm": noise.get("arm", rnd["incumbent"])}
         if c.get("note"):
             r["note"] = c["note"]
         out.append(r)

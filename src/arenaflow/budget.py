@@ -37,13 +37,9 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from arenaflow import paths
-from arenaflow.config import REPO_ROOT, TRAINED, with_hyper_defaults
+from arenaflow.config import REPO_ROOT, TRAINED, decoding_of, schema_defaults, with_hyper_defaults
 
-DEFAULT_HISTORY = ["runs/*/final/training_evidence.json"]
-DEFAULT_ESTIMATE = {"row_seconds": 0.05, "decode_step_seconds": 0.05, "overhead_minutes": 1.0}
 KTOK = 1024
 
 
@@ -52,14 +48,19 @@ class BudgetError(RuntimeError):
 
 
 def settings(cfg: dict) -> dict | None:
-    """The config's budget section with its defaults, or None when there is none."""
+    """The resolved config's budget section (its defaults filled by arenaflow.config.resolve),
+    or None when there is none."""
     b = cfg.get("budget")
     if b is None:
         return None
-    return {"gpu_minutes": float(b["gpu_minutes"]),
-            "spent_gpu_minutes": float(b.get("spent_gpu_minutes", 0.0)),
-            "history": list(b.get("history", DEFAULT_HISTORY)),
-            "estimate": {**DEFAULT_ESTIMATE, **b.get("estimate", {})}}
+    return {"gpu_minutes": float(b["gpu_minutes"]), "spent_gpu_minutes": float(b["spent_gpu_minutes"]),
+            "history": list(b["history"]), "estimate": dict(b["estimate"])}
+
+
+def unbudgeted() -> dict:
+    """The settings of a config with no budget: no limit, the schema's defaults otherwise."""
+    return settings({"budget": {**schema_defaults("budget"), "gpu_minutes": float("inf"),
+                                "estimate": schema_defaults("estimate")}})
 
 
 def gpus(hyper: dict) -> int:
@@ -142,8 +143,7 @@ class Budget:
         self.cfg = cfg
         self.repo = Path(repo_root)
         self.results = Path(results) if results is not None else self.repo / cfg["results_dir"]
-        s = settings(cfg) or {"gpu_minutes": float("inf"), "spent_gpu_minutes": 0.0,
-                              "history": DEFAULT_HISTORY, "estimate": dict(DEFAULT_ESTIMATE)}
+        s = settings(cfg) or unbudgeted()
         if gpu_minutes is not None:
             s["gpu_minutes"] = float(gpu_minutes)
         self.settings = s
@@ -177,7 +177,7 @@ class Budget:
 
     def row_seconds(self) -> tuple[float, str]:
         """Seconds per 1024-token row per rank, and where the number comes from."""
-        base = self.cfg["base"].get("name", self.cfg["base"]["path"])
+        base = self.cfg["base"]["name"]
         recs = [r for _, r in self.history()]
         for subset, what in (([r for r in recs if r.get("base_model") == base], f"runs of {base}"),
                              (recs, "runs")):
@@ -217,22 +217,20 @@ class Budget:
         c = self.cfg["corpora"][corpus]
         if c["policy"] == "reference":
             return 0.0
-        return generate_minutes(self.pool_rows(c["pool"]), c.get("k", 4), c.get("batch_size", 256),
-                                c.get("max_new_tokens", 64), self.est["decode_step_seconds"],
-                                self.est["overhead_minutes"])
+        return generate_minutes(self.pool_rows(c["pool"]), c["k"], c["batch_size"], c["max_new_tokens"],
+                                self.est["decode_step_seconds"], self.est["overhead_minutes"])
 
     def readout(self, suite: str, regime: str) -> float:
         s = self.cfg["evals"][suite]
-        g = s["regimes"][regime]
-        return generate_minutes(self.pool_rows(s["pool"]), 1, s.get("batch_size", 256),
-                                g.get("max_new_tokens", 256), self.est["decode_step_seconds"],
-                                self.est["overhead_minutes"])
+        tokens = decoding_of(s["regimes"][regime])["max_new_tokens"]  # as the readout decodes it
+        return generate_minutes(self.pool_rows(s["pool"]), 1, s["batch_size"], tokens,
+                                self.est["decode_step_seconds"], self.est["overhead_minutes"])
 
     def readout_files(self, arm: str):
         """(suite, regime, path) of every readout replicate of `arm`."""
         for suite, s in self.cfg["evals"].items():
             for regime, g in s["regimes"].items():
-                for r in range(g.get("replicates", s.get("replicates", 1))):
+                for r in range(g["replicates"]):  # the suite's unless the regime sets its own
                     yield suite, regime, self.results / paths.readout(suite, arm, regime, r)
 
     def sampling_pending(self, corpus: str) -> bool:
@@ -241,8 +239,7 @@ class Budget:
 
     # ---- arms --------------------------------------------------------------------------
     def priority(self, arm: str) -> float:
-        data = yaml.safe_load(Path(self.cfg["arms"][arm]["file"]).read_text()) or {}
-        return float(data.get("priority", 1))
+        return float(self.cfg["arms"][arm]["priority"])
 
     def estimate(self, arm: str) -> ArmEstimate:
         if arm not in self._estimates:
@@ -278,9 +275,9 @@ class Budget:
         them is the safe side: the round's nomination needs them all)."""
         arms = self.cfg["arms"]
         out = {arm, *arms[arm]["lineage"]}
-        for rnd in self.cfg.get("rounds", {}).values():
-            members = [rnd["incumbent"], *rnd.get("candidates", []), rnd.get("control")]
-            if arm in rnd.get("candidates", []):
+        for rnd in self.cfg["rounds"].values():
+            members = [rnd["incumbent"], *rnd["candidates"], rnd.get("control")]
+            if arm in rnd["candidates"]:
                 for a in members:
                     if a in arms:
                         out |= {a, *arms[a]["lineage"]}

@@ -21,9 +21,13 @@ import json
 import time
 
 from arenaflow import chat, degeneracy, ifcheck, io, jobclock, models, sampling, verify
+from arenaflow import config as afconfig
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
+    """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
+    a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
+    params = {**afconfig.schema_defaults("corpus"), **params}
     prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
     dec = sampling.Decoding(
         temperature=params["temperature"],
@@ -31,7 +35,7 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
         max_new_tokens=params["max_new_tokens"],
     )
     outs = sampling.generate(model, tokenizer, prompts, dec, k=params["k"], seed=params["seed"],
-                             batch_size=params["batch_size"], desc="sample", engine=params.get("engine", "hf"))
+                             batch_size=params["batch_size"], desc="sample", engine=params["engine"])
     rows = []
     for r, samples in zip(pool, outs):
         for j, s in enumerate(samples):

@@ -60,13 +60,52 @@ def _validate(data, schema: dict, registry: Registry, where: str) -> None:
         raise ConfigError(f"{where}: key '{key}': {e.message}{more}")
 
 
-def _defaults(schema: dict, data: dict) -> dict:
-    """Fill `default`s of a flat object schema into a copy of data."""
+def _defaults(schema: dict, data: dict, defs: dict | None = None) -> dict:
+    """Fill `default`s of a flat object schema into a copy of data; with `defs` (the schema's
+    $defs), a key that is a $ref to one of them takes its default too."""
     out = dict(data)
     for key, prop in schema.get("properties", {}).items():
+        ref = prop.get("$ref", "")
+        if defs is not None and "default" not in prop and ref.startswith("#/$defs/"):
+            prop = defs[ref.removeprefix("#/$defs/")]
         if "default" in prop and key not in out:
             out[key] = copy.deepcopy(prop["default"])
     return out
+
+
+# Where each object of config.schema.yaml with `default`s sits in it (schema_defaults).
+_PARTS = {
+    "pool": ("pools", "additionalProperties"),
+    "corpus": ("corpora", "additionalProperties"),
+    "suite": ("evals", "additionalProperties"),
+    "regime": ("evals", "additionalProperties", "properties", "regimes", "additionalProperties"),
+    "noise": ("rounds", "additionalProperties", "properties", "bar", "items", "properties", "noise"),
+    "judged": ("judged", "additionalProperties"),
+    "budget": ("budget",),
+    "estimate": ("budget", "properties", "estimate"),
+}
+
+
+def _part(schema: dict, part: str) -> dict:
+    node = schema["properties"]
+    for key in _PARTS[part]:
+        node = node[key]
+    return node
+
+
+@functools.cache
+def _schema_defaults(schema_dir: Path, part: str) -> dict:
+    schema = yaml.safe_load((schema_dir / "config.schema.yaml").read_text())
+    return _defaults(_part(schema, part), {}, schema["$defs"])
+
+
+def schema_defaults(part: str, schema_dir: Path = SCHEMA_DIR) -> dict:
+    """{key: default} of one object of config.schema.yaml ('pool', 'corpus', 'suite', 'regime',
+    'noise', 'judged', 'budget', 'estimate'): the one place each of those defaults lives. Config
+    resolution fills them, except where the object is a rule param as written (a pool, a bar
+    clause's noise, a regime's decoding, a corpus's engine: a filled key would change the param
+    and rerun every job made with it); what reads those objects takes a missing key from here."""
+    return copy.deepcopy(_schema_defaults(Path(schema_dir), part))
 
 
 @functools.cache
@@ -112,7 +151,7 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
         data = load_yaml(path) or {}
         _validate(data, arm_schema, registry, str(path))
         _check_kind(data, path)
-        for aid, adata in dose_ids(arm, data).items():
+        for aid, adata in dose_ids(arm, _defaults(arm_schema, data)).items():
             if aid in arms:
                 raise ConfigError(f"{path}: arm id {aid!r} is also {files[aid]}'s")
             arms[aid], files[aid] = adata, path
@@ -220,7 +259,7 @@ def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
 def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA_DIR,
             config_file: str = "config", sources=()) -> dict:
     """Validate `config` and its arm files; return a resolved copy with `arms` filled in:
-    {arm: {init, corpus, hyper (defaults merged), file, lineage}}. `sources`: the YAML files
+    {arm: {init, corpus, priority, hyper (defaults merged), file, lineage}}. `sources`: the YAML files
     merged into `config`, to name the line of a key at fault."""
     schema, arm_schema, registry = _schemas(schema_dir)
     _validate(config, schema, registry, config_file)
@@ -234,10 +273,11 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
         raise ConfigError(f"arms_dir {arms_dir}: no <arm>.yaml files")
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
     arms = _resolve_arms(cfg, raw, files, arms_dir)
-    _resolve_evals(cfg, config_file)
+    _resolve_evals(cfg, schema, config_file)
     known_arms = set(arms) | {BASE}
     _check_rounds(cfg, known_arms, config_file)
-    _resolve_judged(cfg, known_arms, root, config_file)
+    _resolve_judged(cfg, schema, known_arms, root, config_file)
+    _resolve_budget(cfg, schema)
     _resolve_bundles(cfg, schema, arms, config_file)
     for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
         for rid, regime in suite["regimes"].items():
@@ -248,8 +288,11 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
 
 
 def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_file: str) -> None:
-    """Each corpus names a known pool and a known policy; its defaults are filled."""
-    corpus_props = schema["properties"]["corpora"]["additionalProperties"]
+    """Each corpus names a known pool and a known policy; its defaults are filled, except
+    `engine` (a $ref, not followed here): the corpus is the build_corpus param and its sampling
+    keys the sample_candidates param, and filling it would resample every corpus made without it
+    (arenaflow.candidates reads a missing engine from schema_defaults)."""
+    corpus_props = _part(schema, "corpus")
     for cid, c in cfg["corpora"].items():
         where = f"{config_file}: key 'corpora/{cid}"
         if c["pool"] not in cfg["pools"]:
@@ -260,7 +303,7 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
 
 
 def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
-    """{arm: {kind, init, corpus, description, hyper, file, lineage}} (merges also `merge`, doses
+    """{arm: {kind, init, corpus, description, priority, hyper, file, lineage}} (merges also `merge`, doses
     `dose`): an arm continues or merges known arms of its own method, and a trained arm trains
     on a corpus of the format its objective needs."""
     arms = {}
@@ -294,7 +337,8 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
         raise ConfigError(f"{where} 'hyper/objective': {objective!r} cannot train on corpus {data['corpus']!r} "
                           f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'")
     return {"kind": TRAINED, "init": data["init"], "corpus": data["corpus"],
-            "description": data.get("description", ""), "hyper": hyper, "file": str(file)}
+            "description": data.get("description", ""), "priority": data["priority"], "hyper": hyper,
+            "file": str(file)}
 
 
 def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
@@ -321,6 +365,7 @@ def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
     if not parents:
         raise ConfigError(f"{file}: key '{key}': nothing to merge: every arm is 'base' or has weight 0")
     return {"kind": arm_kind(data), "init": init, "corpus": None, "description": data.get("description", ""),
+            "priority": data["priority"],
             "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")}, **spec,
             "hyper": {}, "file": str(file)}
 
@@ -337,16 +382,15 @@ def _method(arm: str, arms: dict) -> str:
     return a["hyper"]["method"]
 
 
-def _resolve_evals(cfg: dict, config_file: str) -> None:
-    """Each suite reads a known pool, with its defaults filled; no corpus trains on an eval pool."""
+def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
+    """Each suite reads a known pool, with its defaults filled (a regime's K is the suite's
+    unless it sets its own; its decoding is not filled: decoding_of); no corpus trains on an
+    eval pool."""
     eval_pools = {s["pool"] for s in cfg["evals"].values()}
     for sid, suite in cfg["evals"].items():
         if suite["pool"] not in cfg["pools"]:
             raise ConfigError(f"{config_file}: key 'evals/{sid}/pool': unknown pool {suite['pool']!r}")
-        suite.setdefault("replicates", 1)
-        suite.setdefault("seed", 0)
-        suite.setdefault("batch_size", 256)
-        suite.setdefault("engine", "hf")
+        suite = cfg["evals"][sid] = _defaults(_part(schema, "suite"), suite, schema["$defs"])
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
     for cid, c in cfg["corpora"].items():
@@ -381,9 +425,11 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
             raise ConfigError(f"{where}/{key}': {msg}")
 
 
-def _resolve_judged(cfg: dict, known_arms: set, root: Path, config_file: str) -> None:
-    """Each judged read compares two known arms on an existing replicate of a known regime."""
+def _resolve_judged(cfg: dict, schema: dict, known_arms: set, root: Path, config_file: str) -> None:
+    """Each judged read compares two known arms on an existing replicate of a known regime; its
+    defaults are filled."""
     for jid, j in cfg.setdefault("judged", {}).items():
+        j = cfg["judged"][jid] = _defaults(_part(schema, "judged"), j)
         where = f"{config_file}: key 'judged/{jid}"
         if j["suite"] not in cfg["evals"]:
             raise ConfigError(f"{where}/suite': unknown suite {j['suite']!r}")
@@ -394,13 +440,19 @@ def _resolve_judged(cfg: dict, known_arms: set, root: Path, config_file: str) ->
                 raise ConfigError(f"{where}/{key}': unknown arm {j[key]!r}")
         if j["a"] == j["b"]:
             raise ConfigError(f"{where}/b': a judged read compares two arms; a and b are both {j['a']!r}")
-        j.setdefault("replicate", 0)
         n = _replicates(cfg, j["suite"], j["regime"])
         if j["replicate"] >= n:
             raise ConfigError(f"{where}/replicate': regime {j['regime']!r} has {n} "
                               f"replicate(s), numbered from 0; got {j['replicate']}")
         if "scores" in j:
             j["scores"] = str(root / j["scores"])  # an absolute path stays as it is
+
+
+def _resolve_budget(cfg: dict, schema: dict) -> None:
+    """The budget's defaults and its estimate's are filled (arenaflow.budget reads them)."""
+    if "budget" in cfg:
+        b = cfg["budget"] = _defaults(_part(schema, "budget"), cfg["budget"])
+        b["estimate"] = _defaults(_part(schema, "estimate"), b.get("estimate", {}))
 
 
 def _resolve_bundles(cfg: dict, schema: dict, arms: dict, config_file: str) -> None:
@@ -425,7 +477,7 @@ def _as_served(regime: dict, cfg: dict, where: str) -> None:
     bid = regime["as_served"]
     if bid not in cfg["bundles"]:
         raise ConfigError(f"{where}: unknown bundle {bid!r}; known: {sorted(cfg['bundles'])}")
-    decoding = [k for k in ("temperature", "top_p", "max_new_tokens", "repetition_penalty") if k in regime]
+    decoding = [k for k in DECODING_KEYS if k in regime]
     if decoding:
         raise ConfigError(f"{where}: takes its decoding from bundle {bid!r}; remove {decoding}")
     s = cfg["bundles"][bid]["serving"]
@@ -475,6 +527,17 @@ def stage_json(section: dict) -> str:
 # never a rule param (a change would rerun the arm and every descendant). rules/train.smk passes
 # them as resources instead.
 RUN_KEYS = ("runtime_min", "mem_mb", "checkpoint_every")
+# A readout regime's decoding keys: the readout rule's param holds those a regime sets
+# (rules/common.smk decoding()), and the readout takes the others from config.schema.yaml.
+DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
+
+
+def decoding_of(regime: dict, schema_dir: Path = SCHEMA_DIR) -> dict:
+    """What a regime decodes with: each decoding key as the regime sets it, else the schema's
+    default (resolution does not fill them: see DECODING_KEYS)."""
+    return {**schema_defaults("regime", schema_dir), **{k: regime[k] for k in DECODING_KEYS if k in regime}}
+
+
 # The corpus keys that decide the samples; the rest (select, coverage, min_chars, format,
 # decontaminate) only decide which samples a corpus keeps, and must not resample on the GPU.
 SAMPLING_KEYS = ("pool", "policy", "k", "temperature", "top_p", "max_new_tokens", "seed",

@@ -32,9 +32,9 @@ import numpy as np
 import pandas as pd
 
 from arenaflow import bar as afbar
+from arenaflow import config as afconfig
 from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
 
-DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
 LOOP_AT = degeneracy.LOOP_THRESHOLD
@@ -80,7 +80,7 @@ def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict
     from arenaflow import candidates, chat, sampling  # torch-heavy: only the readout needs them
 
     prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
-    dec = sampling.Decoding(**{k: regime[k] for k in DECODING_KEYS if k in regime})
+    dec = sampling.Decoding(**afconfig.decoding_of(regime))
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(model, tokenizer, prompts, dec, k=1, seed=seed,
                              batch_size=batch_size, desc=desc, engine=engine)
@@ -272,9 +272,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--regime", default="", help="regime id, recorded in the metadata")
     r.add_argument("--regime-json", required=True, help="decoding settings as JSON")
     r.add_argument("--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--batch-size", type=int, default=256)
-    r.add_argument("--engine", choices=["hf", "static"], default="hf", help="decode loop (arenaflow.sampling)")
+    suite = afconfig.schema_defaults("suite")  # the rule passes the resolved suite's; by hand, its defaults
+    r.add_argument("--seed", type=int, default=suite["seed"])
+    r.add_argument("--batch-size", type=int, default=suite["batch_size"])
+    r.add_argument("--engine", choices=["hf", "static"], default=suite["engine"], help="decode loop (arenaflow.sampling)")
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", required=True, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")

@@ -35,7 +35,7 @@ import re
 from pathlib import Path
 
 from arenaflow import ifcheck, ifpool, io
-from arenaflow.config import REPO_ROOT
+from arenaflow.config import REPO_ROOT, schema_defaults
 from arenaflow.verify import last_boxed
 
 CATEGORIES = ("add", "sub", "mul", "two_step")
@@ -236,7 +236,8 @@ def _open(row: dict, where: str) -> dict:
 
 def import_rows(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
     """Pool rows from params['file'] (see the module docstring)."""
-    kind, shown = params.get("kind", "math"), params["file"]
+    params = {**schema_defaults("pool"), **params}
+    kind, shown = params["kind"], params["file"]
     table = read_table(Path(params.get("root", root)) / shown, shown)
     if not table:
         raise ValueError(f"{shown}: no rows")
@@ -265,12 +266,12 @@ def import_rows(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
         if kind != "math" and isinstance(raw.get("category"), str) and raw["category"].strip():
             row["category"] = raw["category"]
         if kind == "open":
-            row["min_chars"] = params.get("min_chars", 0)
+            row["min_chars"] = params["min_chars"]
         rows.append({"id": rid, **row, "source": where})
     if "n" in params:
         if params["n"] > len(rows):
             raise ValueError(f"{shown}: n={params['n']} but the file has only {len(rows)} rows")
-        keep = sorted(random.Random(params.get("seed", 0)).sample(range(len(rows)), params["n"]))
+        keep = sorted(random.Random(params["seed"]).sample(range(len(rows)), params["n"]))
         rows = [rows[i] for i in keep]
     return rows
 
@@ -286,7 +287,10 @@ def _detect(first: tuple[int, dict], shown: str) -> str:
 
 
 def build(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
-    kind = params.get("kind", "math")
+    """A pool's rows from its config section; a key it does not set is config.schema.yaml's
+    default (resolution does not fill them: the section is the build_pool param)."""
+    params = {**schema_defaults("pool"), **params}
+    kind = params["kind"]
     if kind not in KINDS:
         raise ValueError(f"pool {pool}: unknown kind {kind!r}; expected one of {KINDS}")
     if "file" in params:
@@ -297,7 +301,7 @@ def build(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
     elif kind == "ifeval":
         rows = ifpool.generate(n=params["n"], seed=params["seed"], split=params["split"], prefix=pool,
                                families=params.get("constraint_families"),
-                               max_constraints=params.get("max_constraints", 1))
+                               max_constraints=params["max_constraints"])
     else:
         raise ValueError(f"pool {pool}: kind 'open' needs a 'file' of prompts")
     validate_rows(rows, f"pools/{pool}.jsonl", kind)

@@ -109,6 +109,15 @@ def test_history_calibrates_step_time_and_counts_as_spent(tmp_path):
     assert b.estimate("B1").rows == 40  # the built corpus's row count replaces the pool's
 
 
+def test_a_readout_is_estimated_at_the_max_new_tokens_it_decodes_with(tmp_path):
+    cfg = e2e_config(tmp_path, {"gpu_minutes": 1000, "estimate": {"overhead_minutes": 0.0}})
+    b = afbudget.Budget(cfg)
+    greedy = cfg["evals"]["math"]["regimes"]["greedy"]
+    at_48 = b.readout("math", "greedy")
+    del greedy["max_new_tokens"]  # the readout then decodes with the schema's default
+    assert b.readout("math", "greedy") == pytest.approx(at_48 * afconfig.schema_defaults("regime")["max_new_tokens"] / 48)
+
+
 def test_a_shared_corpus_is_sampled_once_in_a_cost(tmp_path):
     b = afbudget.Budget(e2e_config(tmp_path, {"gpu_minutes": 1000}))
     e1, e2 = b.estimate("B1"), b.estimate("B2")

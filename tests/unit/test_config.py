@@ -144,6 +144,29 @@ def test_corpus_defaults_are_filled_from_the_schema(resolved):
     assert resolved["corpora"]["rft_r1"]["max_new_tokens"] == 48  # given values are kept
 
 
+def test_suite_judged_and_budget_defaults_are_filled_from_the_schema(cfg, repo_root):
+    cfg["budget"] = {"gpu_minutes": 5, "estimate": {"row_seconds": 2.0}}
+    res = resolve(cfg, repo_root)
+    suite = res["evals"]["math"]
+    assert {k: suite[k] for k in config.schema_defaults("suite")} == {
+        "replicates": 1, "seed": 0, "batch_size": 256, "engine": "hf"}  # engine: a $ref's default
+    assert suite["regimes"]["served"]["replicates"] == 3 and suite["regimes"]["greedy"]["replicates"] == 1
+    assert res["judged"]["B3_vs_R2d"]["replicate"] == 0
+    assert res["budget"] == {"gpu_minutes": 5, "spent_gpu_minutes": 0,
+                             "history": ["runs/*/final/training_evidence.json"],
+                             "estimate": {"row_seconds": 2.0, "decode_step_seconds": 0.05, "overhead_minutes": 1.0}}
+    assert all(a["priority"] == 1 for a in res["arms"].values())  # arm.schema.yaml's default
+
+
+def test_rule_params_get_no_schema_default_written_into_them(resolved):
+    # a corpus's engine, a pool, a regime's decoding: filling them would rerun finished jobs
+    assert all("engine" not in c for c in resolved["corpora"].values())
+    assert "kind" not in resolved["pools"]["math_eval"]
+    assert set(resolved["evals"]["math"]["regimes"]["greedy"]) == {"temperature", "max_new_tokens", "replicates"}
+    assert config.decoding_of(resolved["evals"]["math"]["regimes"]["greedy"]) == {
+        "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 48, "repetition_penalty": 1.0}
+
+
 def test_relative_base_path_is_made_absolute_under_repo_root(resolved, repo_root):
     assert resolved["base"]["path"] == str(repo_root / "models" / "tiny-arith")
 
