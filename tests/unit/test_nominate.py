@@ -226,16 +226,17 @@ def test_final_blocks_bar_is_valid_config_and_lists_what_it_reads(repo_root):
                                 for a in ("B1", "B2") for s in ("math", "chat") for k in range(3)]
 
 
-def test_shipped_round_r3_reads_its_four_greedy_comparisons(repo_root):
+def test_shipped_round_r3_reads_a_greedy_comparison_per_candidate(repo_root):
     import yaml
 
     from arenaflow import config
 
     res = config.resolve(yaml.safe_load((repo_root / "config/config.yaml").read_text()), repo_root=repo_root)
     need = bar.requirements(res["rounds"]["r3"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"])
-    assert need == {"compare": [f"compare/math/greedy/{a}__R2d.json" for a in ("B1", "B2", "B3", "B4")],
+    cands = ("B1", "B2", "B3", "B4", "soup", "dose-a0p5", "dose-a1p5", "dose-a2")  # the sweep, then merges
+    assert need == {"compare": [f"compare/math/greedy/{a}__R2d.json" for a in cands],
                     "noise": [],
-                    "readouts": [f"readouts/math/{a}/greedy.r0.parquet" for a in ("B1", "B2", "B3", "B4")]}
+                    "readouts": [f"readouts/math/{a}/greedy.r0.parquet" for a in cands]}
 
 
 def test_a_readouts_levels_are_exactly_the_level_metrics_a_bar_can_name():
