@@ -12,15 +12,17 @@ heads of 64, vocab 128,256, tied embeddings; 1.24 B parameters) once under --dir
     and an arenaflow manifest, as a training run leaves them,
   - the same two adapters without the head (180 MB each), the only soup PEFT's own
     add_weighted_adapter accepts (it refuses two adapters with the same modules_to_save).
-Then, each in a fresh subprocess (peak RSS = the child's VmHWM), best of --repeats by wall time:
+Then, each in a fresh subprocess (peak RSS = the child's VmHWM), best of --repeats by wall time,
+the methods taking turns:
   - streamed: arenaflow.merge.merge, the 0.5/0.5 soup, timed whole (sha256 of both parents,
     the merge, the output's manifest) and by phase (from its evidence);
   - load-all: safetensors.torch.load_file of both adapters, the same concatenation and float32
     sum on whole tensors, one save_file (no manifest checks);
   - PEFT (head-less adapters): load the base, both adapters, add_weighted_adapter(cat),
     save_pretrained of the soup.
-Every parent file is read once before each run (page cache warm). GB/s = bytes of tensors read
-from the parents (and base, when read) / wall time. Ratios are streamed / other, in this one run.
+Every parent file is read once before each run (page cache warm), then `sync` (no dirty pages
+left by the previous run). GB/s = bytes of tensors read from the parents (and base, when read) /
+wall time. Ratios are streamed / other, in this one run.
 """
 
 from __future__ import annotations
@@ -182,15 +184,21 @@ def warm(paths: list[Path]) -> None:
 def run_child(mode: str, root: Path, pair: list[str], out: Path) -> dict:
     subprocess.run(["rm", "-rf", str(out)], check=True)
     warm([root / a for a in pair] + ([root / "base"] if mode == "peft" else []))
+    os.sync()  # no run pays for the writeback of the one before it
     cmd = [sys.executable, __file__, "--child", mode, "--dir", str(root), "--pair", *pair, "--child-out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def best_of(mode: str, root: Path, out_root: Path, pair: list[str], repeats: int) -> dict:
-    runs = [run_child(mode, root, pair, out_root / f"out-{mode}-{'-'.join(pair)}") for _ in range(repeats)]
-    best = min(runs, key=lambda r: r["wall_s"])
-    return {**best, "all_wall_s": [round(r["wall_s"], 3) for r in runs]}
+def best_of(modes: list[str], root: Path, out_root: Path, pair: list[str], repeats: int) -> dict:
+    """Best run of each mode by wall time; the modes take turns, so that a disturbance on this
+    shared machine (another job's I/O) falls on all of them alike."""
+    runs = {m: [] for m in modes}
+    for _ in range(repeats):
+        for m in modes:
+            runs[m].append(run_child(m, root, pair, out_root / f"out-{m}-{'-'.join(pair)}"))
+    return {m: {**min(rs, key=lambda r: r["wall_s"]), "all_wall_s": [round(r["wall_s"], 3) for r in rs]}
+            for m, rs in runs.items()}
 
 
 def same_output(a: Path, b: Path) -> bool:
@@ -213,12 +221,15 @@ def machine() -> dict:
 
 
 def dd_write(root: Path) -> dict:
-    """Reference write speeds: 1 GiB into the page cache, and flushed to the disk (fdatasync)."""
+    """Reference write speeds: 1 GiB into the page cache (three times: the first often waits for
+    the kernel to free cached pages), and flushed to the disk (fdatasync)."""
     out = {}
-    for name, extra in (("page_cache", []), ("fdatasync", ["conv=fdatasync"])):
+    for name, extra in (("page_cache_1", []), ("page_cache_2", []), ("page_cache_3", []),
+                        ("fdatasync", ["conv=fdatasync"])):
+        os.sync()
         res = subprocess.run(["dd", "if=/dev/zero", f"of={root / 'dd.tmp'}", "bs=16M", "count=64", *extra],
                              capture_output=True, text=True, check=True)
-        out[name] = res.stderr.strip().splitlines()[-1]
+        out[name] = res.stderr.strip().splitlines()[-1].rsplit(",", 1)[-1].strip()
         (root / "dd.tmp").unlink()
     return out
 
@@ -267,9 +278,9 @@ def main() -> None:
     out_root.mkdir(parents=True, exist_ok=True)
     res = {"machine": machine(), "shape": SHAPE, "lora": {"r": R, "alpha": ALPHA}, "build_s": time.perf_counter() - t,
            "out_root": str(out_root), "repeats": args.repeats}
-    res["heads"] = {m: best_of(m, root, out_root, ["H1", "H2"], args.repeats) for m in ("streamed", "loadall")}
-    res["factors"] = {m: best_of(m, root, out_root, ["L1", "L2"], args.repeats)
-                      for m in ("streamed", "loadall", *(() if args.no_peft else ("peft",)))}
+    res["heads"] = best_of(["streamed", "loadall"], root, out_root, ["H1", "H2"], args.repeats)
+    res["factors"] = best_of(["streamed", "loadall", *(() if args.no_peft else ["peft"])], root, out_root,
+                             ["L1", "L2"], args.repeats)
     res["identical"] = same_output(out_root / "out-streamed-H1-H2/adapter_model.safetensors",
                                    out_root / "out-loadall-H1-H2/adapter_model.safetensors")
     res["dd"] = dd_write(out_root)
