@@ -235,3 +235,23 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
         shutil.copy2(tmp_path / "readout.parquet", readout)
     assert planned_jobs(snakemake("-n", "bundles/B3f", "--rerun-triggers", "mtime", results=res,
                                   arms=built["arms"], configfiles=MINI)) == []
+
+
+def test_a_merge_arm_is_bundled_and_reloads_as_a_trained_arm_is(built):
+    """bundles/Bdose serves dose-a1p5 (tests/e2e/mini.yaml): the merged adapter byte for byte,
+    its merge evidence, a card that lists the merge, a reload that passes (issue 19)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    res = built["results"]
+    snakemake("bundles/Bdose", results=res, arms=built["arms"], configfiles=MINI)
+    bundle, run = res / "bundles/Bdose", res / "runs/dose-a1p5/final"
+    assert (bundle / "adapter_model.safetensors").read_bytes() == (run / "adapter_model.safetensors").read_bytes()
+    assert json.loads((bundle / "merge_evidence.json").read_text())["representation"].startswith("concatenated rank")
+    checks = json.loads((bundle / "checks.json").read_text())
+    assert checks["evidence"]["verdict"] == "PASS" and "-0.5 x R2d + 1.5 x B3" in checks["evidence"]["detail"]
+    card = (bundle / "README.md").read_text()
+    assert "Merge `dose-a1p5` = base + -0.5 x R2d + 1.5 x B3" in card
+    assert json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle)
+    assert model.peft_config["default"].r == 16  # R2d's rank 8 and B3's, concatenated
