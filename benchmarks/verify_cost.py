@@ -42,11 +42,22 @@ def row(job: str, what: str, nbytes: int, seconds: float) -> dict:
 
 
 def lineage(arm: str) -> list[str]:
-    """The arm and its ancestors, from each run's evidence."""
-    out = [arm]
-    while (init := io.read_json(f"runs/{out[-1]}/final/training_evidence.json")["init"]) != "base":
-        out.append(init)
+    """The arm and its ancestors, from each run's evidence (a merge's parents, a trained arm's
+    init)."""
+    out, todo = [], [arm]
+    while todo:
+        a = todo.pop(0)
+        if a == "base" or a in out:
+            continue
+        out.append(a)
+        run = Path("runs") / a / "final"
+        ev = io.read_json(run / bundles.evidence_file(run))
+        todo += [p["arm"] for p in ev["parents"]] if "parents" in ev else [ev["init"]]
     return out
+
+
+def trained(arms: list[str]) -> list[str]:
+    return [a for a in arms if (Path("runs") / a / "final/training_evidence.json").exists()]
 
 
 def runs_and_training(repeats: int) -> list[dict]:
@@ -54,6 +65,8 @@ def runs_and_training(repeats: int) -> list[dict]:
     for run in sorted(Path("runs").glob("*/final")):
         rows.append(row("sample_candidates / readout", f"{run}", size([run]),
                         best(lambda r=run: manifest.require(r, "bench"), repeats)))
+        if not trained([run.parent.name]):
+            continue  # a merge arm: it trains on nothing
         ev = io.read_json(run / "training_evidence.json")
         corpus = Path("corpora") / ev["corpus"]
         init = [] if ev["init"] == "base" else [Path("runs") / ev["init"] / "final"] * 2
@@ -87,7 +100,7 @@ def nomination_and_bundle(repeats: int) -> list[dict]:
         arms = lineage(io.read_json(b)["arm"])
         cites = [str(p) for a in arms for p in Path("compare").rglob(f"{a}__*.json")]
         args = SimpleNamespace(bundle=b.parent.name, runs="runs", corpora="corpora", compare=cites)
-        corpora = {io.read_json(f"runs/{a}/final/training_evidence.json")["corpus"] for a in arms}
+        corpora = {io.read_json(f"runs/{a}/final/training_evidence.json")["corpus"] for a in trained(arms)}
         rows.append(row("build_bundle", f"{b.parent}: {len(arms)} runs, {len(corpora)} corpora, "
                         f"{len(cites)} compare seals",
                         size([f"runs/{a}/final" for a in arms] + [f"corpora/{c}" for c in corpora]),
