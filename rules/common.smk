@@ -129,6 +129,12 @@ def pool_file(wc):
     return [] if f is None else [f if Path(f).is_absolute() else str(REPO / f)]
 
 
+def pool_excludes(wc):
+    """The built pools whose prompts this pool may not reuse (its `exclude`), so they are built
+    first and passed as --exclude."""
+    return [afpaths.pool(p) for p in CFG["pools"][wc.pool].get("exclude", [])]
+
+
 # ---- rules/candidates.smk -----------------------------------------------------
 
 

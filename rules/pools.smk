@@ -1,6 +1,7 @@
 rule build_pool:
     input:
-        pool_file,
+        src=pool_file,
+        exclude=pool_excludes,
     output:
         afpaths.POOL,
     log:
@@ -11,4 +12,4 @@ rule build_pool:
         cfg=lambda wc: as_json(CFG["pools"][wc.pool]),
     shell:
         "python -m arenaflow.pools --pool {wildcards.pool} --params-json {params.cfg:q} "
-        "--out {output} > {log} 2>&1"
+        "--exclude {input.exclude} --out {output} > {log} 2>&1"

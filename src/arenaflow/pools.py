@@ -22,11 +22,19 @@ silently skipped. With `n`, an import keeps a seeded sample of n rows, in file o
 
 Train and eval pools can never share a problem: every problem has a key (its category and
 numbers), and a stable hash of that key assigns it to exactly one split.
+
+A pool's `exclude: [pool ids]` keeps it off those pools' prompts, so that consecutive rounds
+draw fresh ones (the CLI's `--exclude pools/{id}.jsonl ...`): no row of the built pool has a
+prompt equal to an excluded pool's, compared after norm_prompt (whitespace runs collapsed to one
+space, ends stripped; case and punctuation kept). A generated pool draws on along its seeded
+sequence until it has n rows that are not excluded; an import drops excluded rows before its
+sample of n. A pool that excludes nothing is built exactly as before.
 """
 
 from __future__ import annotations
 
 import argparse
+import graphlib
 import hashlib
 import json
 import math
@@ -34,8 +42,9 @@ import random
 import re
 from pathlib import Path
 
+# the module, not its names: arenaflow.config may import this module (check_exclude)
+from arenaflow import config as afconfig
 from arenaflow import ifcheck, ifpool, io
-from arenaflow.config import REPO_ROOT, schema_defaults
 from arenaflow.verify import last_boxed
 
 CATEGORIES = ("add", "sub", "mul", "two_step")
@@ -85,25 +94,63 @@ def _problem(rng: random.Random, category: str) -> tuple[tuple, str, int, str]:
     return key, prompt, r, f"{work} The answer is {r}."
 
 
+def norm_prompt(text: str) -> str:
+    """A prompt as exclusion compares it: whitespace runs collapsed to one space and the ends
+    stripped (a re-wrapped or re-indented copy is the same prompt); case and punctuation are
+    kept, since they can change what is asked."""
+    return " ".join(text.split())
+
+
+class Excluded:
+    """The normalised prompts a pool may not reuse, and how many candidates they turned away
+    (for the build's log line)."""
+
+    def __init__(self, prompts=()):
+        self.prompts = {norm_prompt(p) for p in prompts}
+        self.skipped = 0
+
+    @classmethod
+    def from_files(cls, paths) -> Excluded:
+        """The prompts of the pools files `paths` (pools/{id}.jsonl)."""
+        return cls(row["prompt"] for path in paths for row in io.read_jsonl(path))
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def hits(self, prompt: str) -> bool:
+        return norm_prompt(prompt) in self.prompts
+
+    def drops(self, prompt: str) -> bool:
+        """hits(), counting the candidate as skipped."""
+        hit = self.hits(prompt)
+        self.skipped += hit
+        return hit
+
+
 def generate(
-    n: int, seed: int, split: str, categories: dict[str, float], prefix: str
+    n: int, seed: int, split: str, categories: dict[str, float], prefix: str,
+    exclude: Excluded | None = None,
 ) -> list[dict]:
-    """`n` distinct problems of `split`, categories drawn with the given weights."""
+    """`n` distinct problems of `split`, categories drawn with the given weights, none with an
+    `exclude`d prompt (those are skipped like repeats, so the draw goes on along the same seeded
+    sequence)."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    exclude = exclude if exclude is not None else Excluded()
     rng = random.Random(seed)
     names, weights = list(categories), list(categories.values())
     rows, seen = [], set()
     attempts = 0
     while len(rows) < n:
         attempts += 1
-        if attempts > 200 * n + 1000:
+        if attempts > 200 * (n + len(exclude)) + 1000:  # each excluded prompt may cost a draw
+            skipped = f" ({exclude.skipped} skipped as excluded)" if exclude.skipped else ""
             raise ValueError(
-                f"could only draw {len(rows)} of {n} distinct {split} problems; "
+                f"could only draw {len(rows)} of {n} distinct {split} problems{skipped}; "
                 "lower n or widen the categories"
             )
         key, prompt, gold, reference = _problem(rng, rng.choices(names, weights)[0])
-        if split_of(key) != split or key in seen:
+        if split_of(key) != split or key in seen or exclude.drops(prompt):
             continue
         seen.add(key)
         rows.append(
@@ -234,11 +281,12 @@ def _open(row: dict, where: str) -> dict:
     return {"prompt": _text(row, "prompt", where), "category": "open"}
 
 
-def import_rows(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
-    """Pool rows from params['file'] (see the module docstring)."""
-    params = {**schema_defaults("pool"), **params}
+def import_rows(pool: str, params: dict, root: Path | None = None,
+                exclude: Excluded | None = None) -> list[dict]:
+    """Pool rows from params['file'] (see the module docstring), less `exclude`d ones."""
+    params = {**afconfig.schema_defaults("pool"), **params}
     kind, shown = params["kind"], params["file"]
-    table = read_table(Path(params.get("root", root)) / shown, shown)
+    table = read_table(Path(params.get("root", root or afconfig.REPO_ROOT)) / shown, shown)
     if not table:
         raise ValueError(f"{shown}: no rows")
     if kind == "math":
@@ -268,12 +316,25 @@ def import_rows(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
         if kind == "open":
             row["min_chars"] = params["min_chars"]
         rows.append({"id": rid, **row, "source": where})
+    if exclude:  # before the sample, so that n rows are still kept
+        rows = _unexcluded(pool, params, rows, exclude)
     if "n" in params:
         if params["n"] > len(rows):
             raise ValueError(f"{shown}: n={params['n']} but the file has only {len(rows)} rows")
         keep = sorted(random.Random(params["seed"]).sample(range(len(rows)), params["n"]))
         rows = [rows[i] for i in keep]
     return rows
+
+
+def _unexcluded(pool: str, params: dict, rows: list[dict], exclude: Excluded) -> list[dict]:
+    """`rows` less those whose prompt an excluded pool has; an error naming the pool if fewer
+    than it needs (n, or at least one) are left."""
+    left = [r for r in rows if not exclude.drops(r["prompt"])]
+    if len(left) < params.get("n", 1):
+        raise ValueError(f"pool {pool}: {params['file']} has {len(rows)} rows, but only {len(left)} "
+                         f"are left after dropping {exclude.skipped} whose prompt an excluded pool "
+                         f"has; need {params.get('n', 1)}")
+    return left
 
 
 def _detect(first: tuple[int, dict], shown: str) -> str:
@@ -286,22 +347,42 @@ def _detect(first: tuple[int, dict], shown: str) -> str:
                      f"(GSM8K) or 'problem' and 'solution' (MATH); found {sorted(row)}")
 
 
-def build(pool: str, params: dict, root: Path = REPO_ROOT) -> list[dict]:
-    """A pool's rows from its config section; a key it does not set is config.schema.yaml's
-    default (resolution does not fill them: the section is the build_pool param)."""
-    params = {**schema_defaults("pool"), **params}
+def _ifeval_rows(pool: str, params: dict, exclude: Excluded) -> list[dict]:
+    """ifpool's prompts, skipping excluded ones by drawing further along the same seeded
+    sequence: ifpool.generate(m)'s rows begin with ifpool.generate(n)'s for m > n, so it is
+    asked for as many more as were excluded until n are left (ifpool stays unaware of exclusion;
+    with nothing excluded this is one call, as before)."""
+    def draw(m: int) -> list[dict]:
+        return ifpool.generate(n=m, seed=params["seed"], split=params["split"], prefix=pool,
+                               families=params.get("constraint_families"),
+                               max_constraints=params["max_constraints"])
+
+    n = m = params["n"]
+    rows = draw(m)
+    while (short := n - sum(not exclude.hits(r["prompt"]) for r in rows)) > 0:
+        m += short
+        rows = draw(m)
+    kept = [r for r in rows if not exclude.drops(r["prompt"])]  # counted once, on the last draw
+    return [{**r, "id": f"{pool}-{i:05d}"} for i, r in enumerate(kept)]  # ids stay consecutive
+
+
+def build(pool: str, params: dict, root: Path | None = None,
+          exclude: Excluded | None = None) -> list[dict]:
+    """A pool's rows from its config section, none with an `exclude`d prompt; a key it does not
+    set is config.schema.yaml's default (resolution does not fill them: the section is the
+    build_pool param)."""
+    params = {**afconfig.schema_defaults("pool"), **params}
     kind = params["kind"]
+    exclude = exclude if exclude is not None else Excluded()
     if kind not in KINDS:
         raise ValueError(f"pool {pool}: unknown kind {kind!r}; expected one of {KINDS}")
     if "file" in params:
-        rows = import_rows(pool, params, root)
+        rows = import_rows(pool, params, root, exclude)
     elif kind == "math":
         rows = generate(n=params["n"], seed=params["seed"], split=params["split"],
-                        categories=params["categories"], prefix=pool)
+                        categories=params["categories"], prefix=pool, exclude=exclude)
     elif kind == "ifeval":
-        rows = ifpool.generate(n=params["n"], seed=params["seed"], split=params["split"], prefix=pool,
-                               families=params.get("constraint_families"),
-                               max_constraints=params["max_constraints"])
+        rows = _ifeval_rows(pool, params, exclude)
     else:
         raise ValueError(f"pool {pool}: kind 'open' needs a 'file' of prompts")
     validate_rows(rows, f"pools/{pool}.jsonl", kind)
@@ -313,10 +394,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool", required=True, help="pool id (prefix of every generated row id)")
     ap.add_argument("--params-json", required=True, help="the pool's config section as JSON")
     ap.add_argument("--out", required=True, help="pools/{pool}.jsonl")
+    ap.add_argument("--exclude", nargs="*", default=[], metavar="FILE",
+                    help="built pools (pools/{id}.jsonl) whose prompts this pool may not reuse")
     args = ap.parse_args(argv)
-    rows = build(args.pool, json.loads(args.params_json))
+    params = json.loads(args.params_json)
+    # the section's ids and the files must agree, or a forgotten --exclude builds a pool that
+    # reuses the prompts its config says it does not
+    missing = sorted(set(params.get("exclude", [])) - {Path(f).stem for f in args.exclude})
+    if missing:
+        ap.error(f"pool {args.pool} excludes {missing}: pass their files, --exclude pools/<id>.jsonl")
+    exclude = Excluded.from_files(args.exclude)
+    rows = build(args.pool, params, exclude=exclude)
     io.write_jsonl(args.out, rows)
-    print(f"pool {args.pool}: {len(rows)} rows -> {args.out}")
+    print(f"pool {args.pool}: {len(rows)} rows -> {args.out}; {exclude.skipped} candidates "
+          f"skipped as excluded ({len(exclude)} prompts of {len(args.exclude)} excluded pools)")
+
+
+def check_exclude(pools: dict) -> list[tuple[str, str]]:
+    """Problems with the pools' `exclude` lists, as (key, message), the key from the config's
+    root (pools/<id>/exclude): an unknown pool, a pool excluding itself (it would need its own
+    file first), a cycle (each pool would wait for the other's file)."""
+    problems = []
+    for pid, pool in pools.items():
+        for other in pool.get("exclude", []):
+            if other == pid:
+                problems.append((f"pools/{pid}/exclude", f"pool {pid!r} cannot exclude itself"))
+            elif other not in pools:
+                problems.append((f"pools/{pid}/exclude", f"unknown pool {other!r}; known: {sorted(pools)}"))
+    graph = {pid: [o for o in p.get("exclude", []) if o in pools and o != pid] for pid, p in pools.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as e:
+        cycle = e.args[1][::-1]  # [a, ..., a], a pool before the one it excludes
+        problems.append((f"pools/{cycle[0]}/exclude",
+                         f"pools exclude each other in a cycle: {' excludes '.join(cycle)}"))
+    return problems
 
 
 if __name__ == "__main__":

@@ -169,3 +169,81 @@ def test_validate_rows_rejects_ids_that_could_escape_a_path(bad):
 def test_build_uses_pool_id_as_prefix_and_params():
     rows = pools.build("sft_s1", {"n": 10, "seed": 11, "split": "train", "categories": ALL})
     assert rows == pools.generate(10, 11, "train", ALL, "sft_s1")
+
+
+# --- exclude: a pool drawn fresh of other pools' prompts ---------------------------------
+
+def test_a_pool_excluding_its_twin_shares_no_prompt_and_still_has_n_rows(train_rows):
+    # same seed and categories: every candidate the twin kept comes first and is skipped
+    exclude = pools.Excluded(r["prompt"] for r in train_rows)
+    rows = pools.generate(300, seed=12, split="train", categories=ALL, prefix="math_r2", exclude=exclude)
+    assert len(rows) == 300
+    assert {r["prompt"] for r in rows}.isdisjoint({r["prompt"] for r in train_rows})
+    assert exclude.skipped >= 300
+    assert [r["id"] for r in rows] == [f"math_r2-{i:05d}" for i in range(300)]
+    assert all(pools.split_of(key_of(r)) == "train" for r in rows)
+    pools.validate_rows(rows, "pools/math_r2.jsonl")
+
+
+def test_excluding_nothing_builds_the_pool_as_before(train_rows):
+    exclude = pools.Excluded()
+    assert pools.generate(300, seed=12, split="train", categories=ALL, prefix="math_r1",
+                          exclude=exclude) == train_rows
+    assert exclude.skipped == 0
+
+
+def test_excluding_a_pool_with_no_shared_prompt_changes_nothing(train_rows):
+    other = pools.generate(300, seed=13, split="train", categories=ALL, prefix="x")
+    assert {r["prompt"] for r in other}.isdisjoint({r["prompt"] for r in train_rows})
+    exclude = pools.Excluded(r["prompt"] for r in train_rows)
+    assert pools.generate(300, seed=13, split="train", categories=ALL, prefix="x", exclude=exclude) == other
+    assert exclude.skipped == 0
+
+
+def test_excluded_prompts_match_after_whitespace_normalisation():
+    exclude = pools.Excluded(["  Ann has 12 apples\n and gets  3 more.  "])
+    assert exclude.hits("Ann has 12 apples and gets 3 more.")
+    assert exclude.hits("Ann\thas 12 apples and gets 3\u00a0more.")  # any unicode whitespace
+    assert not exclude.hits("ann has 12 apples and gets 3 more.")  # case is kept
+    assert not exclude.hits("Ann has 12 apples and gets 3 more")  # punctuation is kept
+    assert exclude.skipped == 0 and exclude.drops("Ann has 12 apples and gets 3 more.")
+    assert exclude.skipped == 1
+
+
+def test_build_passes_exclude_to_the_generator():
+    params = {"n": 20, "seed": 4, "split": "train", "categories": ALL}
+    first = pools.build("a", params)
+    rows = pools.build("b", params, exclude=pools.Excluded(r["prompt"] for r in first))
+    assert len(rows) == 20 and {r["prompt"] for r in rows}.isdisjoint({r["prompt"] for r in first})
+
+
+def test_exclusion_that_exhausts_the_problems_fails():
+    mul = {"mul": 1.0}
+    every = pools.generate(60, seed=0, split="train", categories=mul, prefix="m")
+    exclude = pools.Excluded(r["prompt"] for r in every)
+    with pytest.raises(ValueError, match=r"could only draw \d+ of 300 distinct train problems \(\d+ skipped as excluded\)"):
+        pools.generate(300, seed=0, split="train", categories=mul, prefix="m", exclude=exclude)
+
+
+def test_check_exclude_accepts_a_chain_of_rounds():
+    cfg = {"r1": {}, "r2": {"exclude": ["r1"]}, "r3": {"exclude": ["r1", "r2"]}, "eval": {}}
+    assert pools.check_exclude(cfg) == []
+
+
+def test_check_exclude_names_unknown_and_self():
+    problems = pools.check_exclude({"r1": {"exclude": ["r1", "r9"]}, "r2": {}})
+    assert problems == [("pools/r1/exclude", "pool 'r1' cannot exclude itself"),
+                        ("pools/r1/exclude", "unknown pool 'r9'; known: ['r1', 'r2']")]
+
+
+@pytest.mark.parametrize("cfg, cycle", [
+    ({"a": {"exclude": ["b"]}, "b": {"exclude": ["a"]}}, ["a", "b"]),
+    ({"a": {"exclude": ["b"]}, "b": {"exclude": ["c"]}, "c": {"exclude": ["a"]}, "d": {"exclude": ["a"]}},
+     ["a", "b", "c"]),
+])
+def test_check_exclude_names_a_cycle_in_exclude_order(cfg, cycle):
+    [(key, msg)] = pools.check_exclude(cfg)
+    start = key.removeprefix("pools/").removesuffix("/exclude")
+    i = cycle.index(start)  # the cycle is named from whichever of its pools graphlib reaches first
+    ring = [*cycle[i:], *cycle[:i], start]
+    assert msg == f"pools exclude each other in a cycle: {' excludes '.join(ring)}"

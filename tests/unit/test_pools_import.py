@@ -380,3 +380,89 @@ def test_cli_runs_as_the_pools_rule_does(tmp_path, repo_root):
                     json.dumps(params), "--out", str(out)], check=True, cwd=tmp_path, capture_output=True)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == pools.build("if_small", params)
+
+
+# --- exclude: imports and ifeval pools drawn fresh of other pools' prompts -----------------
+
+def excluding(rows_or_prompts):
+    return pools.Excluded(r if isinstance(r, str) else r["prompt"] for r in rows_or_prompts)
+
+
+def test_import_drops_the_rows_an_excluded_pool_holds(tmp_path):
+    f = write_jsonl(tmp_path / "math.jsonl", MATH)
+    earlier = [MATH[1]["problem"], "  " + MATH[3]["problem"].replace(" ", "\n  ") + " "]  # re-wrapped
+    exclude = excluding(earlier)
+    rows = pools.build("imp", {"file": str(f)}, exclude=exclude)
+    assert [r["id"] for r in rows] == ["imp-00001", "imp-00003", "imp-00005"]  # ids keep their lines
+    assert exclude.skipped == 2
+
+
+def test_import_samples_n_from_the_rows_left(tmp_path):
+    f = write_jsonl(tmp_path / "math.jsonl", MATH)
+    exclude = excluding([MATH[0]["problem"], MATH[4]["problem"]])
+    rows = pools.build("imp", {"file": str(f), "n": 3, "seed": 7}, exclude=exclude)
+    assert [r["id"] for r in rows] == ["imp-00002", "imp-00003", "imp-00004"]
+
+
+def test_import_with_fewer_than_n_left_names_the_pool(tmp_path):
+    f = write_jsonl(tmp_path / "math.jsonl", MATH)
+    with pytest.raises(ValueError, match=r"^pool imp_r2: .*math\.jsonl has 5 rows, but only 3 are left "
+                                         r"after dropping 2 whose prompt an excluded pool has; need 4"):
+        pools.build("imp_r2", {"file": str(f), "n": 4}, exclude=excluding([MATH[0]["problem"], MATH[4]["problem"]]))
+    with pytest.raises(ValueError, match=r"^pool imp_r2: .* only 0 are left .*; need 1"):  # no n: any
+        pools.build("imp_r2", {"file": str(f)}, exclude=excluding(MATH[i]["problem"] for i in range(5)))
+
+
+def test_open_import_drops_excluded_prompts(tmp_path):
+    f = write_jsonl(tmp_path / "open.jsonl", [{"prompt": f"Write about {s}."} for s in ("tea", "owls", "maps")])
+    rows = pools.build("o", {"kind": "open", "file": str(f)}, exclude=excluding(["Write about owls."]))
+    assert [r["prompt"] for r in rows] == ["Write about tea.", "Write about maps."]
+
+
+def test_ifeval_pool_excluding_its_twin_draws_on_along_its_sequence():
+    params = {"kind": "ifeval", "n": 40, "seed": 3, "split": "train", "max_constraints": 2}
+    first = pools.build("if_r1", params)
+    longer = ifpool.generate(n=120, seed=3, split="train", prefix="if_r2", max_constraints=2)
+    assert [r["prompt"] for r in longer[:40]] == [r["prompt"] for r in first]  # what skipping relies on
+    exclude = excluding(first)
+    rows = pools.build("if_r2", params, exclude=exclude)
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in longer[40:80]]
+    assert [r["id"] for r in rows] == [f"if_r2-{i:05d}" for i in range(40)]
+    assert exclude.skipped == 40
+
+
+def test_ifeval_pool_excluding_nothing_is_unchanged(if_eval):
+    params = {"kind": "ifeval", "n": 300, "seed": 2, "split": "eval", "max_constraints": 3}
+    assert pools.build("if_eval", params, exclude=pools.Excluded()) == if_eval
+
+
+def run_cli(tmp_path, pool, params, *exclude):
+    proc = subprocess.run([sys.executable, "-m", "arenaflow.pools", "--pool", pool, "--params-json",
+                           json.dumps(params), "--exclude", *exclude, "--out", f"pools/{pool}.jsonl"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    rows = [json.loads(line) for line in (tmp_path / "pools" / f"{pool}.jsonl").read_text().splitlines()] \
+        if proc.returncode == 0 else None
+    return proc, rows
+
+
+def test_cli_excludes_earlier_rounds_as_the_pools_rule_does(tmp_path):
+    base = {"n": 30, "seed": 5, "split": "train", "categories": {"add": 1, "mul": 1}}
+    proc, r1 = run_cli(tmp_path, "math_r1", base)  # `--exclude` with no files: what the rule passes
+    assert proc.returncode == 0, proc.stderr
+    assert "0 candidates skipped as excluded" in proc.stdout
+    proc, r2 = run_cli(tmp_path, "math_r2", {**base, "exclude": ["math_r1"]}, "pools/math_r1.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    assert len(r2) == 30 and {r["prompt"] for r in r2}.isdisjoint({r["prompt"] for r in r1})
+    skipped = int(proc.stdout.split("; ")[1].split()[0])
+    assert skipped >= 30 and "(30 prompts of 1 excluded pools)" in proc.stdout
+    proc, r3 = run_cli(tmp_path, "math_r3", {**base, "exclude": ["math_r1", "math_r2"]},
+                       "pools/math_r1.jsonl", "pools/math_r2.jsonl")
+    assert proc.returncode == 0, proc.stderr
+    assert {r["prompt"] for r in r3}.isdisjoint({r["prompt"] for r in r1 + r2})
+
+
+def test_cli_refuses_a_config_exclude_without_its_file(tmp_path):
+    params = {"n": 5, "seed": 5, "split": "train", "categories": {"add": 1}, "exclude": ["math_r1"]}
+    proc, _ = run_cli(tmp_path, "math_r2", params)
+    assert proc.returncode == 2
+    assert "pool math_r2 excludes ['math_r1']: pass their files" in proc.stderr
