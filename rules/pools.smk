@@ -1,7 +1,7 @@
 rule build_pool:
     input:
         src=pool_file,
-        exclude=pool_excludes,
+        exclude=pool_excludes,  # read by arenaflow.pools from the section's `exclude` ids
     output:
         afpaths.POOL,
     log:
@@ -12,4 +12,4 @@ rule build_pool:
         cfg=lambda wc: as_json(CFG["pools"][wc.pool]),
     shell:
         "python -m arenaflow.pools --pool {wildcards.pool} --params-json {params.cfg:q} "
-        "--exclude {input.exclude} --out {output} > {log} 2>&1"
+        "--out {output} > {log} 2>&1"

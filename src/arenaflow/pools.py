@@ -44,7 +44,7 @@ from pathlib import Path
 
 # the module, not its names: arenaflow.config may import this module (check_exclude)
 from arenaflow import config as afconfig
-from arenaflow import ifcheck, ifpool, io
+from arenaflow import ifcheck, ifpool, io, paths
 from arenaflow.verify import last_boxed
 
 CATEGORIES = ("add", "sub", "mul", "two_step")
@@ -394,10 +394,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool", required=True, help="pool id (prefix of every generated row id)")
     ap.add_argument("--params-json", required=True, help="the pool's config section as JSON")
     ap.add_argument("--out", required=True, help="pools/{pool}.jsonl")
-    ap.add_argument("--exclude", nargs="*", default=[], metavar="FILE",
-                    help="built pools (pools/{id}.jsonl) whose prompts this pool may not reuse")
+    ap.add_argument("--exclude", nargs="*", default=None, metavar="FILE",
+                    help="built pools whose prompts this pool may not reuse (default: "
+                         "pools/{id}.jsonl of each id in the section's `exclude`, from the cwd)")
     args = ap.parse_args(argv)
     params = json.loads(args.params_json)
+    if args.exclude is None:
+        # from the section, not the command line: rules/pools.smk's command stays as it was, so
+        # pools built before `exclude` existed are not rebuilt (Snakemake reruns on a changed command)
+        args.exclude = [paths.pool(p) for p in params.get("exclude", [])]
     # the section's ids and the files must agree, or a forgotten --exclude builds a pool that
     # reuses the prompts its config says it does not
     missing = sorted(set(params.get("exclude", [])) - {Path(f).stem for f in args.exclude})
