@@ -31,6 +31,7 @@ include: "rules/merge.smk"
 include: "rules/evals.smk"
 include: "rules/judged.smk"
 include: "rules/nominate.smk"
+include: "rules/continual.smk"
 include: "rules/bundles.smk"
 include: "rules/report.smk"
 

@@ -9,6 +9,7 @@ from snakemake.logging import logger
 
 from arenaflow import bar as afbar
 from arenaflow import config as afconfig
+from arenaflow import continual as afcontinual
 from arenaflow import nominate as afnominate
 from arenaflow import paths as afpaths
 
@@ -34,7 +35,10 @@ BASE = CFG["base"]["path"]
 BASE_FILES = sorted(str(p) for p in Path(BASE).iterdir() if p.is_file())
 ARM_IDS = sorted(CFG["arms"])
 TRAINED_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afconfig.TRAINED)
-MERGED_IDS = sorted(set(ARM_IDS) - set(TRAINED_IDS))
+MERGED_IDS = sorted(
+    a for a, v in CFG["arms"].items() if v["kind"] in (afconfig.MERGE, afconfig.DOSE)
+)
+NOMINEE_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afconfig.NOMINEE)
 READOUT_ARMS = ["base", *ARM_IDS]
 
 
@@ -214,6 +218,40 @@ def merge_flags(wc, input):
     return " ".join(flags)
 
 
+# ---- rules/continual.smk ------------------------------------------------------
+
+
+def continual_walk(wc):
+    """The nominations rounds/{rnd}.json waits on: the template's rounds up to rnd, in order,
+    each asked for only once the stop rules let it run (arenaflow.continual.stop_reason), so a
+    stopped round's jobs are never built. A declared round: its own nomination."""
+    rounds = afcontinual.template_rounds(CFG)
+    if wc.rnd not in rounds:
+        return {"nominations": [afpaths.nomination(wc.rnd)], "note": ""}
+    stop, noms, kept = CFG["continual"].get("stop", {}), [], []
+    for i, r in enumerate(rounds[: rounds.index(wc.rnd) + 1]):
+        reason = afcontinual.stop_reason(rounds, i, kept, stop, over_budget)
+        if reason:
+            return {"nominations": noms, "note": reason}
+        noms.append(checkpoints.nominate.get(rnd=r).output[0])
+        kept.append(afnominate.load_sealed(noms[-1])["promoted"] == CFG["rounds"][r]["incumbent"])
+    return {"nominations": noms, "note": ""}
+
+
+def over_budget(rnd):
+    """Why the budget refuses round `rnd` (its candidates with what they need), or None."""
+    if BUDGET is None or not CFG["continual"].get("stop", {}).get("budget", True):
+        return None
+    BUDGET.refresh()
+    arms = sorted({a for c in CFG["rounds"][rnd]["candidates"] for a in BUDGET.gate_arms(c)})
+    cost, left = BUDGET.cost(arms), BUDGET.left()
+    if cost > left:
+        return (
+            f"stopped: round {rnd} needs {cost:.1f} GPU-minutes, {left:.1f} are left of the budget"
+        )
+    return None
+
+
 # ---- rules/evals.smk ----------------------------------------------------------
 
 
@@ -369,6 +407,8 @@ def report_arm(v):
     if v["kind"] == afconfig.TRAINED:
         policy = CFG["corpora"][v["corpus"]]["policy"]
         return {"init": v["init"], "policy": policy, "lr": v["hyper"]["lr"]}
+    if v["kind"] == afconfig.NOMINEE:
+        return {"init": v["init"], "nominee": v["round"], "parents": v["parents"]}
     dose = {"dose": v["dose"]} if "dose" in v else {}
     return {"init": v["init"], "weights": v["merge"]["weights"], **dose}
 

@@ -245,10 +245,10 @@ class Budget:
         if arm not in self._estimates:
             a = self.cfg["arms"][arm]
             readouts = sum(self.readout(s, g) for s, g, p in self.readout_files(arm) if not p.exists())
-            if a["kind"] != TRAINED:  # made on CPU from its parents: only its readouts use GPUs
+            if a["kind"] != TRAINED:  # made on CPU from its parents (a merge, a nominee): only its readouts use GPUs
                 self._estimates[arm] = ArmEstimate(
                     arm=arm, priority=self.priority(arm), gpus=1, rows=0, steps=0, train=0.0,
-                    readouts=readouts, corpus="-", sampling=0.0, needs=self.pending_of(a["merge"]["weights"]))
+                    readouts=readouts, corpus="-", sampling=0.0, needs=self.pending_of(a["parents"]))
                 return self._estimates[arm]
             rows, steps, train = self.train(arm)
             policy = self.cfg["corpora"][a["corpus"]]["policy"]

@@ -38,6 +38,7 @@ from arenaflow import chat, io, manifest, models, nominate, sampling
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
+NOMINEE = "nominee.json"  # a round's nominee's run: which arm it copied (arenaflow.continual)
 
 
 def evidence_file(run_dir: Path) -> str:
@@ -242,6 +243,29 @@ def _merge_row(arm: str, ev: dict) -> dict:
             "rows": 0, "steps": 0, "lr": "-", "job": "CPU", "merge": ev}
 
 
+def disk_lineage(runs: Path, arm: str) -> list[str]:
+    """`arm` and its ancestors, nearest first, as their runs record them: a trained arm's init,
+    a merge's parents. A round's nominee (runs/{round}-nominee, arenaflow.continual) stands for
+    the arm it copied, so the card names the arm whose weights these are, not every arm the
+    round could have promoted (the config's lineage of an arm after a nominee)."""
+    out, todo = [], [arm]
+    while todo:
+        a = real_arm(runs, todo.pop(0))
+        if a == "base" or a in out:
+            continue
+        out.append(a)
+        run = runs / a / "final"
+        ev = io.read_json(run / evidence_file(run))
+        todo += [p["arm"] for p in ev["parents"]] if "parents" in ev else [ev["init"]]
+    return out
+
+
+def real_arm(runs: Path, arm: str) -> str:
+    """The arm a round's nominee copied (itself for any other arm)."""
+    alias = runs / arm / "final" / NOMINEE
+    return io.read_json(alias)["arm"] if alias.exists() else arm
+
+
 def served_evidence(run_dir: Path, runs: Path) -> dict:
     """What the card and serving_config.json say of the served weights. A merge's base and
     method are its parents': read from the first trained arm among them, and the LoRA geometry
@@ -294,9 +318,10 @@ def build(args) -> None:
     arm = nomination["promoted"] if nomination else args.arm
     if arm == "base":
         raise SystemExit(f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve")
-    lineage = json.loads(args.lineage_json)[arm]
+    verify_sources(args, arm, json.loads(args.lineage_json)[arm])
+    arm = real_arm(Path(args.runs), arm)  # a round that kept a nominee serves the arm it copied
+    lineage = disk_lineage(Path(args.runs), arm)[1:]
     run_dir = Path(args.runs) / arm / "final"
-    verify_sources(args, arm, lineage)
     evidence = served_evidence(run_dir, Path(args.runs))
     corpus_dir = Path(args.corpora) / evidence["corpus"] if "corpus" in evidence else None
     template = load_template(args.chat_template or cfg["chat_template"])

@@ -26,11 +26,14 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from arenaflow import bar as afbar
+from arenaflow import continual
+from arenaflow import pools as afpools
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT / "workflow" / "schemas"
 BASE, REFERENCE = "base", "reference"
 TRAINED, MERGE, DOSE = "trained", "merge", "dose"  # the kinds of arm (arm.schema.yaml)
+NOMINEE = continual.NOMINEE  # a round's nominee, as an arm (arenaflow.continual)
 RESERVED = {BASE, REFERENCE}
 
 
@@ -158,9 +161,27 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
     return arms, files
 
 
+def template_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> dict[str, tuple[dict, Path]]:
+    """{stem: (data, path)} of a round template's arm files: trained arms without init and
+    corpus (the template gives both), e.g. `hyper: {lr: 5.0e-4}`."""
+    if not arms_dir.is_dir():
+        raise ConfigError(f"continual arms_dir {arms_dir}: not a directory")
+    out = {}
+    for path in sorted(arms_dir.glob("*.yaml")):
+        data = load_yaml(path) or {}
+        _validate(data, arm_schema, registry, str(path))
+        extra = sorted(set(data) - {"description", "hyper", "priority"})
+        if extra:
+            raise ConfigError(f"{path}: key '{extra[0]}': a round template's arm sets only description, "
+                              "hyper and priority (the template gives its init and corpus)")
+        out[path.stem] = (_defaults(arm_schema, data), path)
+    return out
+
+
 def arm_kind(data: dict) -> str:
-    """TRAINED, MERGE or DOSE: what an arm file (already checked by _check_kind) declares."""
-    return DOSE if "dose" in data else MERGE if "merge" in data else TRAINED
+    """TRAINED, MERGE or DOSE: what an arm file (already checked by _check_kind) declares;
+    NOMINEE for a round's nominee (arenaflow.continual)."""
+    return NOMINEE if NOMINEE in data else DOSE if "dose" in data else MERGE if "merge" in data else TRAINED
 
 
 def _check_kind(data: dict, path: Path) -> None:
@@ -271,6 +292,11 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
     raw, files = load_arms(arms_dir, arm_schema, registry)
     if not raw:
         raise ConfigError(f"arms_dir {arms_dir}: no <arm>.yaml files")
+    continual.expand(cfg, raw, files, lambda d: template_arms(continual.arm_dir(d, root), arm_schema, registry),
+                     config_file, ConfigError)
+    continual.resolve_refs(cfg, raw, files, config_file, ConfigError)
+    for key, msg in afpools.check_exclude(cfg["pools"]):
+        raise ConfigError(f"{config_file}: key '{key}': {msg}")
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
     arms = _resolve_arms(cfg, raw, files, arms_dir)
     _resolve_evals(cfg, schema, config_file)
@@ -310,6 +336,8 @@ def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
     for arm, data in raw.items():
         if arm_kind(data) == TRAINED:
             arms[arm] = _trained_arm(cfg, data, files[arm], raw, arms_dir)
+        elif arm_kind(data) == NOMINEE:
+            arms[arm] = continual.nominee_arm(data, cfg, raw, files[arm], ConfigError)
         else:
             arms[arm] = _merged_arm(data, files[arm], raw, arms_dir)
     for arm in arms:
@@ -367,16 +395,16 @@ def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
     return {"kind": arm_kind(data), "init": init, "corpus": None, "description": data.get("description", ""),
             "priority": data["priority"],
             "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")}, **spec,
-            "hyper": {}, "file": str(file)}
+            "parents": list(parents), "hyper": {}, "file": str(file)}
 
 
 def _method(arm: str, arms: dict) -> str:
     """'lora' or 'full'; a merge's parents must agree (an adapter and full weights do not add)."""
     a = arms[arm]
     if "method" not in a["hyper"]:
-        methods = {p: _method(p, arms) for p in a["merge"]["weights"]}
+        methods = {p: _method(p, arms) for p in a["parents"]}
         if len(set(methods.values())) > 1:
-            raise ConfigError(f"{a['file']}: key '{a['kind']}': cannot merge arms of different methods: "
+            raise ConfigError(f"{a['file']}: key '{a['kind']}': cannot {a['kind']} arms of different methods: "
                               + ", ".join(f"{p} is {m}" for p, m in methods.items()))
         a["hyper"]["method"] = next(iter(methods.values()))
     return a["hyper"]["method"]
@@ -511,6 +539,8 @@ def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
 
 def _deps(a: dict, corpora: dict) -> list[tuple[str, str, str]]:
     """(key, arm, how) of each arm `a` is made from."""
+    if a["kind"] == NOMINEE:
+        return [(NOMINEE, p, f"round {a['round']}'s nominee") for p in a["parents"]]
     if a["kind"] != TRAINED:
         return [(a["kind"], p, f"{a['kind']} weight {w:g}") for p, w in a["merge"]["weights"].items()]
     corpus = a["corpus"]
@@ -564,6 +594,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"arenaflow config error: {e}") from None
     for arm, a in cfg["arms"].items():
         made = (f"init={a['init']} corpus={a['corpus']}" if a["kind"] == TRAINED else
+                f"nominee of round {a['round']}: one of {', '.join(a['parents'])}" if a["kind"] == NOMINEE else
                 f"{a['kind']} " + " + ".join(f"{w:g} x {p}" for p, w in a["merge"]["weights"].items()))
         print(f"{arm}: {made} lineage={' <- '.join([arm, *a['lineage']])}")
 

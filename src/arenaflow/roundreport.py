@@ -222,8 +222,8 @@ def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
 def _sources(a: dict) -> list[tuple[str, str]]:
     """(arm, line style) of the edges into an arm: init solid, corpus policy dashed, a merge's
     arms dotted."""
-    if "weights" in a:
-        return [(p, ":") for p in a["weights"]]
+    if "weights" in a or "nominee" in a:  # a merge's arms; the arms a nominee is one of
+        return [(p, ":") for p in a.get("weights") or a["parents"]]
     return [(a["init"], "-"), (a.get("policy"), "--")]
 
 

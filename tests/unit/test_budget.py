@@ -22,6 +22,8 @@ from arenaflow.train import data
 
 REPO = Path(__file__).resolve().parents[2]
 MERGES = ["dose-a0p5", "dose-a1p5", "dose-a2", "soup"]  # config/arms: made on CPU, read out on GPUs
+# config.yaml's continual rounds r4 and r5: their arms, and the nominees they continue
+CONTINUAL = ["r3-nominee", "r4-hi", "r4-lo", "r4-nominee", "r5-hi", "r5-lo"]
 HYPER = {"micro_batch_size": 4, "grad_accum": 2, "seq_len": 512, "epochs": 3, "nproc": 2}
 
 
@@ -94,7 +96,7 @@ def test_history_calibrates_step_time_and_counts_as_spent(tmp_path):
     assert spent["runs"] == 3 and spent["before"] == 10
     assert spent["training_measured"] == pytest.approx((2.4 + 4.0 + 3.2) / 60 + 3 * 0.5)
     assert b.left() == pytest.approx(100 - spent["total"])
-    assert b.pending_arms() == ["B1", "B2", "B3", "B4", *MERGES]
+    assert b.pending_arms() == sorted(["B1", "B2", "B3", "B4", *MERGES, *CONTINUAL])
     # the pending B-arms train on rft_r3 (a 64-prompt pool before the corpus exists: 8 steps,
     # capped at max_steps 4 by tests/e2e/config.yaml)
     e = b.estimate("B1")
@@ -188,7 +190,7 @@ def test_plan_cli_lists_pending_arms_and_picks_by_priority(tmp_path, capsys):
             "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
     assert afplan.main([*args, "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
-    assert {e["arm"] for e in p["pending"]} == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4", *MERGES}
+    assert {e["arm"] for e in p["pending"]} == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4", *MERGES, *CONTINUAL}
     assert p["left"] == 13 and p["chosen_cost"] <= 13
     assert p["chosen"] == ["R220", "S1"]  # a lineage prefix: R220 needs S1; R2d would not fit
     assert afplan.main(args) == 0

@@ -80,7 +80,7 @@ def test_a_failed_template_check_writes_no_bundle(tmp_path, repo_root, capsys, t
     run.mkdir(parents=True)
     (run / "adapter_config.json").write_text("{}")
     (run / "adapter_model.safetensors").write_bytes(b"weights")
-    (run / "training_evidence.json").write_text(json.dumps({"corpus": "c", "base_model": "tiny",
+    (run / "training_evidence.json").write_text(json.dumps({"corpus": "c", "init": "base", "base_model": "tiny",
                                                             "base_revision": "r"}))
     manifest.write(run)
     corpus = tmp_path / "corpora/c"  # verified before the checks, as every source is

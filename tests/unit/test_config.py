@@ -59,10 +59,16 @@ def resolve(cfg, repo_root):
 def test_shipped_config_resolves_every_arm_file(resolved, repo_root):
     stems = {p.stem for p in (repo_root / "config" / "arms").glob("*.yaml")}
     doses = {"dose-a0p5", "dose-a1p5", "dose-a2"}  # dose.yaml's alpha: [0.5, 1.5, 2.0]
-    assert set(resolved["arms"]) == stems - {"dose"} | doses
+    grid = {p.stem for p in (repo_root / "config" / "continual").glob("*.yaml")}
+    continual = {f"{r}-{a}" for r in ("r4", "r5") for a in grid}  # config.yaml's continual: r3 + 2
+    nominees = {"r3-nominee", "r4-nominee"}  # what r4 and r5 continue
+    assert set(resolved["arms"]) == stems - {"dose"} | doses | continual | nominees
     for arm, a in resolved["arms"].items():
-        stem = "dose" if arm in doses else arm
-        assert Path(a["file"]) == repo_root / "config" / "arms" / f"{stem}.yaml"
+        if arm in nominees:
+            assert a["kind"] == "nominee" and a["file"] == CONFIG_FILE
+            continue
+        where = ("continual", arm.split("-", 1)[1]) if arm in continual else ("arms", "dose" if arm in doses else arm)
+        assert Path(a["file"]) == repo_root / "config" / where[0] / f"{where[1]}.yaml"
 
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "config" / "arms").glob("*.yaml")),
@@ -504,6 +510,7 @@ def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
     (root / "models").symlink_to(Path(config.REPO_ROOT) / "models")
     (root / "data/x.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
     cfg["arms_dir"] = str(Path(config.REPO_ROOT) / "config/arms")
+    cfg["continual"]["arms_dir"] = str(Path(config.REPO_ROOT) / "config/continual")
     cfg["pools"]["gsm"] = {"file": "data/x.jsonl"}
     pool = config.resolve(cfg, repo_root=root)["pools"]["gsm"]
     assert pool == {"file": "data/x.jsonl", "root": str(root)}
