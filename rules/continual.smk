@@ -46,5 +46,5 @@ rule round_status:
         note=lambda wc: continual_walk(wc)["note"],
     shell:
         "python -m arenaflow.continual status --round {wildcards.rnd} --rounds-json {params.rounds:q} "
-        "--stop-json {params.stop:q} --budget-note {params.note:q} --nominations {input} "
+        "--stop-json {params.stop:q} --budget-note={params.note:q} --nominations {input} "
         "--out {output.json} --plot {output.plot} > {log} 2>&1"
