@@ -364,11 +364,14 @@ def _report_where_asked(create_report):
 
 
 def report_pages(wc):
-    """Every round's page files; under --report only the rounds whose pages are built, because
+    """Every declared round's page files and the continual rounds' trajectory; under --report
+    only the pages that are built, because
     Snakemake refuses a report in which a file marked for it does not exist, and the main job
     (bundles/B3f) builds no page."""
     out = []
-    for rnd in CFG["rounds"]:
+    # a continual round has its page only on request (reports/r4/...): `all` asking for it would
+    # run the round whatever the stop rules say; rounds/{last}.png is their page
+    for rnd in [r for r in CFG["rounds"] if not afcontinual.is_template_round(CFG, r)]:
         files = [expand(f, rnd=rnd)[0] for f in rules.round_report.output]
         if REPORTING["on"] and not all(os.path.exists(f) for f in files):
             logger.warning(
@@ -377,6 +380,9 @@ def report_pages(wc):
             )
             continue
         out += files
+    for rnd in afcontinual.template_rounds(CFG)[-1:]:  # the continual trajectory, once it ran
+        if not REPORTING["on"] or os.path.exists(f"rounds/{rnd}.png"):
+            out.append(f"rounds/{rnd}.png")
     return out
 
 
