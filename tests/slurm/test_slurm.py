@@ -46,7 +46,7 @@ TARGET = os.environ.get("ARENAFLOW_SLURM_E2E_TARGET", "nominations/r3.json")
 pytestmark = pytest.mark.slurm
 
 GPU_RULES = {"train_arm", "sample_candidates", "readout"}
-CPU_RULES = {"build_pool", "build_corpus", "verify_candidates", "compare", "noise", "nominate",
+CPU_RULES = {"build_pool", "build_corpus", "verify_candidates", "compare", "noise", "nominate", "merge_arm",
              "build_bundle", "round_report"}
 
 
