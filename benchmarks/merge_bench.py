@@ -40,9 +40,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = {"layers": 16, "hidden": 2048, "mlp": 8192, "kv": 512, "vocab": 128256}
-PROJ = {"self_attn.q_proj": ("hidden", "hidden"), "self_attn.k_proj": ("kv", "hidden"),
-        "self_attn.v_proj": ("kv", "hidden"), "self_attn.o_proj": ("hidden", "hidden"),
-        "mlp.gate_proj": ("mlp", "hidden"), "mlp.up_proj": ("mlp", "hidden"), "mlp.down_proj": ("hidden", "mlp")}
+PROJ = {
+    "self_attn.q_proj": ("hidden", "hidden"),
+    "self_attn.k_proj": ("kv", "hidden"),
+    "self_attn.v_proj": ("kv", "hidden"),
+    "self_attn.o_proj": ("hidden", "hidden"),
+    "mlp.gate_proj": ("mlp", "hidden"),
+    "mlp.up_proj": ("mlp", "hidden"),
+    "mlp.down_proj": ("hidden", "mlp"),
+}
 R, ALPHA = 64, 128
 
 
@@ -63,9 +69,17 @@ def build_base(d: Path) -> None:
 
     from arenaflow import merge
 
-    LlamaConfig(vocab_size=SHAPE["vocab"], hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["mlp"],
-                num_hidden_layers=SHAPE["layers"], num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                tie_word_embeddings=True, dtype="bfloat16").save_pretrained(str(d))
+    LlamaConfig(
+        vocab_size=SHAPE["vocab"],
+        hidden_size=SHAPE["hidden"],
+        intermediate_size=SHAPE["mlp"],
+        num_hidden_layers=SHAPE["layers"],
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    ).save_pretrained(str(d))
 
     def rand(shape):
         return lambda: iter([torch.empty(shape, dtype=torch.bfloat16).normal_(0, 0.02)])
@@ -88,17 +102,29 @@ def build_adapter(d: Path, seed: int, head: bool) -> None:
             tensors[f"{key}.lora_A.weight"] = torch.randn(R, SHAPE[n], generator=g) * 0.01
             tensors[f"{key}.lora_B.weight"] = torch.randn(SHAPE[o], R, generator=g) * 0.01
     if head:
-        tensors["base_model.model.lm_head.weight"] = (torch.randn(SHAPE["vocab"], SHAPE["hidden"], generator=g)
-                                                      * 0.02).to(torch.bfloat16)
+        tensors["base_model.model.lm_head.weight"] = (
+            torch.randn(SHAPE["vocab"], SHAPE["hidden"], generator=g) * 0.02
+        ).to(torch.bfloat16)
     d.mkdir(parents=True)
     save_file(tensors, str(d / "adapter_model.safetensors"), metadata={"format": "pt"})
-    LoraConfig(r=R, lora_alpha=ALPHA, target_modules=[p.split(".")[1] for p in PROJ],
-               modules_to_save=["lm_head"] if head else None, task_type="CAUSAL_LM").save_pretrained(str(d))
+    LoraConfig(
+        r=R,
+        lora_alpha=ALPHA,
+        target_modules=[p.split(".")[1] for p in PROJ],
+        modules_to_save=["lm_head"] if head else None,
+        task_type="CAUSAL_LM",
+    ).save_pretrained(str(d))
     manifest.write(d, extra={"arm": d.name})
 
 
 def build(root: Path) -> dict[str, Path]:
-    dirs = {"base": root / "base", "H1": root / "H1", "H2": root / "H2", "L1": root / "L1", "L2": root / "L2"}
+    dirs = {
+        "base": root / "base",
+        "H1": root / "H1",
+        "H2": root / "H2",
+        "L1": root / "L1",
+        "L2": root / "L2",
+    }
     if not (dirs["base"] / "model.safetensors").exists():
         dirs["base"].mkdir(parents=True, exist_ok=True)
         build_base(dirs["base"])
@@ -110,8 +136,13 @@ def build(root: Path) -> dict[str, Path]:
 
 # ---------------------------------------------------------------- children
 
+
 def hwm() -> dict:
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    status = dict(
+        line.split(":", 1)
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if ":" in line
+    )
     return {k: int(status[k].split()[0]) * 1024 for k in ("VmHWM", "VmRSS")}
 
 
@@ -122,8 +153,14 @@ def child_streamed(root: Path, pair: list[str], out: Path) -> dict:
     t = time.perf_counter()
     ev = merge.merge([(a, str(root / a), 0.5) for a in pair], str(root / "base"), str(out), "soup")
     wall = time.perf_counter() - t
-    return {"wall_s": wall, "phases_s": {**ev["phases_s"], "manifest_write": wall - ev["wall_time_s"]},
-            "bytes_read": ev["bytes_read"], "bytes_written": ev["bytes_written"], "rss_after_imports": start, **hwm()}
+    return {
+        "wall_s": wall,
+        "phases_s": {**ev["phases_s"], "manifest_write": wall - ev["wall_time_s"]},
+        "bytes_read": ev["bytes_read"],
+        "bytes_written": ev["bytes_written"],
+        "rss_after_imports": start,
+        **hwm(),
+    }
 
 
 def child_loadall(root: Path, pair: list[str], out: Path) -> dict:
@@ -139,7 +176,9 @@ def child_loadall(root: Path, pair: list[str], out: Path) -> dict:
         if key.endswith("lora_A.weight"):
             merged[key] = torch.cat([d[key] for d in ts])
         elif key.endswith("lora_B.weight"):
-            merged[key] = torch.cat([0.5 * s * d[key].float() for d in ts], dim=1).to(ts[0][key].dtype)
+            merged[key] = torch.cat([0.5 * s * d[key].float() for d in ts], dim=1).to(
+                ts[0][key].dtype
+            )
         else:
             merged[key] = (ts[0][key].float() * 0.5 + ts[1][key].float() * 0.5).to(ts[0][key].dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,15 +201,24 @@ def child_peft(root: Path, pair: list[str], out: Path) -> dict:
     model.save_pretrained(str(out), selected_adapters=["soup"])
     wall = time.perf_counter() - t
     nread = sum((root / a / "adapter_model.safetensors").stat().st_size for a in pair)
-    return {"wall_s": wall, "phases_s": {"load_base_and_adapters": t_load, "add_weighted_adapter_and_save": wall - t_load},
-            "bytes_read": nread, "base_bytes_loaded": (root / "base" / "model.safetensors").stat().st_size,
-            "rss_after_imports": start, **hwm()}
+    return {
+        "wall_s": wall,
+        "phases_s": {
+            "load_base_and_adapters": t_load,
+            "add_weighted_adapter_and_save": wall - t_load,
+        },
+        "bytes_read": nread,
+        "base_bytes_loaded": (root / "base" / "model.safetensors").stat().st_size,
+        "rss_after_imports": start,
+        **hwm(),
+    }
 
 
 CHILDREN = {"streamed": child_streamed, "loadall": child_loadall, "peft": child_peft}
 
 
 # ---------------------------------------------------------------- parent
+
 
 def warm(paths: list[Path]) -> None:
     for d in paths:
@@ -185,7 +233,18 @@ def run_child(mode: str, root: Path, pair: list[str], out: Path) -> dict:
     subprocess.run(["rm", "-rf", str(out)], check=True)
     warm([root / a for a in pair] + ([root / "base"] if mode == "peft" else []))
     os.sync()  # no run pays for the writeback of the one before it
-    cmd = [sys.executable, __file__, "--child", mode, "--dir", str(root), "--pair", *pair, "--child-out", str(out)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--dir",
+        str(root),
+        "--pair",
+        *pair,
+        "--child-out",
+        str(out),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -197,38 +256,72 @@ def best_of(modes: list[str], root: Path, out_root: Path, pair: list[str], repea
     for _ in range(repeats):
         for m in modes:
             runs[m].append(run_child(m, root, pair, out_root / f"out-{m}-{'-'.join(pair)}"))
-    return {m: {**min(rs, key=lambda r: r["wall_s"]), "all_wall_s": [round(r["wall_s"], 3) for r in rs]}
-            for m, rs in runs.items()}
+    return {
+        m: {**min(rs, key=lambda r: r["wall_s"]), "all_wall_s": [round(r["wall_s"], 3) for r in rs]}
+        for m, rs in runs.items()
+    }
 
 
 def same_output(a: Path, b: Path) -> bool:
     from safetensors import safe_open
 
     with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
-        return set(fa.keys()) == set(fb.keys()) and all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys())
+        return set(fa.keys()) == set(fb.keys()) and all(
+            torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in fa.keys()
+        )
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    mem = next(line.split(":", 1)[1].strip() for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in open("/proc/cpuinfo")
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+    mem = next(
+        line.split(":", 1)[1].strip()
+        for line in open("/proc/meminfo")
+        if line.startswith("MemTotal")
+    )
     import peft
     import safetensors
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem": mem, "python": platform.python_version(),
-            "torch": torch.__version__, "safetensors": safetensors.__version__, "peft": peft.__version__,
-            "torch_threads": torch.get_num_threads(), "commit": commit, "load_before": os.getloadavg()}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem": mem,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "safetensors": safetensors.__version__,
+        "peft": peft.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "commit": commit,
+        "load_before": os.getloadavg(),
+    }
 
 
 def dd_write(root: Path) -> dict:
     """Reference write speeds: 1 GiB into the page cache (three times: the first often waits for
     the kernel to free cached pages), and flushed to the disk (fdatasync)."""
     out = {}
-    for name, extra in (("page_cache_1", []), ("page_cache_2", []), ("page_cache_3", []),
-                        ("fdatasync", ["conv=fdatasync"])):
+    for name, extra in (
+        ("page_cache_1", []),
+        ("page_cache_2", []),
+        ("page_cache_3", []),
+        ("fdatasync", ["conv=fdatasync"]),
+    ):
         os.sync()
-        res = subprocess.run(["dd", "if=/dev/zero", f"of={root / 'dd.tmp'}", "bs=16M", "count=64", *extra],
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            ["dd", "if=/dev/zero", f"of={root / 'dd.tmp'}", "bs=16M", "count=64", *extra],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out[name] = res.stderr.strip().splitlines()[-1].rsplit(",", 1)[-1].strip()
         (root / "dd.tmp").unlink()
     return out
@@ -236,33 +329,54 @@ def dd_write(root: Path) -> dict:
 
 def report(res: dict) -> None:
     gb = lambda r: r["bytes_read"] / r["wall_s"] / 1e9  # noqa: E731
-    for label, key in (("soup of two adapters with lm_head", "heads"), ("soup of two head-less adapters", "factors")):
+    for label, key in (
+        ("soup of two adapters with lm_head", "heads"),
+        ("soup of two head-less adapters", "factors"),
+    ):
         rows = res[key]
         s = rows["streamed"]
         merge_s = s["phases_s"]["merge"]
         print(f"\n{label}: {s['bytes_read'] / 1e9:.3f} GB of tensors read")
-        print(f"  streamed, whole call    {s['wall_s']:6.2f} s  {gb(s):5.2f} GB/s  peak RSS {s['VmHWM'] / 2**20:6.0f} MiB"
-              f"  (after imports {s['rss_after_imports'] / 2**20:.0f} MiB)")
-        print(f"    phases: verify parents {s['phases_s']['verify_parents']:.2f} s, merge {merge_s:.2f} s "
-              f"({s['bytes_read'] / merge_s / 1e9:.2f} GB/s), output manifest {s['phases_s']['manifest_write']:.2f} s")
+        print(
+            f"  streamed, whole call    {s['wall_s']:6.2f} s  {gb(s):5.2f} GB/s  peak RSS {s['VmHWM'] / 2**20:6.0f} MiB"
+            f"  (after imports {s['rss_after_imports'] / 2**20:.0f} MiB)"
+        )
+        print(
+            f"    phases: verify parents {s['phases_s']['verify_parents']:.2f} s, merge {merge_s:.2f} s "
+            f"({s['bytes_read'] / merge_s / 1e9:.2f} GB/s), output manifest {s['phases_s']['manifest_write']:.2f} s"
+        )
         for mode in ("loadall", "peft"):
             if mode in rows:
                 r = rows[mode]
-                print(f"  {mode:8s}                {r['wall_s']:6.2f} s  {gb(r):5.2f} GB/s  peak RSS {r['VmHWM'] / 2**20:6.0f} MiB"
-                      f"  (after imports {r['rss_after_imports'] / 2**20:.0f} MiB)")
-                print(f"    streamed / {mode}: wall x{s['wall_s'] / r['wall_s']:.2f} (merge phase only x{merge_s / r['wall_s']:.2f}),"
-                      f" peak RSS x{s['VmHWM'] / r['VmHWM']:.2f}")
+                print(
+                    f"  {mode:8s}                {r['wall_s']:6.2f} s  {gb(r):5.2f} GB/s  peak RSS {r['VmHWM'] / 2**20:6.0f} MiB"
+                    f"  (after imports {r['rss_after_imports'] / 2**20:.0f} MiB)"
+                )
+                print(
+                    f"    streamed / {mode}: wall x{s['wall_s'] / r['wall_s']:.2f} (merge phase only x{merge_s / r['wall_s']:.2f}),"
+                    f" peak RSS x{s['VmHWM'] / r['VmHWM']:.2f}"
+                )
     print(f"\noutputs identical, streamed vs load-all: {res['identical']}")
     print(f"dd into {res['out_root']}: {res['dd']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", default="/tmp/merge_bench", help="parents are built here once and reused")
+    ap.add_argument(
+        "--dir", default="/tmp/merge_bench", help="parents are built here once and reused"
+    )
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--no-peft", action="store_true", help="skip PEFT's add_weighted_adapter (loads the 2.5 GB base)")
-    ap.add_argument("--out-root", default=None, help="where the merged outputs go (default: --dir); "
-                    "/dev/shm takes the disk's write speed out of the numbers")
+    ap.add_argument(
+        "--no-peft",
+        action="store_true",
+        help="skip PEFT's add_weighted_adapter (loads the 2.5 GB base)",
+    )
+    ap.add_argument(
+        "--out-root",
+        default=None,
+        help="where the merged outputs go (default: --dir); "
+        "/dev/shm takes the disk's write speed out of the numbers",
+    )
     ap.add_argument("--out", default=None, help="optional JSON results")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--pair", nargs=2, help=argparse.SUPPRESS)
@@ -276,13 +390,26 @@ def main() -> None:
     build(root)
     out_root = Path(args.out_root or root)
     out_root.mkdir(parents=True, exist_ok=True)
-    res = {"machine": machine(), "shape": SHAPE, "lora": {"r": R, "alpha": ALPHA}, "build_s": time.perf_counter() - t,
-           "out_root": str(out_root), "repeats": args.repeats}
+    res = {
+        "machine": machine(),
+        "shape": SHAPE,
+        "lora": {"r": R, "alpha": ALPHA},
+        "build_s": time.perf_counter() - t,
+        "out_root": str(out_root),
+        "repeats": args.repeats,
+    }
     res["heads"] = best_of(["streamed", "loadall"], root, out_root, ["H1", "H2"], args.repeats)
-    res["factors"] = best_of(["streamed", "loadall", *(() if args.no_peft else ["peft"])], root, out_root,
-                             ["L1", "L2"], args.repeats)
-    res["identical"] = same_output(out_root / "out-streamed-H1-H2/adapter_model.safetensors",
-                                   out_root / "out-loadall-H1-H2/adapter_model.safetensors")
+    res["factors"] = best_of(
+        ["streamed", "loadall", *(() if args.no_peft else ["peft"])],
+        root,
+        out_root,
+        ["L1", "L2"],
+        args.repeats,
+    )
+    res["identical"] = same_output(
+        out_root / "out-streamed-H1-H2/adapter_model.safetensors",
+        out_root / "out-loadall-H1-H2/adapter_model.safetensors",
+    )
     res["dd"] = dd_write(out_root)
     res["machine"]["load_after"] = os.getloadavg()
     report(res)

@@ -28,22 +28,35 @@ def main() -> None:
     args = ap.parse_args()
     model, tok = models.load_policy(REPO / "models/tiny-arith", None)
     rows = pools.generate(args.prompts, 0, "train", {c: 1 for c in pools.CATEGORIES}, "bench")
-    prompts = [chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"]), True) for r in rows]
+    prompts = [
+        chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"]), True) for r in rows
+    ]
     dec = sampling.Decoding(temperature=0.8, max_new_tokens=48)
     results = []
     for bs in map(int, args.batch_sizes.split(",")):
         t = time.perf_counter()
-        outs = sampling.generate(model, tok, prompts, dec, k=args.k, seed=0, batch_size=bs, desc=f"bs{bs}")
+        outs = sampling.generate(
+            model, tok, prompts, dec, k=args.k, seed=0, batch_size=bs, desc=f"bs{bs}"
+        )
         dt = time.perf_counter() - t
         n = sum(len(o) for o in outs)
         toks = sum(s["n_tokens"] for o in outs for s in o)
-        results.append({"batch_size": bs, "samples": n, "seconds": dt, "samples_per_s": n / dt,
-                        "tokens_per_s": toks / dt})
+        results.append(
+            {
+                "batch_size": bs,
+                "samples": n,
+                "seconds": dt,
+                "samples_per_s": n / dt,
+                "tokens_per_s": toks / dt,
+            }
+        )
     base = results[0]["samples_per_s"]
     print(f"{args.prompts} prompts x k={args.k} on models/tiny-arith, T=0.8, max_new_tokens 48")
     for r in results:
-        print(f"batch {r['batch_size']:4d}: {r['samples_per_s']:8.1f} samples/s  {r['tokens_per_s']:8.0f} tok/s  "
-              f"{r['seconds']:6.1f} s  x{r['samples_per_s'] / base:.2f} vs batch {results[0]['batch_size']}")
+        print(
+            f"batch {r['batch_size']:4d}: {r['samples_per_s']:8.1f} samples/s  {r['tokens_per_s']:8.0f} tok/s  "
+            f"{r['seconds']:6.1f} s  x{r['samples_per_s'] / base:.2f} vs batch {results[0]['batch_size']}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

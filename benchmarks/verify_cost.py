@@ -63,16 +63,30 @@ def trained(arms: list[str]) -> list[str]:
 def runs_and_training(repeats: int) -> list[dict]:
     rows = []
     for run in sorted(Path("runs").glob("*/final")):
-        rows.append(row("sample_candidates / readout", f"{run}", size([run]),
-                        best(lambda r=run: manifest.require(r, "bench"), repeats)))
+        rows.append(
+            row(
+                "sample_candidates / readout",
+                f"{run}",
+                size([run]),
+                best(lambda r=run: manifest.require(r, "bench"), repeats),
+            )
+        )
         if not trained([run.parent.name]):
             continue  # a merge arm: it trains on nothing
         ev = io.read_json(run / "training_evidence.json")
         corpus = Path("corpora") / ev["corpus"]
         init = [] if ev["init"] == "base" else [Path("runs") / ev["init"] / "final"] * 2
-        rows.append(row("train_arm", f"{run.parent.name}: init x{len(init)} + {corpus}",
-                        size([*init, corpus]),
-                        best(lambda i=init, c=corpus: [manifest.require(d, "bench") for d in [*i, c]], repeats)))
+        rows.append(
+            row(
+                "train_arm",
+                f"{run.parent.name}: init x{len(init)} + {corpus}",
+                size([*init, corpus]),
+                best(
+                    lambda i=init, c=corpus: [manifest.require(d, "bench") for d in [*i, c]],
+                    repeats,
+                ),
+            )
+        )
     return rows
 
 
@@ -83,8 +97,14 @@ def compares(repeats: int) -> list[dict]:
         plain = best(lambda s=srcs: [pd.read_parquet(p) for p in s], repeats)
         checked = best(lambda s=srcs: [evals.read_readout(p) for p in s], repeats)
         hashed = best(lambda s=srcs: [manifest.sha256_file(p) for p in s], repeats)
-        rows.append(row("compare", f"{path}: page CRCs + sha256 of {len(srcs)} readouts",
-                        sum(os.path.getsize(p) for p in srcs), max(checked - plain, 0.0) + hashed))
+        rows.append(
+            row(
+                "compare",
+                f"{path}: page CRCs + sha256 of {len(srcs)} readouts",
+                sum(os.path.getsize(p) for p in srcs),
+                max(checked - plain, 0.0) + hashed,
+            )
+        )
     return rows
 
 
@@ -92,19 +112,29 @@ def nomination_and_bundle(repeats: int) -> list[dict]:
     comps = sorted(map(str, Path("compare").rglob("*.json")))
     noise = sorted(map(str, Path("noise").rglob("*.json")))
     readouts = sorted({s["path"] for p in comps + noise for s in evals.pooled(io.read_json(p))})
-    rows = [row("nominate (every compare and noise file: an upper bound)",
-                f"{len(comps)} compare + {len(noise)} noise seals, {len(readouts)} readouts",
-                sum(os.path.getsize(p) for p in comps + noise + readouts),
-                best(lambda: evals.verify_judged(comps, noise, readouts), repeats))]
+    rows = [
+        row(
+            "nominate (every compare and noise file: an upper bound)",
+            f"{len(comps)} compare + {len(noise)} noise seals, {len(readouts)} readouts",
+            sum(os.path.getsize(p) for p in comps + noise + readouts),
+            best(lambda: evals.verify_judged(comps, noise, readouts), repeats),
+        )
+    ]
     for b in sorted(Path("bundles").glob("*/serving_config.json")):
         arms = lineage(io.read_json(b)["arm"])
         cites = [str(p) for a in arms for p in Path("compare").rglob(f"{a}__*.json")]
         args = SimpleNamespace(bundle=b.parent.name, runs="runs", corpora="corpora", compare=cites)
-        corpora = {io.read_json(f"runs/{a}/final/training_evidence.json")["corpus"] for a in trained(arms)}
-        rows.append(row("build_bundle", f"{b.parent}: {len(arms)} runs, {len(corpora)} corpora, "
-                        f"{len(cites)} compare seals",
-                        size([f"runs/{a}/final" for a in arms] + [f"corpora/{c}" for c in corpora]),
-                        best(lambda a=args, x=arms: bundles.verify_sources(a, x[0], x[1:]), repeats)))
+        corpora = {
+            io.read_json(f"runs/{a}/final/training_evidence.json")["corpus"] for a in trained(arms)
+        }
+        rows.append(
+            row(
+                "build_bundle",
+                f"{b.parent}: {len(arms)} runs, {len(corpora)} corpora, {len(cites)} compare seals",
+                size([f"runs/{a}/final" for a in arms] + [f"corpora/{c}" for c in corpora]),
+                best(lambda a=args, x=arms: bundles.verify_sources(a, x[0], x[1:]), repeats),
+            )
+        )
     return rows
 
 
@@ -113,8 +143,12 @@ def hash_rate(mib: int, repeats: int) -> dict:
         path = Path(d) / "blob.bin"
         path.write_bytes(os.urandom(mib << 20))
         manifest.sha256_file(path)  # warm-up read: the page cache holds it from here
-        return row("sha256_file", f"{mib} MiB random file", mib << 20,
-                   best(lambda: manifest.sha256_file(path), repeats))
+        return row(
+            "sha256_file",
+            f"{mib} MiB random file",
+            mib << 20,
+            best(lambda: manifest.sha256_file(path), repeats),
+        )
 
 
 def main() -> None:
@@ -128,14 +162,31 @@ def main() -> None:
     out = Path(args.out).resolve() if args.out else None
     rate = hash_rate(args.hash_mib, args.repeats)
     os.chdir(args.results)  # records name files relative to the results directory, as jobs run
-    rows = runs_and_training(args.repeats) + compares(args.repeats) + nomination_and_bundle(args.repeats)
+    rows = (
+        runs_and_training(args.repeats)
+        + compares(args.repeats)
+        + nomination_and_bundle(args.repeats)
+    )
     for r in [rate, *rows]:
-        print(f"{r['job']:<34} {r['bytes'] / 1e6:9.3f} MB {r['seconds'] * 1e3:9.2f} ms  {r['what']}")
-    print(f"sha256_file: {rate['bytes'] / rate['seconds'] / 1e6:.0f} MB/s; load average before "
-          f"{load_before}, after {os.getloadavg()}")
+        print(
+            f"{r['job']:<34} {r['bytes'] / 1e6:9.3f} MB {r['seconds'] * 1e3:9.2f} ms  {r['what']}"
+        )
+    print(
+        f"sha256_file: {rate['bytes'] / rate['seconds'] / 1e6:.0f} MB/s; load average before "
+        f"{load_before}, after {os.getloadavg()}"
+    )
     if out:
-        out.write_text(json.dumps({"args": vars(args), "rate": rate, "jobs": rows,
-                                              "load_average": [load_before, os.getloadavg()]}, indent=2))
+        out.write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "rate": rate,
+                    "jobs": rows,
+                    "load_average": [load_before, os.getloadavg()],
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

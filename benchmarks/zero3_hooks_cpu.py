@@ -30,36 +30,94 @@ from arenaflow import manifest, tinymodel
 def build(root: Path, layers: int, hidden: int, rows: int, seq: int) -> tuple[Path, Path]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                      num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128),
-                      max_position_embeddings=seq, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128),
+        max_position_embeddings=seq,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(root / "model")
     tinymodel.build_tokenizer().save_pretrained(root / "model")
     ids = np.random.default_rng(0).integers(0, 256, size=rows * seq, dtype=np.int32)
     (root / "corpus").mkdir()
-    np.savez(root / "corpus/sft.npz", input_ids=ids, loss_mask=np.ones(rows * seq, np.int8),
-             offsets=np.arange(0, rows * seq + 1, seq))
+    np.savez(
+        root / "corpus/sft.npz",
+        input_ids=ids,
+        loss_mask=np.ones(rows * seq, np.int8),
+        offsets=np.arange(0, rows * seq + 1, seq),
+    )
     manifest.write(root / "corpus", params={"synthetic": True})
     return root / "model", root / "corpus"
 
 
 def run(root: Path, model: Path, corpus: Path, leaf, args, i: int) -> dict:
-    hyper = {"method": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
-        "lr": 1e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-        "epochs": 1, "max_steps": args.steps, "micro_batch_size": args.micro, "grad_accum": 1, "seq_len": args.seq,
-        "seed": 0, "zero3_persistence_threshold": 0, "zero3_leaf_modules": leaf}
+    hyper = {
+        "method": "lora",
+        "lora": {
+            "r": 8,
+            "alpha": 16,
+            "dropout": 0.0,
+            "target_modules": [
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        },
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "warmup_ratio": 0.0,
+        "min_lr_ratio": 0.1,
+        "max_grad_norm": 1.0,
+        "epochs": 1,
+        "max_steps": args.steps,
+        "micro_batch_size": args.micro,
+        "grad_accum": 1,
+        "seq_len": args.seq,
+        "seed": 0,
+        "zero3_persistence_threshold": 0,
+        "zero3_leaf_modules": leaf,
+    }
     out = root / f"runs/{i}/final"
-    proc = subprocess.run([sys.executable, "-m", "arenaflow.train", "--arm", "bench", "--params-json", json.dumps(hyper),
-                           "--corpus", str(corpus), "--init", "base", "--base-model", str(model), "--out", str(out)],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.train",
+            "--arm",
+            "bench",
+            "--params-json",
+            json.dumps(hyper),
+            "--corpus",
+            str(corpus),
+            "--init",
+            "base",
+            "--base-model",
+            str(model),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+    )
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
     m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     skip = 2  # the first steps include warm-up
-    return {"leaf": leaf, "step_s": (m[-1]["elapsed_s"] - m[skip - 1]["elapsed_s"]) / (len(m) - skip),
-            "losses": [x["loss"] for x in m]}
+    return {
+        "leaf": leaf,
+        "step_s": (m[-1]["elapsed_s"] - m[skip - 1]["elapsed_s"]) / (len(m) - skip),
+        "losses": [x["loss"] for x in m],
+    }
 
 
 def main() -> None:
@@ -75,16 +133,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, corpus = build(root, args.layers, args.hidden, args.steps * args.micro + 4, args.seq)
-        rows = [run(root, model, corpus, leaf, args, i) for i, leaf in enumerate([[], "auto", [], "auto"])]
-    best = {k: min(r["step_s"] for r in rows if (r["leaf"] == "auto") == (k == "auto")) for k in ("none", "auto")}
+        rows = [
+            run(root, model, corpus, leaf, args, i)
+            for i, leaf in enumerate([[], "auto", [], "auto"])
+        ]
+    best = {
+        k: min(r["step_s"] for r in rows if (r["leaf"] == "auto") == (k == "auto"))
+        for k in ("none", "auto")
+    }
     diff = max(abs(a - b) for a, b in zip(rows[0]["losses"], rows[1]["losses"]))
     for r in rows:
         print(f"zero3_leaf_modules {str(r['leaf']):6s}: {r['step_s'] * 1e3:7.1f} ms/step")
-    print(f"best of two: hooks on every submodule {best['none'] * 1e3:.1f} ms/step, one unit per block "
-          f"{best['auto'] * 1e3:.1f} ms/step: x{best['none'] / best['auto']:.2f}; largest loss difference {diff:.1e}")
+    print(
+        f"best of two: hooks on every submodule {best['none'] * 1e3:.1f} ms/step, one unit per block "
+        f"{best['auto'] * 1e3:.1f} ms/step: x{best['none'] / best['auto']:.2f}; largest loss difference {diff:.1e}"
+    )
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "runs": rows, "best_step_s": best,
-                                              "speedup": best["none"] / best["auto"], "max_loss_diff": diff}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "runs": rows,
+                    "best_step_s": best,
+                    "speedup": best["none"] / best["auto"],
+                    "max_loss_diff": diff,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

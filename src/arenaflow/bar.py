@@ -31,8 +31,15 @@ import operator
 from arenaflow import manifest, paths
 
 PAIRED = ("delta", "p_value", "t", "t_items", "wins_minus_losses", "words_delta", "words_t")
-LEVELS = ("accuracy", "truncation_rate", "empty_rate", "loop_rate", "fffd_rate",
-          "mean_words", "mean_tokens")  # what arenaflow.evals.levels() returns per side
+LEVELS = (
+    "accuracy",
+    "truncation_rate",
+    "empty_rate",
+    "loop_rate",
+    "fffd_rate",
+    "mean_words",
+    "mean_tokens",
+)  # what arenaflow.evals.levels() returns per side
 NOISE_STATS = ("mean_abs_delta", "max_abs_delta", "spread", "max_abs_t")
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
@@ -52,14 +59,24 @@ def resolve(rnd: dict) -> list[dict]:
     out = []
     for i, c in enumerate(rnd["bar"], start=1):
         vs = c.get("vs", "incumbent" if c["metric"] in PAIRED else "none")
-        r = {"clause": i, "metric": c["metric"], "op": c["op"],
-             "suite": c.get("suite", rnd["suite"]), "regime": c.get("regime", rnd["regime"]),
-             "vs": vs, "against": None if vs == "none" else rnd.get(vs)}
+        r = {
+            "clause": i,
+            "metric": c["metric"],
+            "op": c["op"],
+            "suite": c.get("suite", rnd["suite"]),
+            "regime": c.get("regime", rnd["regime"]),
+            "vs": vs,
+            "against": None if vs == "none" else rnd.get(vs),
+        }
         if "value" in c:
             r["value"] = c["value"]
         else:
             noise = {**schema_defaults("noise"), **c["noise"]}
-            r["noise"] = {"stat": noise["stat"], "times": noise["times"], "arm": noise.get("arm", rnd["incumbent"])}
+            r["noise"] = {
+                "stat": noise["stat"],
+                "times": noise["times"],
+                "arm": noise.get("arm", rnd["incumbent"]),
+            }
         if c.get("note"):
             r["note"] = c["note"]
         out.append(r)
@@ -75,20 +92,39 @@ def validate(rnd: dict, replicates, arms: set[str]) -> list[tuple[str, str]]:
         suite, regime = c.get("suite", rnd["suite"]), c.get("regime", rnd["regime"])
         k = replicates(suite, regime)
         if k is None:
-            errors.append((f"{key}/{'regime' if 'regime' in c else 'suite'}",
-                           f"no readout suite/regime {suite}/{regime} in evals"))
+            errors.append(
+                (
+                    f"{key}/{'regime' if 'regime' in c else 'suite'}",
+                    f"no readout suite/regime {suite}/{regime} in evals",
+                )
+            )
             continue
         vs = c.get("vs")
         if vs == "none" and c["metric"] in PAIRED:
-            errors.append((f"{key}/vs", f"{c['metric']!r} is a paired metric; it needs vs: incumbent or control"))
+            errors.append(
+                (
+                    f"{key}/vs",
+                    f"{c['metric']!r} is a paired metric; it needs vs: incumbent or control",
+                )
+            )
         if vs == "control" and "control" not in rnd:
             errors.append((f"{key}/vs", "vs: control, but the round names no control arm"))
         if c["metric"] == "t" and k < 2:
-            errors.append((f"{key}/metric", f"'t' is the paired t over replicates; {suite}/{regime} has "
-                           f"{k} replicate (set replicates >= 2, or use t_items, the t over items)"))
+            errors.append(
+                (
+                    f"{key}/metric",
+                    f"'t' is the paired t over replicates; {suite}/{regime} has "
+                    f"{k} replicate (set replicates >= 2, or use t_items, the t over items)",
+                )
+            )
         if "noise" in c:
             if k < 2:
-                errors.append((f"{key}/noise", f"a noise floor needs >= 2 replicates; {suite}/{regime} has {k}"))
+                errors.append(
+                    (
+                        f"{key}/noise",
+                        f"a noise floor needs >= 2 replicates; {suite}/{regime} has {k}",
+                    )
+                )
             if c["noise"].get("arm", rnd["incumbent"]) not in arms:
                 errors.append((f"{key}/noise/arm", f"unknown arm {c['noise']['arm']!r}"))
     return errors
@@ -109,12 +145,16 @@ def requirements(rnd: dict, replicates) -> dict[str, list[str]]:
     creation times the registration must precede)."""
     need = comparisons_needed(rnd)
     noise = [(c["suite"], c["regime"], c["noise"]["arm"]) for c in resolve(rnd) if "noise" in c]
-    readouts = [paths.readout(s, cand, r, k)
-                for s, r, cand in dict.fromkeys((s, r, c) for s, r, c, _ in need)
-                for k in range(replicates(s, r))]
-    return {"compare": [paths.compare(s, r, c, ref) for s, r, c, ref in need],
-            "noise": [paths.noise(s, r, a) for s, r, a in dict.fromkeys(noise)],
-            "readouts": readouts}
+    readouts = [
+        paths.readout(s, cand, r, k)
+        for s, r, cand in dict.fromkeys((s, r, c) for s, r, c, _ in need)
+        for k in range(replicates(s, r))
+    ]
+    return {
+        "compare": [paths.compare(s, r, c, ref) for s, r, c, ref in need],
+        "noise": [paths.noise(s, r, a) for s, r, a in dict.fromkeys(noise)],
+        "readouts": readouts,
+    }
 
 
 def _level(comp: dict, side: str, metric: str):
@@ -165,5 +205,7 @@ def describe(c: dict) -> str:
     lhs = f"{c['metric']}" + (f" vs {c['against']}" if c.get("against") else "")
     obs = "undefined" if c["observed"] is None else f"{c['observed']:.4g}"
     thr = "undefined" if c["threshold"] is None else f"{c['threshold']:.4g}"
-    return (f"clause {c['clause']}: {lhs} on {c['suite']}/{c['regime']} = {obs} {c['op']} {thr} "
-            f"{'holds' if c['holds'] else 'fails'}")
+    return (
+        f"clause {c['clause']}: {lhs} on {c['suite']}/{c['regime']} = {obs} {c['op']} {thr} "
+        f"{'holds' if c['holds'] else 'fails'}"
+    )

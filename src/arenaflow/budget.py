@@ -53,14 +53,25 @@ def settings(cfg: dict) -> dict | None:
     b = cfg.get("budget")
     if b is None:
         return None
-    return {"gpu_minutes": float(b["gpu_minutes"]), "spent_gpu_minutes": float(b["spent_gpu_minutes"]),
-            "history": list(b["history"]), "estimate": dict(b["estimate"])}
+    return {
+        "gpu_minutes": float(b["gpu_minutes"]),
+        "spent_gpu_minutes": float(b["spent_gpu_minutes"]),
+        "history": list(b["history"]),
+        "estimate": dict(b["estimate"]),
+    }
 
 
 def unbudgeted() -> dict:
     """The settings of a config with no budget: no limit, the schema's defaults otherwise."""
-    return settings({"budget": {**schema_defaults("budget"), "gpu_minutes": float("inf"),
-                                "estimate": schema_defaults("estimate")}})
+    return settings(
+        {
+            "budget": {
+                **schema_defaults("budget"),
+                "gpu_minutes": float("inf"),
+                "estimate": schema_defaults("estimate"),
+            }
+        }
+    )
 
 
 def gpus(hyper: dict) -> int:
@@ -86,8 +97,14 @@ def train_minutes(rows: int, hyper: dict, row_seconds: float, overhead_minutes: 
     return gpus(hyper) * (train_steps(rows, hyper) * step_s / 60 + overhead_minutes)
 
 
-def generate_minutes(prompts: int, k: int, batch_size: int, max_new_tokens: int,
-                     decode_step_seconds: float, overhead_minutes: float) -> float:
+def generate_minutes(
+    prompts: int,
+    k: int,
+    batch_size: int,
+    max_new_tokens: int,
+    decode_step_seconds: float,
+    overhead_minutes: float,
+) -> float:
     """One GPU generating k completions per prompt in batches (sampling; a readout: k=1)."""
     batches = math.ceil(prompts * k / batch_size) if prompts else 0
     return batches * max_new_tokens * decode_step_seconds / 60 + overhead_minutes
@@ -138,8 +155,13 @@ class ArmEstimate:
 class Budget:
     """Estimates and spending for one resolved config (arenaflow.config.resolve) and its results."""
 
-    def __init__(self, cfg: dict, results: Path | str | None = None, repo_root: Path = REPO_ROOT,
-                 gpu_minutes: float | None = None):
+    def __init__(
+        self,
+        cfg: dict,
+        results: Path | str | None = None,
+        repo_root: Path = REPO_ROOT,
+        gpu_minutes: float | None = None,
+    ):
         self.cfg = cfg
         self.repo = Path(repo_root)
         self.results = Path(results) if results is not None else self.repo / cfg["results_dir"]
@@ -179,8 +201,10 @@ class Budget:
         """Seconds per 1024-token row per rank, and where the number comes from."""
         base = self.cfg["base"]["name"]
         recs = [r for _, r in self.history()]
-        for subset, what in (([r for r in recs if r.get("base_model") == base], f"runs of {base}"),
-                             (recs, "runs")):
+        for subset, what in (
+            ([r for r in recs if r.get("base_model") == base], f"runs of {base}"),
+            (recs, "runs"),
+        ):
             vals = [v for v in map(measured_row_seconds, subset) if v]
             if vals:
                 return statistics.median(vals), f"median of {len(vals)} measured {what}"
@@ -210,21 +234,36 @@ class Budget:
         """(rows, steps, GPU-minutes) of training `arm`."""
         hyper = self.cfg["arms"][arm]["hyper"]
         rows = self.corpus_rows(self.cfg["arms"][arm]["corpus"])
-        return rows, train_steps(rows, hyper), train_minutes(
-            rows, hyper, self.row_seconds()[0], self.est["overhead_minutes"])
+        return (
+            rows,
+            train_steps(rows, hyper),
+            train_minutes(rows, hyper, self.row_seconds()[0], self.est["overhead_minutes"]),
+        )
 
     def sampling(self, corpus: str) -> float:
         c = self.cfg["corpora"][corpus]
         if c["policy"] == "reference":
             return 0.0
-        return generate_minutes(self.pool_rows(c["pool"]), c["k"], c["batch_size"], c["max_new_tokens"],
-                                self.est["decode_step_seconds"], self.est["overhead_minutes"])
+        return generate_minutes(
+            self.pool_rows(c["pool"]),
+            c["k"],
+            c["batch_size"],
+            c["max_new_tokens"],
+            self.est["decode_step_seconds"],
+            self.est["overhead_minutes"],
+        )
 
     def readout(self, suite: str, regime: str) -> float:
         s = self.cfg["evals"][suite]
         tokens = decoding_of(s["regimes"][regime])["max_new_tokens"]  # as the readout decodes it
-        return generate_minutes(self.pool_rows(s["pool"]), 1, s["batch_size"], tokens,
-                                self.est["decode_step_seconds"], self.est["overhead_minutes"])
+        return generate_minutes(
+            self.pool_rows(s["pool"]),
+            1,
+            s["batch_size"],
+            tokens,
+            self.est["decode_step_seconds"],
+            self.est["overhead_minutes"],
+        )
 
     def readout_files(self, arm: str):
         """(suite, regime, path) of every readout replicate of `arm`."""
@@ -234,8 +273,10 @@ class Budget:
                     yield suite, regime, self.results / paths.readout(suite, arm, regime, r)
 
     def sampling_pending(self, corpus: str) -> bool:
-        return (self.cfg["corpora"][corpus]["policy"] != "reference"
-                and not (self.results / "candidates" / corpus / "samples.jsonl").exists())
+        return (
+            self.cfg["corpora"][corpus]["policy"] != "reference"
+            and not (self.results / "candidates" / corpus / "samples.jsonl").exists()
+        )
 
     # ---- arms --------------------------------------------------------------------------
     def priority(self, arm: str) -> float:
@@ -244,19 +285,39 @@ class Budget:
     def estimate(self, arm: str) -> ArmEstimate:
         if arm not in self._estimates:
             a = self.cfg["arms"][arm]
-            readouts = sum(self.readout(s, g) for s, g, p in self.readout_files(arm) if not p.exists())
-            if a["kind"] != TRAINED:  # made on CPU from its parents (a merge, a nominee): only its readouts use GPUs
+            readouts = sum(
+                self.readout(s, g) for s, g, p in self.readout_files(arm) if not p.exists()
+            )
+            if (
+                a["kind"] != TRAINED
+            ):  # made on CPU from its parents (a merge, a nominee): only its readouts use GPUs
                 self._estimates[arm] = ArmEstimate(
-                    arm=arm, priority=self.priority(arm), gpus=1, rows=0, steps=0, train=0.0,
-                    readouts=readouts, corpus="-", sampling=0.0, needs=self.pending_of(a["parents"]))
+                    arm=arm,
+                    priority=self.priority(arm),
+                    gpus=1,
+                    rows=0,
+                    steps=0,
+                    train=0.0,
+                    readouts=readouts,
+                    corpus="-",
+                    sampling=0.0,
+                    needs=self.pending_of(a["parents"]),
+                )
                 return self._estimates[arm]
             rows, steps, train = self.train(arm)
             policy = self.cfg["corpora"][a["corpus"]]["policy"]
             self._estimates[arm] = ArmEstimate(
-                arm=arm, priority=self.priority(arm), gpus=gpus(a["hyper"]), rows=rows, steps=steps,
-                train=train, readouts=readouts, corpus=a["corpus"],
+                arm=arm,
+                priority=self.priority(arm),
+                gpus=gpus(a["hyper"]),
+                rows=rows,
+                steps=steps,
+                train=train,
+                readouts=readouts,
+                corpus=a["corpus"],
                 sampling=self.sampling(a["corpus"]) if self.sampling_pending(a["corpus"]) else 0.0,
-                needs=self.pending_of([a["init"], policy]))
+                needs=self.pending_of([a["init"], policy]),
+            )
         return self._estimates[arm]
 
     def pending_of(self, arms) -> list[str]:
@@ -296,14 +357,25 @@ class Budget:
         on_disk = 0.0
         for suite, s in self.cfg["evals"].items():
             for regime in s["regimes"]:
-                n = len(list(self.results.glob(paths.READOUT.format(suite=suite, rarm="*", regime=regime, rep="*"))))
+                n = len(
+                    list(
+                        self.results.glob(
+                            paths.READOUT.format(suite=suite, rarm="*", regime=regime, rep="*")
+                        )
+                    )
+                )
                 on_disk += n * self.readout(suite, regime)
         for corpus in self.cfg["corpora"]:
             if (self.results / "candidates" / corpus / "samples.jsonl").exists():
                 on_disk += self.sampling(corpus)
         before = self.settings["spent_gpu_minutes"]
-        return {"before": before, "training_measured": measured, "generation_estimated": on_disk,
-                "runs": len(self.history()), "total": before + measured + on_disk}
+        return {
+            "before": before,
+            "training_measured": measured,
+            "generation_estimated": on_disk,
+            "runs": len(self.history()),
+            "total": before + measured + on_disk,
+        }
 
     def left(self) -> float:
         return self.settings["gpu_minutes"] - self.spent()["total"]
@@ -316,12 +388,16 @@ class Budget:
             return
         e = self.estimate(arm)
         others = sorted(a for a in arms if a != arm and self.pending(a))
-        with_others = (f"; with the other pending arms this run needs ({', '.join(others)}) "
-                       f"{need:.1f}") if others else ""
+        with_others = (
+            (f"; with the other pending arms this run needs ({', '.join(others)}) {need:.1f}")
+            if others
+            else ""
+        )
         raise BudgetError(
             f"GPU-minute budget: arm {arm!r} would overrun the budget: its estimate is "
             f"{e.own + e.sampling:.1f} GPU-minutes (training {e.train:.1f}, readouts {e.readouts:.1f}"
             f"{f', sampling corpus {e.corpus} {e.sampling:.1f}' if e.sampling else ''}){with_others}, "
             f"and {left:.1f} of {self.settings['gpu_minutes']:.1f} GPU-minutes are left. Nothing was "
             "submitted. `python -m arenaflow.plan` lists the pending arms with their estimates and "
-            "picks the ones that fit; raise budget.gpu_minutes only if the allocation allows it.")
+            "picks the ones that fit; raise budget.gpu_minutes only if the allocation allows it."
+        )

@@ -51,25 +51,39 @@ def weight_files(run_dir: Path) -> list[str]:
     if (run_dir / "adapter_config.json").exists():
         return list(ADAPTER_FILES)
     names = sorted(p.name for p in run_dir.glob("*.safetensors")) + ["config.json"]
-    names += [n for n in ("model.safetensors.index.json", "generation_config.json") if (run_dir / n).exists()]
+    names += [
+        n
+        for n in ("model.safetensors.index.json", "generation_config.json")
+        if (run_dir / n).exists()
+    ]
     return names
 
 
 SHAPES = {
     "system+user": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-    "multi-turn": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."},
-                   {"role": "user", "content": "And 3+3?"}],
+    "multi-turn": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?"},
+    ],
     "user-only": [{"role": "user", "content": "What is 7 * 6?"}],
     "embedded newlines": [{"role": "user", "content": "line one\nline two\n\nline four"}],
     "non-ASCII": [{"role": "user", "content": "Größe, naïve, 数学, emoji 🙂"}],
-    "tool role": [{"role": "user", "content": "weather?"},
-                  {"role": "assistant", "content": "calling tool"},
-                  {"role": "tool", "content": "{\"temp\": 21}"}],
-    "surrounding whitespace": [{"role": "system", "content": "  Be brief.\n"},
-                               {"role": "user", "content": "\n\n  Hi  \n"},
-                               {"role": "assistant", "content": " Hello.\n\n"},
-                               {"role": "user", "content": "\tAgain? "}],
-    "ends on assistant": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4."}],
+    "tool role": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "calling tool"},
+        {"role": "tool", "content": '{"temp": 21}'},
+    ],
+    "surrounding whitespace": [
+        {"role": "system", "content": "  Be brief.\n"},
+        {"role": "user", "content": "\n\n  Hi  \n"},
+        {"role": "assistant", "content": " Hello.\n\n"},
+        {"role": "user", "content": "\tAgain? "},
+    ],
+    "ends on assistant": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4."},
+    ],
 }
 DEGENERATE = {
     "unknown role": [{"role": "narrator", "content": "Once upon a time"}],
@@ -87,8 +101,10 @@ def check_template_compiles(template: str) -> dict:
     try:
         _compile_jinja_template(template)
     except jinja2.TemplateSyntaxError as e:
-        raise BundleCheckError(f"chat_template.jinja line {e.lineno}: jinja2.exceptions."
-                               f"TemplateSyntaxError: {e.message}") from None
+        raise BundleCheckError(
+            f"chat_template.jinja line {e.lineno}: jinja2.exceptions."
+            f"TemplateSyntaxError: {e.message}"
+        ) from None
     return {"verdict": "PASS", "detail": "compiles in transformers' sandboxed Jinja environment"}
 
 
@@ -96,8 +112,9 @@ def _apply(tokenizer, msgs: list[dict], gen: bool, name: str) -> str:
     try:
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
     except Exception as e:  # a server would fail the request: any exception fails the check
-        raise BundleCheckError(f"template raises on {name} (add_generation_prompt={gen}): "
-                               f"{type(e).__name__}: {e}") from None
+        raise BundleCheckError(
+            f"template raises on {name} (add_generation_prompt={gen}): {type(e).__name__}: {e}"
+        ) from None
 
 
 def check_template_matches(tokenizer) -> dict:
@@ -108,16 +125,22 @@ def check_template_matches(tokenizer) -> dict:
             got = _apply(tokenizer, msgs, gen, repr(name))
             want = chat.render(msgs, add_generation_prompt=gen)
             if got != want:
-                raise BundleCheckError(f"template renders {name!r} (add_generation_prompt={gen}) "
-                                       f"differently from arenaflow.chat.render: {got!r} != {want!r}")
+                raise BundleCheckError(
+                    f"template renders {name!r} (add_generation_prompt={gen}) "
+                    f"differently from arenaflow.chat.render: {got!r} != {want!r}"
+                )
             checked += 1
     for name, msgs in DEGENERATE.items():
         _apply(tokenizer, msgs, True, name)  # any exception is a failure of graceful degradation
-    return {"verdict": "PASS", "detail": f"{checked} renders byte-identical; unknown role and None content degrade"}
+    return {
+        "verdict": "PASS",
+        "detail": f"{checked} renders byte-identical; unknown role and None content degrade",
+    }
 
 
-def check_reload(bundle_dir: Path, base_model: str, serving: dict, system_prompt: str,
-                 prompts: list[str]) -> dict:
+def check_reload(
+    bundle_dir: Path, base_model: str, serving: dict, system_prompt: str, prompts: list[str]
+) -> dict:
     from peft import PeftModel
 
     tok = models.load_tokenizer(bundle_dir)
@@ -126,24 +149,43 @@ def check_reload(bundle_dir: Path, base_model: str, serving: dict, system_prompt
     else:  # full weights: the bundle is the model
         model = models.load_base(bundle_dir).eval()
     gen_cfg = io.read_json(bundle_dir / "generation_config.json")
-    rendered = [tok.apply_chat_template(chat.prompt_messages(system_prompt, p), tokenize=False,
-                                        add_generation_prompt=True) for p in prompts]
+    rendered = [
+        tok.apply_chat_template(
+            chat.prompt_messages(system_prompt, p), tokenize=False, add_generation_prompt=True
+        )
+        for p in prompts
+    ]
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=serving["max_new_tokens"])
     outs = sampling.generate(model, tok, rendered, dec, desc="reload check")
     results, ok = [], True
     for p, (o,) in zip(prompts, outs):
-        problems = [msg for bad, msg in ((not o["stopped"], "no stop token"),
-                                         (not o["text"].strip(), "empty"),
-                                         ("\ufffd" in o["text"], "contains U+FFFD")) if bad]
+        problems = [
+            msg
+            for bad, msg in (
+                (not o["stopped"], "no stop token"),
+                (not o["text"].strip(), "empty"),
+                ("\ufffd" in o["text"], "contains U+FFFD"),
+            )
+            if bad
+        ]
         ok &= not problems
-        results.append({"prompt": p, "output": o["text"], "n_tokens": o["n_tokens"],
-                        "stopped": o["stopped"], "problems": problems})
+        results.append(
+            {
+                "prompt": p,
+                "output": o["text"],
+                "n_tokens": o["n_tokens"],
+                "stopped": o["stopped"],
+                "problems": problems,
+            }
+        )
     verdict = "RELOAD_CHECK_PASS" if ok else "RELOAD_CHECK_FAIL"
     record = {"verdict": verdict, "eos_token_id": gen_cfg["eos_token_id"], "outputs": results}
     io.write_json(bundle_dir / "reload_check.json", record)
     if not ok:
-        raise BundleCheckError(f"{verdict}: " + "; ".join(f"{r['prompt']!r}: {r['problems']}"
-                                                           for r in results if r["problems"]))
+        raise BundleCheckError(
+            f"{verdict}: "
+            + "; ".join(f"{r['prompt']!r}: {r['problems']}" for r in results if r["problems"])
+        )
     return {"verdict": verdict, "detail": f"{len(results)} prompts stopped, non-empty, no U+FFFD"}
 
 
@@ -156,8 +198,10 @@ def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path | None) -> 
         evidence = io.read_json(bundle_dir / TRAINING)
         digest = manifest.verify(corpus_dir)["digest"]
         if evidence["dataset_sha256"] != digest:
-            raise BundleCheckError(f"{TRAINING} dataset_sha256 {evidence['dataset_sha256']} "
-                                   f"is not {corpus_dir}'s digest {digest}")
+            raise BundleCheckError(
+                f"{TRAINING} dataset_sha256 {evidence['dataset_sha256']} "
+                f"is not {corpus_dir}'s digest {digest}"
+            )
         detail = f"dataset sha256 = corpus digest {digest[:16]}…"
     for f in weight_files(run_dir):
         if manifest.sha256_file(bundle_dir / f) != manifest.sha256_file(run_dir / f):
@@ -170,10 +214,15 @@ def _check_merge_parents(evidence: dict, runs: Path) -> str:
         files = manifest.verify(runs / p["arm"] / "final")["files"]
         for name, sha in p["files_sha256"].items():
             if files.get(name, {}).get("sha256") != sha:
-                raise BundleCheckError(f"{MERGE}: parent {p['arm']}'s {name} is not the one merged "
-                                       f"(recorded {sha[:16]}…)")
-    return "merged from " + " + ".join(f"{p['weight']:g} x {p['arm']}" for p in evidence["parents"]) + \
-        " (each parent's weights by sha256)"
+                raise BundleCheckError(
+                    f"{MERGE}: parent {p['arm']}'s {name} is not the one merged "
+                    f"(recorded {sha[:16]}…)"
+                )
+    return (
+        "merged from "
+        + " + ".join(f"{p['weight']:g} x {p['arm']}" for p in evidence["parents"])
+        + " (each parent's weights by sha256)"
+    )
 
 
 def generation_config(tokenizer, serving: dict) -> dict:
@@ -218,29 +267,69 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
             continue
         ev = io.read_json(run / TRAINING)
         rows = io.read_json(corpora / ev["corpus"] / "stats.json")["rows"]
-        training.append({"arm": a, "method": ev["hyperparameters"]["method"], "init": ev["init"],
-                         "corpus": ev["corpus"], "rows": rows, "steps": ev["optimizer_steps"],
-                         "lr": ev["hyperparameters"]["lr"], "job": ev["job_id"]})
+        training.append(
+            {
+                "arm": a,
+                "method": ev["hyperparameters"]["method"],
+                "init": ev["init"],
+                "corpus": ev["corpus"],
+                "rows": rows,
+                "steps": ev["optimizer_steps"],
+                "lr": ev["hyperparameters"]["lr"],
+                "job": ev["job_id"],
+            }
+        )
         corpus_ids.append(ev["corpus"])
     corpora_ctx = []
     for c in dict.fromkeys(corpus_ids):
         st = io.read_json(corpora / c / "stats.json")
-        corpora_ctx.append({"id": c, "digest": io.read_json(corpora / c / "manifest.json")["digest"],
-                            "pass_at_1": st.get("pass_at_1"), **{k: st.get(k) for k in (
-                                "rows", "tokens", "supervised_tokens", "solved", "prompts", "unsolved_dropped")}})
+        corpora_ctx.append(
+            {
+                "id": c,
+                "digest": io.read_json(corpora / c / "manifest.json")["digest"],
+                "pass_at_1": st.get("pass_at_1"),
+                **{
+                    k: st.get(k)
+                    for k in (
+                        "rows",
+                        "tokens",
+                        "supervised_tokens",
+                        "solved",
+                        "prompts",
+                        "unsolved_dropped",
+                    )
+                },
+            }
+        )
     evaluations = []
-    for path in args.compare:  # written by `arenaflow.evals compare`, which records its suite and regime
+    for (
+        path
+    ) in args.compare:  # written by `arenaflow.evals compare`, which records its suite and regime
         c = io.read_json(path)
         evaluations.append({**c, "suite": f"{c['suite']}/{c['regime']}"})
-    return {"training": training, "corpora": corpora_ctx, "evaluations": evaluations,
-            "nomination": nomination, "lineage": list(reversed([arm, *lineage]))}
+    return {
+        "training": training,
+        "corpora": corpora_ctx,
+        "evaluations": evaluations,
+        "nomination": nomination,
+        "lineage": list(reversed([arm, *lineage])),
+    }
 
 
 def _merge_row(arm: str, ev: dict) -> dict:
     """A merge in the card's training table: its weights in place of an init, no corpus."""
     made = " + ".join(f"{p['weight']:g} x {p['arm']}" for p in ev["parents"])
-    return {"arm": arm, "method": f"merge ({ev['representation']})", "init": made, "corpus": "none",
-            "rows": 0, "steps": 0, "lr": "-", "job": "CPU", "merge": ev}
+    return {
+        "arm": arm,
+        "method": f"merge ({ev['representation']})",
+        "init": made,
+        "corpus": "none",
+        "rows": 0,
+        "steps": 0,
+        "lr": "-",
+        "job": "CPU",
+        "merge": ev,
+    }
 
 
 def disk_lineage(runs: Path, arm: str) -> list[str]:
@@ -279,11 +368,19 @@ def served_evidence(run_dir: Path, runs: Path) -> dict:
     hyper = {"method": "lora" if ev["output"] == "adapter" else "full", "objective": "merge"}
     if ev["output"] == "adapter":
         cfg = io.read_json(run_dir / "adapter_config.json")
-        hyper["lora"] = {"r": cfg["r"], "alpha": cfg["lora_alpha"], "dropout": cfg["lora_dropout"],
-                         "target_modules": sorted(cfg["target_modules"]),
-                         "modules_to_save": cfg.get("modules_to_save") or []}
-    return {**ev, "base_model": trained["base_model"], "base_revision": trained["base_revision"],
-            "hyperparameters": hyper}
+        hyper["lora"] = {
+            "r": cfg["r"],
+            "alpha": cfg["lora_alpha"],
+            "dropout": cfg["lora_dropout"],
+            "target_modules": sorted(cfg["target_modules"]),
+            "modules_to_save": cfg.get("modules_to_save") or [],
+        }
+    return {
+        **ev,
+        "base_model": trained["base_model"],
+        "base_revision": trained["base_revision"],
+        "hyperparameters": hyper,
+    }
 
 
 def verify_sources(args, arm: str, lineage: list[str]) -> None:
@@ -317,7 +414,9 @@ def build(args) -> None:
     nomination = sealed_nomination(args.nomination) if args.nomination else None
     arm = nomination["promoted"] if nomination else args.arm
     if arm == "base":
-        raise SystemExit(f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve")
+        raise SystemExit(
+            f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve"
+        )
     verify_sources(args, arm, json.loads(args.lineage_json)[arm])
     arm = real_arm(Path(args.runs), arm)  # a round that kept a nominee serves the arm it copied
     lineage = disk_lineage(Path(args.runs), arm)[1:]
@@ -334,39 +433,76 @@ def build(args) -> None:
         tok = save_tokenizer(args.base_model, template, tmp)
         io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
         io.write_json(tmp / "generation_config.json", generation_config(tok, serving))
-        io.write_json(tmp / "serving_config.json", {
-            "base_model": evidence["base_model"], "base_revision": evidence["base_revision"],
-            "arm": arm, "system_prompt_file": "system_prompt.txt", "chat_template_file": "chat_template.jinja",
-            "add_generation_prompt": True, **serving})
+        io.write_json(
+            tmp / "serving_config.json",
+            {
+                "base_model": evidence["base_model"],
+                "base_revision": evidence["base_revision"],
+                "arm": arm,
+                "system_prompt_file": "system_prompt.txt",
+                "chat_template_file": "chat_template.jinja",
+                "add_generation_prompt": True,
+                **serving,
+            },
+        )
         checks = {}
         checks["template_compiles"] = check_template_compiles(template)
         reloaded = models.load_tokenizer(tmp)
         if reloaded.chat_template != template:
-            raise BundleCheckError("the reloaded tokenizer does not carry chat_template.jinja's template")
+            raise BundleCheckError(
+                "the reloaded tokenizer does not carry chat_template.jinja's template"
+            )
         checks["template_matches_renderer"] = check_template_matches(reloaded)
-        checks["reload"] = check_reload(tmp, args.base_model, serving, cfg["system_prompt"],
-                                        cfg["reload_prompts"])
+        checks["reload"] = check_reload(
+            tmp, args.base_model, serving, cfg["system_prompt"], cfg["reload_prompts"]
+        )
         checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
         if nomination:
-            checks["nomination"] = {"verdict": "PASS", "detail": (
-                f"{args.nomination} sealed (digest {nomination['digest'][:16]}…), "
-                f"its {len(nomination['inputs'])} judged files unchanged")}
+            checks["nomination"] = {
+                "verdict": "PASS",
+                "detail": (
+                    f"{args.nomination} sealed (digest {nomination['digest'][:16]}…), "
+                    f"its {len(nomination['inputs'])} judged files unchanged"
+                ),
+            }
         ctx = card_context(args, arm, lineage, nomination)
-        env = jinja2.Environment(loader=jinja2.PackageLoader("arenaflow", "templates"),
-                                 undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-        io.write_text(tmp / "README.md", env.get_template("model_card.md.j2").render(
-            bundle=args.bundle, arm=arm, evidence=evidence, code=manifest.code_version(),
-            serving=serving, eos_ids=sampling.stop_token_ids(tok), checks=checks, **ctx))
+        env = jinja2.Environment(
+            loader=jinja2.PackageLoader("arenaflow", "templates"),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+        )
+        io.write_text(
+            tmp / "README.md",
+            env.get_template("model_card.md.j2").render(
+                bundle=args.bundle,
+                arm=arm,
+                evidence=evidence,
+                code=manifest.code_version(),
+                serving=serving,
+                eos_ids=sampling.stop_token_ids(tok),
+                checks=checks,
+                **ctx,
+            ),
+        )
         io.write_json(tmp / "checks.json", checks)
-        manifest.write(tmp, params=cfg, extra={"arm": arm, "checks": {k: v["verdict"] for k, v in checks.items()}})
-    print(f"bundle {args.bundle}: arm {arm}, checks " + ", ".join(f"{k}={v['verdict']}" for k, v in checks.items()))
+        manifest.write(
+            tmp,
+            params=cfg,
+            extra={"arm": arm, "checks": {k: v["verdict"] for k, v in checks.items()}},
+        )
+    print(
+        f"bundle {args.bundle}: arm {arm}, checks "
+        + ", ".join(f"{k}={v['verdict']}" for k, v in checks.items())
+    )
 
 
 def diff(a: Path, b: Path) -> tuple[list[str], bool]:
     """(files that differ or exist on one side only, weights byte-identical?)"""
     fa = manifest.list_files(a)
     fb = manifest.list_files(b)
-    differ = sorted(f for f in set(fa) | set(fb) if fa.get(f, {}).get("sha256") != fb.get(f, {}).get("sha256"))
+    differ = sorted(
+        f for f in set(fa) | set(fb) if fa.get(f, {}).get("sha256") != fb.get(f, {}).get("sha256")
+    )
     weights = [f for f in set(fa) | set(fb) if f.endswith(".safetensors")]
     same = bool(weights) and not set(weights) & set(differ)
     return differ, same
@@ -385,7 +521,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--compare", nargs="*", default=[], help="compare JSONs to report in the card")
     b.add_argument("--base-model", required=True)
     b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
-    b.add_argument("--chat-template", help="'chatml' or a template file (default: the bundle config's)")
+    b.add_argument(
+        "--chat-template", help="'chatml' or a template file (default: the bundle config's)"
+    )
     b.add_argument("--out", required=True, help="bundles/{bundle}")
     d = sub.add_parser("diff", help="which files differ and whether the weights are identical")
     d.add_argument("a")

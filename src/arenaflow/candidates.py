@@ -34,8 +34,17 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
         top_p=params["top_p"],
         max_new_tokens=params["max_new_tokens"],
     )
-    outs = sampling.generate(model, tokenizer, prompts, dec, k=params["k"], seed=params["seed"],
-                             batch_size=params["batch_size"], desc="sample", engine=params["engine"])
+    outs = sampling.generate(
+        model,
+        tokenizer,
+        prompts,
+        dec,
+        k=params["k"],
+        seed=params["seed"],
+        batch_size=params["batch_size"],
+        desc="sample",
+        engine=params["engine"],
+    )
     rows = []
     for r, samples in zip(pool, outs):
         for j, s in enumerate(samples):
@@ -49,16 +58,25 @@ def verdict(sample_row: dict, pool_row: dict) -> dict:
     text = sample_row["text"]
     flags = degeneracy.flags(text, sample_row["stopped"])
     clean = sample_row["stopped"] and not (flags["empty"] or flags["fffd"])
-    out = {"id": sample_row["id"], "prompt_id": sample_row["prompt_id"], "sample": sample_row["sample"],
-           "chars": len(text), "n_tokens": sample_row["n_tokens"], "stopped": sample_row["stopped"],
-           **flags}
+    out = {
+        "id": sample_row["id"],
+        "prompt_id": sample_row["prompt_id"],
+        "sample": sample_row["sample"],
+        "chars": len(text),
+        "n_tokens": sample_row["n_tokens"],
+        "stopped": sample_row["stopped"],
+        **flags,
+    }
     if "gold" in pool_row:
         v = verify.check(text, pool_row["gold"])
         out.update(v, correct=v["correct"] and clean)
     elif "constraints" in pool_row:
         c = ifcheck.check(text, pool_row["constraints"])
-        out.update(passed=c["passed"], reasons=[x["reason"] for x in c["checks"] if not x["passed"]],
-                   correct=c["passed"] and clean and not flags["loop"])
+        out.update(
+            passed=c["passed"],
+            reasons=[x["reason"] for x in c["checks"] if not x["passed"]],
+            correct=c["passed"] and clean and not flags["loop"],
+        )
     else:
         long_enough = len(text) >= pool_row.get("min_chars", 0)
         out.update(correct=clean and long_enough and not (flags["loop"] or flags["low_unique"]))
@@ -70,7 +88,9 @@ def verify_all(pool: list[dict], samples: list[dict], samples_path: str) -> list
     out = []
     for line, s in enumerate(samples, start=1):
         if s.get("prompt_id") not in rows:
-            raise ValueError(f"{samples_path}:{line}: prompt_id {s.get('prompt_id')!r} is not in the pool")
+            raise ValueError(
+                f"{samples_path}:{line}: prompt_id {s.get('prompt_id')!r} is not in the pool"
+            )
         out.append(verdict(s, rows[s["prompt_id"]]))
     return out
 
@@ -81,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("sample", help="k samples per prompt from a policy")
     s.add_argument("--pool", required=True, help="pools/{pool}.jsonl")
     s.add_argument("--base-model", required=True, help="base model directory")
-    s.add_argument("--adapter", default=None, help="the policy arm's runs/{arm}/final (omit for base)")
+    s.add_argument(
+        "--adapter", default=None, help="the policy arm's runs/{arm}/final (omit for base)"
+    )
     s.add_argument("--system-prompt", default="", help="system prompt for every prompt")
     s.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
     s.add_argument("--out", required=True, help="candidates/{corpus}/samples.jsonl")

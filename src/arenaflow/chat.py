@@ -54,14 +54,25 @@ def encode_many_with_mask(tokenizer, conversations: list[list[dict]], batch_size
     the corpus stage spent ~40 % of its time building masks in Python (BENCHMARKS.md)."""
     for start in range(0, len(conversations), batch_size):
         chunk = conversations[start : start + batch_size]
-        enc = tokenizer([render(m) for m in chunk], add_special_tokens=False, return_offsets_mapping=True)
+        enc = tokenizer(
+            [render(m) for m in chunk], add_special_tokens=False, return_offsets_mapping=True
+        )
         lengths = [len(x) for x in enc["input_ids"]]
         n = sum(lengths)
         ids = np.fromiter(chain.from_iterable(enc["input_ids"]), np.int32, n)
-        a, b = np.fromiter(chain.from_iterable(chain.from_iterable(enc["offset_mapping"])), np.int64, 2 * n).reshape(-1, 2).T
+        a, b = (
+            np.fromiter(
+                chain.from_iterable(chain.from_iterable(enc["offset_mapping"])), np.int64, 2 * n
+            )
+            .reshape(-1, 2)
+            .T
+        )
         spans = [assistant_spans(m) for m in chunk]
         width = max(1, *map(len, spans))
-        lo, hi = np.full((len(chunk), width), 1, np.int64), np.full((len(chunk), width), 0, np.int64)  # lo > hi: empty
+        lo, hi = (
+            np.full((len(chunk), width), 1, np.int64),
+            np.full((len(chunk), width), 0, np.int64),
+        )  # lo > hi: empty
         for i, row in enumerate(spans):
             for j, (s, e) in enumerate(row):
                 lo[i, j], hi[i, j] = s, e

@@ -82,7 +82,15 @@ _PARTS = {
     "corpus": ("corpora", "additionalProperties"),
     "suite": ("evals", "additionalProperties"),
     "regime": ("evals", "additionalProperties", "properties", "regimes", "additionalProperties"),
-    "noise": ("rounds", "additionalProperties", "properties", "bar", "items", "properties", "noise"),
+    "noise": (
+        "rounds",
+        "additionalProperties",
+        "properties",
+        "bar",
+        "items",
+        "properties",
+        "noise",
+    ),
     "judged": ("judged", "additionalProperties"),
     "budget": ("budget",),
     "estimate": ("budget", "properties", "estimate"),
@@ -135,7 +143,11 @@ def merge(base: dict, over: dict) -> dict:
     """Deep merge: dicts merge, everything else (lists included) is replaced."""
     out = copy.deepcopy(base)
     for k, v in over.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        out[k] = (
+            merge(out[k], v)
+            if isinstance(v, dict) and isinstance(out.get(k), dict)
+            else copy.deepcopy(v)
+        )
     return out
 
 
@@ -147,8 +159,12 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
     arms, files = {}, {}
     for path in sorted(arms_dir.glob("*.yaml")):
         arm = path.stem
-        _validate({"id": arm}, {"properties": {"id": {"pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$"}}},
-                  registry, f"{path}: file name")
+        _validate(
+            {"id": arm},
+            {"properties": {"id": {"pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$"}}},
+            registry,
+            f"{path}: file name",
+        )
         if arm in RESERVED:
             raise ConfigError(f"{path}: '{arm}' is reserved and cannot name an arm")
         data = load_yaml(path) or {}
@@ -161,7 +177,9 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
     return arms, files
 
 
-def template_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> dict[str, tuple[dict, Path]]:
+def template_arms(
+    arms_dir: Path, arm_schema: dict, registry: Registry
+) -> dict[str, tuple[dict, Path]]:
     """{stem: (data, path)} of a round template's arm files: trained arms without init and
     corpus (the template gives both), e.g. `hyper: {lr: 5.0e-4}`."""
     if not arms_dir.is_dir():
@@ -172,8 +190,10 @@ def template_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> dict[
         _validate(data, arm_schema, registry, str(path))
         extra = sorted(set(data) - {"description", "hyper", "priority"})
         if extra:
-            raise ConfigError(f"{path}: key '{extra[0]}': a round template's arm sets only description, "
-                              "hyper and priority (the template gives its init and corpus)")
+            raise ConfigError(
+                f"{path}: key '{extra[0]}': a round template's arm sets only description, "
+                "hyper and priority (the template gives its init and corpus)"
+            )
         out[path.stem] = (_defaults(arm_schema, data), path)
     return out
 
@@ -181,16 +201,33 @@ def template_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> dict[
 def arm_kind(data: dict) -> str:
     """TRAINED, MERGE or DOSE: what an arm file (already checked by _check_kind) declares;
     NOMINEE for a round's nominee (arenaflow.continual)."""
-    return NOMINEE if NOMINEE in data else DOSE if "dose" in data else MERGE if "merge" in data else TRAINED
+    return (
+        NOMINEE
+        if NOMINEE in data
+        else DOSE
+        if "dose" in data
+        else MERGE
+        if "merge" in data
+        else TRAINED
+    )
 
 
 def _check_kind(data: dict, path: Path) -> None:
     """An arm file is exactly one kind: trained (init and corpus), merge: or dose:."""
-    present = [k for k, keys in ((TRAINED, ("init", "corpus", "hyper")), (MERGE, ("merge",)),
-                                 (DOSE, ("dose",))) if any(k2 in data for k2 in keys)]
+    present = [
+        k
+        for k, keys in (
+            (TRAINED, ("init", "corpus", "hyper")),
+            (MERGE, ("merge",)),
+            (DOSE, ("dose",)),
+        )
+        if any(k2 in data for k2 in keys)
+    ]
     if len(present) != 1:
-        raise ConfigError(f"{path}: an arm file is exactly one of: a trained arm (keys init and corpus), "
-                          f"a merge (key merge) or a dose line (key dose); it has {present or 'none of them'}")
+        raise ConfigError(
+            f"{path}: an arm file is exactly one of: a trained arm (keys init and corpus), "
+            f"a merge (key merge) or a dose line (key dose); it has {present or 'none of them'}"
+        )
     missing = [k for k in ("init", "corpus") if k not in data]
     if present == [TRAINED] and missing:
         raise ConfigError(f"{path}: key '{missing[0]}': a trained arm needs init and corpus")
@@ -223,7 +260,9 @@ def load_yaml(path: str | os.PathLike):
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{path}:{line}:{col}: not valid UTF-8 (byte 0x{data[e.start]:02x})") from None
+        raise ConfigError(
+            f"{path}:{line}:{col}: not valid UTF-8 (byte 0x{data[e.start]:02x})"
+        ) from None
     try:
         return yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
@@ -258,14 +297,17 @@ def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
     """Relative paths in the config are relative to the workflow's root (where its Snakefile
     is), never to where arenaflow is installed: the base model, and imported pools' files (kept
     as written, with `root` beside them, so rows name the file as the config does)."""
+
     def where(*keys):
         return f"{key_line(sources, keys) or config_file}: key '{'/'.join(keys)}'"
 
     base = Path(cfg["base"]["path"])
     cfg["base"]["path"] = str(base if base.is_absolute() else root / base)
     if not Path(cfg["base"]["path"]).is_dir():
-        raise ConfigError(f"{where('base', 'path')}: no model directory {cfg['base']['path']} (a relative "
-                          f"path is relative to the workflow's root, {root})")
+        raise ConfigError(
+            f"{where('base', 'path')}: no model directory {cfg['base']['path']} (a relative "
+            f"path is relative to the workflow's root, {root})"
+        )
     for pid, pool in cfg["pools"].items():
         if "file" not in pool:
             continue
@@ -273,12 +315,19 @@ def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
             pool["root"] = str(root)
         path = Path(pool.get("root", "")) / pool["file"]
         if not path.is_file():
-            raise ConfigError(f"{where('pools', pid, 'file')}: no such file {path} (a relative path is "
-                              f"relative to the workflow's root, {root})")
+            raise ConfigError(
+                f"{where('pools', pid, 'file')}: no such file {path} (a relative path is "
+                f"relative to the workflow's root, {root})"
+            )
 
 
-def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA_DIR,
-            config_file: str = "config", sources=()) -> dict:
+def resolve(
+    config: dict,
+    repo_root: Path = REPO_ROOT,
+    schema_dir: Path = SCHEMA_DIR,
+    config_file: str = "config",
+    sources=(),
+) -> dict:
     """Validate `config` and its arm files; return a resolved copy with `arms` filled in:
     {arm: {init, corpus, priority, hyper (defaults merged), file, lineage}}. `sources`: the YAML files
     merged into `config`, to name the line of a key at fault."""
@@ -292,8 +341,14 @@ def resolve(config: dict, repo_root: Path = REPO_ROOT, schema_dir: Path = SCHEMA
     raw, files = load_arms(arms_dir, arm_schema, registry)
     if not raw:
         raise ConfigError(f"arms_dir {arms_dir}: no <arm>.yaml files")
-    continual.expand(cfg, raw, files, lambda d: template_arms(continual.arm_dir(d, root), arm_schema, registry),
-                     config_file, ConfigError)
+    continual.expand(
+        cfg,
+        raw,
+        files,
+        lambda d: template_arms(continual.arm_dir(d, root), arm_schema, registry),
+        config_file,
+        ConfigError,
+    )
     continual.resolve_refs(cfg, raw, files, config_file, ConfigError)
     for key, msg in afpools.check_exclude(cfg["pools"]):
         raise ConfigError(f"{config_file}: key '{key}': {msg}")
@@ -322,9 +377,13 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
     for cid, c in cfg["corpora"].items():
         where = f"{config_file}: key 'corpora/{cid}"
         if c["pool"] not in cfg["pools"]:
-            raise ConfigError(f"{where}/pool': unknown pool {c['pool']!r}; known: {sorted(cfg['pools'])}")
+            raise ConfigError(
+                f"{where}/pool': unknown pool {c['pool']!r}; known: {sorted(cfg['pools'])}"
+            )
         if c["policy"] not in RESERVED and c["policy"] not in raw:
-            raise ConfigError(f"{where}/policy': {c['policy']!r} is not 'base', 'reference' or an arm in {arms_dir}")
+            raise ConfigError(
+                f"{where}/policy': {c['policy']!r} is not 'base', 'reference' or an arm in {arms_dir}"
+            )
         cfg["corpora"][cid] = _defaults(corpus_props, c)
 
 
@@ -347,8 +406,10 @@ def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
     for a in arms.values():
         init = arms.get(a["init"])
         if a["kind"] == TRAINED and init and init["hyper"]["method"] != a["hyper"]["method"]:
-            raise ConfigError(f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "
-                              f"{a['init']!r}, a {init['hyper']['method']} arm")
+            raise ConfigError(
+                f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "
+                f"{a['init']!r}, a {init['hyper']['method']} arm"
+            )
     return arms
 
 
@@ -357,16 +418,26 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
     if data["init"] != BASE and data["init"] not in raw:
         raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
     if data["corpus"] not in cfg["corpora"]:
-        raise ConfigError(f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}")
+        raise ConfigError(
+            f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}"
+        )
     hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
     objective = with_hyper_defaults(hyper)["objective"]
     fmt = cfg["corpora"][data["corpus"]]["format"]
     if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
-        raise ConfigError(f"{where} 'hyper/objective': {objective!r} cannot train on corpus {data['corpus']!r} "
-                          f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'")
-    return {"kind": TRAINED, "init": data["init"], "corpus": data["corpus"],
-            "description": data.get("description", ""), "priority": data["priority"], "hyper": hyper,
-            "file": str(file)}
+        raise ConfigError(
+            f"{where} 'hyper/objective': {objective!r} cannot train on corpus {data['corpus']!r} "
+            f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
+        )
+    return {
+        "kind": TRAINED,
+        "init": data["init"],
+        "corpus": data["corpus"],
+        "description": data.get("description", ""),
+        "priority": data["priority"],
+        "hyper": hyper,
+        "file": str(file),
+    }
 
 
 def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
@@ -376,7 +447,9 @@ def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
     if arm_kind(data) == DOSE:
         d, key = data["dose"], "dose"
         if d["from"] == d["to"]:
-            raise ConfigError(f"{file}: key 'dose/to': the line needs two arms; from and to are both {d['to']!r}")
+            raise ConfigError(
+                f"{file}: key 'dose/to': the line needs two arms; from and to are both {d['to']!r}"
+            )
         weights, init = {d["from"]: 1.0 - d["alpha"], d["to"]: float(d["alpha"])}, d["from"]
         spec = {"dose": {"from": d["from"], "to": d["to"], "alpha": d["alpha"]}}
         keys = {d["from"]: "dose/from", d["to"]: "dose/to"}
@@ -386,16 +459,28 @@ def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
         keys = {a: f"merge/of/{a}" for a in weights}
     for a, w in weights.items():
         if a != BASE and a not in raw:
-            raise ConfigError(f"{file}: key '{keys[a]}': {a!r} is not 'base' or an arm in {arms_dir}")
+            raise ConfigError(
+                f"{file}: key '{keys[a]}': {a!r} is not 'base' or an arm in {arms_dir}"
+            )
         if not math.isfinite(w):
             raise ConfigError(f"{file}: key '{keys[a]}': weight {w} is not a finite number")
     parents = {a: float(w) for a, w in weights.items() if a != BASE and w != 0}
     if not parents:
-        raise ConfigError(f"{file}: key '{key}': nothing to merge: every arm is 'base' or has weight 0")
-    return {"kind": arm_kind(data), "init": init, "corpus": None, "description": data.get("description", ""),
-            "priority": data["priority"],
-            "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")}, **spec,
-            "parents": list(parents), "hyper": {}, "file": str(file)}
+        raise ConfigError(
+            f"{file}: key '{key}': nothing to merge: every arm is 'base' or has weight 0"
+        )
+    return {
+        "kind": arm_kind(data),
+        "init": init,
+        "corpus": None,
+        "description": data.get("description", ""),
+        "priority": data["priority"],
+        "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")},
+        **spec,
+        "parents": list(parents),
+        "hyper": {},
+        "file": str(file),
+    }
 
 
 def _method(arm: str, arms: dict) -> str:
@@ -404,8 +489,10 @@ def _method(arm: str, arms: dict) -> str:
     if "method" not in a["hyper"]:
         methods = {p: _method(p, arms) for p in a["parents"]}
         if len(set(methods.values())) > 1:
-            raise ConfigError(f"{a['file']}: key '{a['kind']}': cannot {a['kind']} arms of different methods: "
-                              + ", ".join(f"{p} is {m}" for p, m in methods.items()))
+            raise ConfigError(
+                f"{a['file']}: key '{a['kind']}': cannot {a['kind']} arms of different methods: "
+                + ", ".join(f"{p} is {m}" for p, m in methods.items())
+            )
         a["hyper"]["method"] = next(iter(methods.values()))
     return a["hyper"]["method"]
 
@@ -417,14 +504,18 @@ def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
     eval_pools = {s["pool"] for s in cfg["evals"].values()}
     for sid, suite in cfg["evals"].items():
         if suite["pool"] not in cfg["pools"]:
-            raise ConfigError(f"{config_file}: key 'evals/{sid}/pool': unknown pool {suite['pool']!r}")
+            raise ConfigError(
+                f"{config_file}: key 'evals/{sid}/pool': unknown pool {suite['pool']!r}"
+            )
         suite = cfg["evals"][sid] = _defaults(_part(schema, "suite"), suite, schema["$defs"])
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
     for cid, c in cfg["corpora"].items():
         if c["pool"] in eval_pools:
-            raise ConfigError(f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
-                              "training on it would contaminate every readout")
+            raise ConfigError(
+                f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
+                "training on it would contaminate every readout"
+            )
 
 
 def _replicates(cfg: dict, suite: str, regime: str) -> int | None:
@@ -433,6 +524,7 @@ def _replicates(cfg: dict, suite: str, regime: str) -> int | None:
 
 def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
     """Each round reads a known suite and regime, names known arms, and passes the bar's checks."""
+
     def replicates(suite, regime):
         return _replicates(cfg, suite, regime)
 
@@ -441,14 +533,21 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
         if rnd["suite"] not in cfg["evals"]:
             raise ConfigError(f"{where}/suite': unknown suite {rnd['suite']!r}")
         if rnd["regime"] not in cfg["evals"][rnd["suite"]]["regimes"]:
-            raise ConfigError(f"{where}/regime': suite {rnd['suite']!r} has no regime {rnd['regime']!r}")
-        named = [("incumbent", rnd["incumbent"]), ("control", rnd.get("control")),
-                 *((f"candidates/{i}", a) for i, a in enumerate(rnd["candidates"]))]
+            raise ConfigError(
+                f"{where}/regime': suite {rnd['suite']!r} has no regime {rnd['regime']!r}"
+            )
+        named = [
+            ("incumbent", rnd["incumbent"]),
+            ("control", rnd.get("control")),
+            *((f"candidates/{i}", a) for i, a in enumerate(rnd["candidates"])),
+        ]
         for key, a in named:
             if a is not None and a not in known_arms:
                 raise ConfigError(f"{where}/{key}': unknown arm {a!r}")
         if rnd["incumbent"] in rnd["candidates"]:
-            raise ConfigError(f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate")
+            raise ConfigError(
+                f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate"
+            )
         for key, msg in afbar.validate(rnd, replicates, known_arms):
             raise ConfigError(f"{where}/{key}': {msg}")
 
@@ -462,16 +561,22 @@ def _resolve_judged(cfg: dict, schema: dict, known_arms: set, root: Path, config
         if j["suite"] not in cfg["evals"]:
             raise ConfigError(f"{where}/suite': unknown suite {j['suite']!r}")
         if j["regime"] not in cfg["evals"][j["suite"]]["regimes"]:
-            raise ConfigError(f"{where}/regime': suite {j['suite']!r} has no regime {j['regime']!r}")
+            raise ConfigError(
+                f"{where}/regime': suite {j['suite']!r} has no regime {j['regime']!r}"
+            )
         for key in ("a", "b"):
             if j[key] not in known_arms:
                 raise ConfigError(f"{where}/{key}': unknown arm {j[key]!r}")
         if j["a"] == j["b"]:
-            raise ConfigError(f"{where}/b': a judged read compares two arms; a and b are both {j['a']!r}")
+            raise ConfigError(
+                f"{where}/b': a judged read compares two arms; a and b are both {j['a']!r}"
+            )
         n = _replicates(cfg, j["suite"], j["regime"])
         if j["replicate"] >= n:
-            raise ConfigError(f"{where}/replicate': regime {j['regime']!r} has {n} "
-                              f"replicate(s), numbered from 0; got {j['replicate']}")
+            raise ConfigError(
+                f"{where}/replicate': regime {j['regime']!r} has {n} "
+                f"replicate(s), numbered from 0; got {j['replicate']}"
+            )
         if "scores" in j:
             j["scores"] = str(root / j["scores"])  # an absolute path stays as it is
 
@@ -509,8 +614,12 @@ def _as_served(regime: dict, cfg: dict, where: str) -> None:
     if decoding:
         raise ConfigError(f"{where}: takes its decoding from bundle {bid!r}; remove {decoding}")
     s = cfg["bundles"][bid]["serving"]
-    regime.update(temperature=s["temperature"] if s["do_sample"] else 0.0, top_p=s["top_p"],
-                  max_new_tokens=s["max_new_tokens"], repetition_penalty=s["repetition_penalty"])
+    regime.update(
+        temperature=s["temperature"] if s["do_sample"] else 0.0,
+        top_p=s["top_p"],
+        max_new_tokens=s["max_new_tokens"],
+        repetition_penalty=s["repetition_penalty"],
+    )
 
 
 def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
@@ -525,9 +634,11 @@ def _lineage(arm: str, arms: dict, corpora: dict) -> list[str]:
                 continue
             if dep in path:
                 # name the arm whose key closes the cycle, not the arm the walk started from
-                cycle = " -> ".join((*path[path.index(dep):], dep))
-                raise ConfigError(f"{arms[cur]['file']}: key '{key}': lineage cycle {cycle} "
-                                  f"(the last step is through {via})")
+                cycle = " -> ".join((*path[path.index(dep) :], dep))
+                raise ConfigError(
+                    f"{arms[cur]['file']}: key '{key}': lineage cycle {cycle} "
+                    f"(the last step is through {via})"
+                )
             if dep not in seen:
                 seen.add(dep)
                 order.append(dep)
@@ -542,10 +653,14 @@ def _deps(a: dict, corpora: dict) -> list[tuple[str, str, str]]:
     if a["kind"] == NOMINEE:
         return [(NOMINEE, p, f"round {a['round']}'s nominee") for p in a["parents"]]
     if a["kind"] != TRAINED:
-        return [(a["kind"], p, f"{a['kind']} weight {w:g}") for p, w in a["merge"]["weights"].items()]
+        return [
+            (a["kind"], p, f"{a['kind']} weight {w:g}") for p, w in a["merge"]["weights"].items()
+        ]
     corpus = a["corpus"]
-    return [("init", a["init"], "init"),
-            ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}")]
+    return [
+        ("init", a["init"], "init"),
+        ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}"),
+    ]
 
 
 def stage_json(section: dict) -> str:
@@ -565,13 +680,25 @@ DECODING_KEYS = ("temperature", "top_p", "max_new_tokens", "repetition_penalty")
 def decoding_of(regime: dict, schema_dir: Path = SCHEMA_DIR) -> dict:
     """What a regime decodes with: each decoding key as the regime sets it, else the schema's
     default (resolution does not fill them: see DECODING_KEYS)."""
-    return {**schema_defaults("regime", schema_dir), **{k: regime[k] for k in DECODING_KEYS if k in regime}}
+    return {
+        **schema_defaults("regime", schema_dir),
+        **{k: regime[k] for k in DECODING_KEYS if k in regime},
+    }
 
 
 # The corpus keys that decide the samples; the rest (select, coverage, min_chars, format,
 # decontaminate) only decide which samples a corpus keeps, and must not resample on the GPU.
-SAMPLING_KEYS = ("pool", "policy", "k", "temperature", "top_p", "max_new_tokens", "seed",
-                 "batch_size", "engine")
+SAMPLING_KEYS = (
+    "pool",
+    "policy",
+    "k",
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "batch_size",
+    "engine",
+)
 
 
 def result_hyper(hyper: dict) -> str:
@@ -593,9 +720,14 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         raise SystemExit(f"arenaflow config error: {e}") from None
     for arm, a in cfg["arms"].items():
-        made = (f"init={a['init']} corpus={a['corpus']}" if a["kind"] == TRAINED else
-                f"nominee of round {a['round']}: one of {', '.join(a['parents'])}" if a["kind"] == NOMINEE else
-                f"{a['kind']} " + " + ".join(f"{w:g} x {p}" for p, w in a["merge"]["weights"].items()))
+        made = (
+            f"init={a['init']} corpus={a['corpus']}"
+            if a["kind"] == TRAINED
+            else f"nominee of round {a['round']}: one of {', '.join(a['parents'])}"
+            if a["kind"] == NOMINEE
+            else f"{a['kind']} "
+            + " + ".join(f"{w:g} x {p}" for p, w in a["merge"]["weights"].items())
+        )
         print(f"{arm}: {made} lineage={' <- '.join([arm, *a['lineage']])}")
 
 

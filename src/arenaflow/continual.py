@@ -62,21 +62,35 @@ def expand(cfg: dict, raw: dict, files: dict, template_arms, config_file: str, e
     for i, rnd in enumerate(round_ids(t["after"], t["rounds"], where, error), start=1):
         _taken(cfg, raw, rnd, where, error)
         pool, corpus = f"{rnd}-pool", f"{rnd}-corpus"
-        cfg["pools"][pool] = {**copy.deepcopy(t["pool"]), "seed": t["pool"].get("seed", 0) + i,
-                              "exclude": [*earlier]}
+        cfg["pools"][pool] = {
+            **copy.deepcopy(t["pool"]),
+            "seed": t["pool"].get("seed", 0) + i,
+            "exclude": [*earlier],
+        }
         earlier.append(pool)
-        cfg["corpora"][corpus] = {**copy.deepcopy(t["corpus"]), "pool": pool, "policy": {NOMINEE: prev}}
+        cfg["corpora"][corpus] = {
+            **copy.deepcopy(t["corpus"]),
+            "pool": pool,
+            "policy": {NOMINEE: prev},
+        }
         arms = []
         for stem, (data, path) in grid.items():
             arm = f"{rnd}-{stem}"
             raw[arm] = {**copy.deepcopy(data), "init": {NOMINEE: prev}, "corpus": corpus}
             files[arm] = path
             arms.append(arm)
-        control = {"control": after["control"]} if "control" in after else {}  # the same bar: same arms
-        cfg["rounds"][rnd] = {"suite": t.get("suite", after["suite"]), "regime": t.get("regime", after["regime"]),
-                              "incumbent": {NOMINEE: prev}, "candidates": arms, **control,
-                              "bar": copy.deepcopy(t.get("bar", after["bar"])),
-                              "description": f"continual round {i} of {t['rounds']} after {t['after']}"}
+        control = (
+            {"control": after["control"]} if "control" in after else {}
+        )  # the same bar: same arms
+        cfg["rounds"][rnd] = {
+            "suite": t.get("suite", after["suite"]),
+            "regime": t.get("regime", after["regime"]),
+            "incumbent": {NOMINEE: prev},
+            "candidates": arms,
+            **control,
+            "bar": copy.deepcopy(t.get("bar", after["bar"])),
+            "description": f"continual round {i} of {t['rounds']} after {t['after']}",
+        }
         prev = rnd
 
 
@@ -85,21 +99,32 @@ def _eval_pools(cfg: dict) -> set:
 
 
 def _taken(cfg: dict, raw: dict, rnd: str, where: str, error) -> None:
-    clash = [f"{k} {i!r}" for k, ids in (("round", cfg["rounds"]), ("pool", cfg["pools"]),
-                                         ("corpus", cfg["corpora"]), ("arm", raw))
-             for i in ids if i == rnd or i.startswith(f"{rnd}-")]
+    clash = [
+        f"{k} {i!r}"
+        for k, ids in (
+            ("round", cfg["rounds"]),
+            ("pool", cfg["pools"]),
+            ("corpus", cfg["corpora"]),
+            ("arm", raw),
+        )
+        for i in ids
+        if i == rnd or i.startswith(f"{rnd}-")
+    ]
     if clash:
         raise error(f"{where}': round {rnd} would redefine {', '.join(clash)}")
 
 
 def resolve_refs(cfg: dict, raw: dict, files: dict, config_file: str, error) -> None:
     """Replace every {nominee: round} by the alias arm's id and add the alias arms to raw."""
+
     def ref(value, where: str):
         if not isinstance(value, dict):
             return value
         rnd = value[NOMINEE]
         if rnd not in cfg["rounds"]:
-            raise error(f"{where}: unknown round {rnd!r} in {{nominee: {rnd}}}; known: {sorted(cfg['rounds'])}")
+            raise error(
+                f"{where}: unknown round {rnd!r} in {{nominee: {rnd}}}; known: {sorted(cfg['rounds'])}"
+            )
         alias = nominee_id(rnd)
         if alias in raw and NOMINEE not in raw[alias]:
             raise error(f"{files[alias]}: arm id {alias!r} is taken by round {rnd}'s nominee")
@@ -119,22 +144,34 @@ def nominee_arm(data: dict, cfg: dict, raw: dict, config_file, error) -> dict:
     """The resolved alias arm: its parents are every arm its round may promote."""
     rid = data[NOMINEE]
     r = cfg["rounds"][rid]
-    for key, a in [("incumbent", r["incumbent"]), *((f"candidates/{i}", c) for i, c in enumerate(r["candidates"]))]:
+    for key, a in [
+        ("incumbent", r["incumbent"]),
+        *((f"candidates/{i}", c) for i, c in enumerate(r["candidates"])),
+    ]:
         if a != "base" and a not in raw:
             raise error(f"{config_file}: key 'rounds/{rid}/{key}': unknown arm {a!r}")
-    return {"kind": NOMINEE, "round": data[NOMINEE], "init": r["incumbent"], "corpus": None,
-            "parents": [a for a in [r["incumbent"], *r["candidates"]] if a != "base"],
-            "description": f"the arm round {data[NOMINEE]} promotes (its incumbent if none clears)",
-            "hyper": {}, "priority": 1, "file": str(config_file)}
+    return {
+        "kind": NOMINEE,
+        "round": data[NOMINEE],
+        "init": r["incumbent"],
+        "corpus": None,
+        "parents": [a for a in [r["incumbent"], *r["candidates"]] if a != "base"],
+        "description": f"the arm round {data[NOMINEE]} promotes (its incumbent if none clears)",
+        "hyper": {},
+        "priority": 1,
+        "file": str(config_file),
+    }
 
 
-def stop_reason(rounds: list[str], index: int, kept: list[bool], stop: dict, over_budget) -> str | None:
+def stop_reason(
+    rounds: list[str], index: int, kept: list[bool], stop: dict, over_budget
+) -> str | None:
     """Why the template's round `rounds[index]` does not run, or None. `kept`: for each earlier
     template round, whether it kept its incumbent; `over_budget(rnd)`: a message when the round's
     pending GPU-minutes exceed what is left, else None."""
     m = stop.get("after_kept_rounds")
     if m and len(kept) >= m and all(kept[-m:]):
-        return f"stopped: {m} round(s) in a row kept their incumbent ({', '.join(rounds[index - m:index])})"
+        return f"stopped: {m} round(s) in a row kept their incumbent ({', '.join(rounds[index - m : index])})"
     return over_budget(rounds[index])
 
 
@@ -165,16 +202,27 @@ def write_nominee(rnd: str, nomination: str, runs: Path, out: Path) -> dict:
     nom = nominate.load_sealed(nomination, root=".")
     promoted = nom["promoted"]
     if promoted == "base":
-        raise SystemExit(f"round {rnd} kept 'base', which has no weights for a nominee reference to use")
+        raise SystemExit(
+            f"round {rnd} kept 'base', which has no weights for a nominee reference to use"
+        )
     src = runs / promoted / "final"
     record = manifest.require(src, f"round {rnd}'s nominee")
     real = io.read_json(src / ALIAS)["arm"] if (src / ALIAS).exists() else promoted
     with io.atomic_dir(out) as tmp:
         for f in bundles.weight_files(src):
             _link_or_copy(src / f, tmp / f)
-        io.write_json(tmp / ALIAS, {"round": rnd, "promoted": promoted, "arm": real, "kept": promoted == nom["incumbent"],
-                                    "nomination_digest": nom["digest"], "source": str(src),
-                                    "source_manifest_digest": record["digest"]})
+        io.write_json(
+            tmp / ALIAS,
+            {
+                "round": rnd,
+                "promoted": promoted,
+                "arm": real,
+                "kept": promoted == nom["incumbent"],
+                "nomination_digest": nom["digest"],
+                "source": str(src),
+                "source_manifest_digest": record["digest"],
+            },
+        )
         manifest.write(tmp, extra={"kind": NOMINEE, "round": rnd, "arm": real})
     return {"round": rnd, "promoted": promoted, "arm": real}
 
@@ -195,17 +243,31 @@ def trajectory(nominations: list[dict]) -> list[dict]:
     rows = []
     for nom in nominations:
         cands = nom["candidates"]
-        best = next((c for c in cands if c["arm"] == nom["promoted"]), None) or \
-            max(cands, key=lambda c: c["delta"])
-        rows.append({"round": nom["round"], "incumbent": nom["incumbent"], "promoted": nom["promoted"],
-                     "kept": nom["promoted"] == nom["incumbent"], "arm": best["arm"],
-                     "incumbent_accuracy": best["ref_accuracy"], "accuracy": best["accuracy"],
-                     "delta": best["delta"], "wins": best["wins"], "losses": best["losses"],
-                     "p_value": best["p_value"], "digest": nom["digest"]})
+        best = next((c for c in cands if c["arm"] == nom["promoted"]), None) or max(
+            cands, key=lambda c: c["delta"]
+        )
+        rows.append(
+            {
+                "round": nom["round"],
+                "incumbent": nom["incumbent"],
+                "promoted": nom["promoted"],
+                "kept": nom["promoted"] == nom["incumbent"],
+                "arm": best["arm"],
+                "incumbent_accuracy": best["ref_accuracy"],
+                "accuracy": best["accuracy"],
+                "delta": best["delta"],
+                "wins": best["wins"],
+                "losses": best["losses"],
+                "p_value": best["p_value"],
+                "digest": nom["digest"],
+            }
+        )
     return rows
 
 
-def status(rounds: list[str], target: str, nominations: list[dict], stop: dict, budget_note: str | None) -> dict:
+def status(
+    rounds: list[str], target: str, nominations: list[dict], stop: dict, budget_note: str | None
+) -> dict:
     """rounds/{target}.json: the rounds that ran, and why the rest did not."""
     ran = [n["round"] for n in nominations]
     reason = None
@@ -213,7 +275,12 @@ def status(rounds: list[str], target: str, nominations: list[dict], stop: dict, 
         kept = [n["promoted"] == n["incumbent"] for n in nominations]
         i = rounds.index(ran[-1]) + 1 if ran else 0
         reason = stop_reason(rounds, i, kept, stop, lambda r: budget_note) or budget_note
-    return {"target": target, "rounds": ran, "stopped": reason, "trajectory": trajectory(nominations)}
+    return {
+        "target": target,
+        "rounds": ran,
+        "stopped": reason,
+        "trajectory": trajectory(nominations),
+    }
 
 
 def plot(path: Path, st: dict) -> None:
@@ -226,12 +293,30 @@ def plot(path: Path, st: dict) -> None:
     plt = roundreport._plt()
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 4))
     xs = range(len(rows))
-    ax.plot(xs, [r["incumbent_accuracy"] for r in rows], "s--", color=roundreport.GREY, label="incumbent")
-    ax.plot(xs, [r["accuracy"] for r in rows], "o-", color=roundreport.BLUE, label="promoted (or best candidate)")
+    ax.plot(
+        xs,
+        [r["incumbent_accuracy"] for r in rows],
+        "s--",
+        color=roundreport.GREY,
+        label="incumbent",
+    )
+    ax.plot(
+        xs,
+        [r["accuracy"] for r in rows],
+        "o-",
+        color=roundreport.BLUE,
+        label="promoted (or best candidate)",
+    )
     for x, r in zip(xs, rows):
-        ax.annotate(f"{r['arm']}{' (kept inc.)' if r['kept'] else ''}\nW/L {r['wins']}/{r['losses']}, "
-                    f"p={r['p_value']:.2g}", (x, r["accuracy"]), textcoords="offset points", xytext=(0, 8),
-                    ha="center", fontsize=7)
+        ax.annotate(
+            f"{r['arm']}{' (kept inc.)' if r['kept'] else ''}\nW/L {r['wins']}/{r['losses']}, "
+            f"p={r['p_value']:.2g}",
+            (x, r["accuracy"]),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=7,
+        )
     ax.set_xticks(list(xs), [r["round"] for r in rows])
     ax.set_ylabel("accuracy (%)")
     ax.set_title("continual rounds" + (f" ({st['stopped']})" if st["stopped"] else ""), fontsize=9)
@@ -265,8 +350,13 @@ def main(argv: list[str] | None = None) -> None:
         got = write_nominee(args.round, args.nomination, Path(args.runs), Path(args.out))
         print(f"round {got['round']}: nominee {got['promoted']} (arm {got['arm']}) -> {args.out}")
         return
-    st = status(json.loads(args.rounds_json), args.round, [io.read_json(p) for p in args.nominations],
-                json.loads(args.stop_json), args.budget_note or None)
+    st = status(
+        json.loads(args.rounds_json),
+        args.round,
+        [io.read_json(p) for p in args.nominations],
+        json.loads(args.stop_json),
+        args.budget_note or None,
+    )
     io.write_json(args.out, st)
     plot(Path(args.plot), st)
     print(f"{args.round}: rounds run {st['rounds']}; {st['stopped'] or 'every round ran'}")

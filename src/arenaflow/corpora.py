@@ -50,7 +50,9 @@ def pick(correct: list[dict], how: str, rng: random.Random) -> dict:
     return rng.choice(ranked)
 
 
-def select(pool: list[dict], samples: list[dict], verdicts: list[dict], params: dict) -> tuple[list[dict], dict]:
+def select(
+    pool: list[dict], samples: list[dict], verdicts: list[dict], params: dict
+) -> tuple[list[dict], dict]:
     """Rejection sampling: (rows, stats) with at most one kept sample per prompt."""
     texts = {s["id"]: s["text"] for s in samples}
     by_prompt = collections.defaultdict(list)
@@ -72,8 +74,14 @@ def select(pool: list[dict], samples: list[dict], verdicts: list[dict], params: 
             bad = [v for v in vs if not v["correct"]]
             if ok and bad:
                 v, w = pick(ok, params["select"], rng), pick(bad, params["select"], rng)
-                rows.append({**_row(r, texts[v["id"]], source=v["id"]), "rejected": texts[w["id"]],
-                             "rejected_source": w["id"], "rejected_sha256": manifest.sha256_text(texts[w["id"]])})
+                rows.append(
+                    {
+                        **_row(r, texts[v["id"]], source=v["id"]),
+                        "rejected": texts[w["id"]],
+                        "rejected_source": w["id"],
+                        "rejected_sha256": manifest.sha256_text(texts[w["id"]]),
+                    }
+                )
         elif ok:
             v = pick(ok, params["select"], rng)
             rows.append(_row(r, texts[v["id"]], source=v["id"]))
@@ -92,8 +100,10 @@ def select(pool: list[dict], samples: list[dict], verdicts: list[dict], params: 
 def reference(pool: list[dict]) -> tuple[list[dict], dict]:
     missing = next((r["id"] for r in pool if not r.get("reference")), None)
     if missing is not None:
-        raise ValueError(f"pool row {missing!r} has no 'reference' answer: policy 'reference' "
-                         "needs one on every row (use policy 'base' or an arm to sample instead)")
+        raise ValueError(
+            f"pool row {missing!r} has no 'reference' answer: policy 'reference' "
+            "needs one on every row (use policy 'base' or an arm to sample instead)"
+        )
     return [_row(r, r["reference"], source="reference") for r in pool], {"prompts": len(pool)}
 
 
@@ -104,20 +114,35 @@ def cover(rows: list[dict], tokenizer, system_prompt: str, spec: dict) -> tuple[
     from arenaflow import coverage
 
     _, lengths = tokenize(rows, tokenizer, system_prompt)
-    cands = [{"id": r["id"], "prompt_id": r["id"], "group": r["category"], "tokens": n}
-             for r, n in zip(rows, lengths["row_tokens"])]
+    cands = [
+        {"id": r["id"], "prompt_id": r["id"], "group": r["category"], "tokens": n}
+        for r, n in zip(rows, lengths["row_tokens"])
+    ]
     # A group that solved fewer rows than its minimum keeps all it has (recorded as a shortfall)
     # rather than failing the round: on-policy sampling decides how many rows exist.
     have = collections.Counter(c["group"] for c in cands)
     minimum = {g: min(m, have[g]) for g, m in (spec.get("min_per_group") or {}).items()}
-    shortfall = {g: m - minimum[g] for g, m in (spec.get("min_per_group") or {}).items() if m > minimum[g]}
-    sel = coverage.select(cands, row_budget=spec.get("row_budget"), token_budget=spec.get("token_budget"),
-                          min_per_group=minimum, max_per_group=spec.get("max_per_group"),
-                          weights=None if spec.get("weights", "uniform") == "uniform" else spec["weights"])
+    shortfall = {
+        g: m - minimum[g] for g, m in (spec.get("min_per_group") or {}).items() if m > minimum[g]
+    }
+    sel = coverage.select(
+        cands,
+        row_budget=spec.get("row_budget"),
+        token_budget=spec.get("token_budget"),
+        min_per_group=minimum,
+        max_per_group=spec.get("max_per_group"),
+        weights=None if spec.get("weights", "uniform") == "uniform" else spec["weights"],
+    )
     chosen = set(sel.ids)
     return [r for r in rows if r["id"] in chosen], {
-        "objective": sel.objective, "per_group": sel.per_group, "tokens": sel.tokens, "status": sel.status,
-        "candidates": len(rows), "min_shortfall": shortfall, **spec}
+        "objective": sel.objective,
+        "per_group": sel.per_group,
+        "tokens": sel.tokens,
+        "status": sel.status,
+        "candidates": len(rows),
+        "min_shortfall": shortfall,
+        **spec,
+    }
 
 
 def _row(pool_row: dict, completion: str, source: str) -> dict:
@@ -132,12 +157,16 @@ def _row(pool_row: dict, completion: str, source: str) -> dict:
     }
 
 
-def tokenize(rows: list[dict], tokenizer, system_prompt: str, field: str = "completion",
-             prefix: str = "") -> tuple[dict, dict]:
+def tokenize(
+    rows: list[dict], tokenizer, system_prompt: str, field: str = "completion", prefix: str = ""
+) -> tuple[dict, dict]:
     """npz arrays (ids, assistant-only loss mask, row offsets) of each row's prompt + `field`,
     and token statistics."""
-    convs = [chat.prompt_messages(system_prompt, r["prompt"]) + [{"role": "assistant", "content": r[field]}]
-             for r in rows]
+    convs = [
+        chat.prompt_messages(system_prompt, r["prompt"])
+        + [{"role": "assistant", "content": r[field]}]
+        for r in rows
+    ]
     ids, mask = [], []
     for i, m in chat.encode_many_with_mask(tokenizer, convs):
         ids.append(i)
@@ -158,9 +187,16 @@ def tokenize(rows: list[dict], tokenizer, system_prompt: str, field: str = "comp
     }
 
 
-def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: dict,
-          samples: list[dict] | None = None, verdicts: list[dict] | None = None,
-          eval_items: list[dict] | None = None) -> dict:
+def build(
+    out: Path,
+    pool: list[dict],
+    tokenizer,
+    system_prompt: str,
+    params: dict,
+    samples: list[dict] | None = None,
+    verdicts: list[dict] | None = None,
+    eval_items: list[dict] | None = None,
+) -> dict:
     """Select, decontaminate against `eval_items`, optionally coverage-select, tokenise and
     write the corpus atomically; return its stats (with the manifest digest)."""
     from arenaflow import decontam
@@ -183,8 +219,11 @@ def build(out: Path, pool: list[dict], tokenizer, system_prompt: str, params: di
         arrays.update(rejected)
         tok_stats["rejected_tokens"] = rej_stats["tokens"]
     tok_stats.pop("row_tokens")
-    stats.update(tok_stats, rows=len(rows),
-                 rows_by_category=dict(sorted(collections.Counter(r["category"] for r in rows).items())))
+    stats.update(
+        tok_stats,
+        rows=len(rows),
+        rows_by_category=dict(sorted(collections.Counter(r["category"] for r in rows).items())),
+    )
     with io.atomic_dir(out) as tmp:
         io.write_jsonl(tmp / "rows.jsonl", rows)
         np.savez(tmp / ("pairs.npz" if pairs else "sft.npz"), **arrays)
@@ -202,8 +241,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--verdicts", help="candidates/{corpus}/verdicts.jsonl (omit for 'reference')")
     ap.add_argument("--tokenizer", required=True, help="tokenizer directory (the base model's)")
     ap.add_argument("--system-prompt", default="", help="system turn of every training row")
-    ap.add_argument("--eval-pools", nargs="*", default=None,
-                    help="evaluation pools to decontaminate against (30-token shingles)")
+    ap.add_argument(
+        "--eval-pools",
+        nargs="*",
+        default=None,
+        help="evaluation pools to decontaminate against (30-token shingles)",
+    )
     ap.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
     ap.add_argument("--out", required=True, help="corpora/{corpus}")
     args = ap.parse_args(argv)
@@ -217,7 +260,9 @@ def main(argv: list[str] | None = None) -> None:
         json.loads(args.params_json),
         io.read_jsonl(args.samples) if args.samples else None,
         io.read_jsonl(args.verdicts) if args.verdicts else None,
-        [row for p in args.eval_pools for row in io.read_jsonl(p)] if args.eval_pools is not None else None,
+        [row for p in args.eval_pools for row in io.read_jsonl(p)]
+        if args.eval_pools is not None
+        else None,
     )
     print(f"corpus {args.corpus}: {json.dumps(stats, sort_keys=True)}")
 

@@ -38,17 +38,25 @@ class CoverageError(ValueError):
 
 @dataclass
 class Selection:
-    ids: list[str]               # chosen row ids, in input order
-    objective: float             # the optimal objective value
-    per_group: dict[str, int]    # chosen rows per group (every group, zeros included)
-    tokens: int                  # tokens of the chosen rows
-    status: str                  # CBC's status ("Optimal")
+    ids: list[str]  # chosen row ids, in input order
+    objective: float  # the optimal objective value
+    per_group: dict[str, int]  # chosen rows per group (every group, zeros included)
+    tokens: int  # tokens of the chosen rows
+    status: str  # CBC's status ("Optimal")
 
 
-def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int | None = None,
-           min_per_group: dict[str, int] | None = None, max_per_group: dict[str, int] | None = None,
-           weights: dict[str, float] | str | None = None, group_field: str = "group",
-           token_field: str = "tokens", prompt_field: str = "prompt_id") -> Selection:
+def select(
+    rows: list[dict],
+    *,
+    row_budget: int | None = None,
+    token_budget: int | None = None,
+    min_per_group: dict[str, int] | None = None,
+    max_per_group: dict[str, int] | None = None,
+    weights: dict[str, float] | str | None = None,
+    group_field: str = "group",
+    token_field: str = "tokens",
+    prompt_field: str = "prompt_id",
+) -> Selection:
     """Choose the rows that maximise group-weighted coverage; see the module docstring.
     A row without `prompt_field` is its own prompt."""
     if row_budget is None and token_budget is None:
@@ -82,15 +90,21 @@ def select(rows: list[dict], *, row_budget: int | None = None, token_budget: int
     if status != "Optimal":
         raise CoverageError(
             f"CBC status {status}: no subset keeps at most one row per prompt and meets the minimums "
-            f"{mins} and maxima {maxs} within row_budget={row_budget}, token_budget={token_budget}")
+            f"{mins} and maxima {maxs} within row_budget={row_budget}, token_budget={token_budget}"
+        )
     chosen = [i for i, xi in enumerate(x) if xi.value() is not None and xi.value() > 0.5]
-    return Selection(ids=[ids[i] for i in chosen], objective=float(pulp.value(prob.objective) or 0.0),
-                     per_group=_per_group(groups, chosen), tokens=sum(tokens[i] for i in chosen),
-                     status=status)
+    return Selection(
+        ids=[ids[i] for i in chosen],
+        objective=float(pulp.value(prob.objective) or 0.0),
+        per_group=_per_group(groups, chosen),
+        tokens=sum(tokens[i] for i in chosen),
+        status=status,
+    )
 
 
-def _columns(rows: list[dict], group_field: str, prompt_field: str,
-             token_field: str) -> tuple[list[str], list[str], list[str], list[int]]:
+def _columns(
+    rows: list[dict], group_field: str, prompt_field: str, token_field: str
+) -> tuple[list[str], list[str], list[str], list[int]]:
     """Each row's id, group, prompt and token count, in row order; no rows, or an id on two
     rows, raises CoverageError."""
     if not rows:
@@ -99,8 +113,12 @@ def _columns(rows: list[dict], group_field: str, prompt_field: str,
     dup = [i for i, c in collections.Counter(ids).items() if c > 1]
     if dup:
         raise CoverageError(f"duplicate row ids: {sorted(dup)[:5]}")
-    return (ids, [str(r[group_field]) for r in rows],
-            [str(r.get(prompt_field, r["id"])) for r in rows], [int(r[token_field]) for r in rows])
+    return (
+        ids,
+        [str(r[group_field]) for r in rows],
+        [str(r.get(prompt_field, r["id"])) for r in rows],
+        [int(r[token_field]) for r in rows],
+    )
 
 
 def _by(keys: list[str], x: list) -> dict[str, list]:
@@ -170,21 +188,27 @@ def _precheck(groups, prompts, tokens, row_budget, token_budget, mins, maxs) -> 
         if not isinstance(m, int) or m < 0:
             raise CoverageError(f"min_per_group[{g!r}] must be a non-negative integer, got {m!r}")
         if m > len(prompts_in.get(g, ())):
-            raise CoverageError(f"group {g!r} needs at least {m} rows but only "
-                                f"{len(prompts_in.get(g, ()))} prompts have a candidate in it")
+            raise CoverageError(
+                f"group {g!r} needs at least {m} rows but only "
+                f"{len(prompts_in.get(g, ()))} prompts have a candidate in it"
+            )
         if g in maxs and maxs[g] < m:
             raise CoverageError(f"group {g!r}: minimum {m} exceeds maximum {maxs[g]}")
     total_min = sum(mins.values())
     if row_budget is not None and total_min > row_budget:
-        raise CoverageError(f"per-group minimums sum to {total_min} rows, over the row budget {row_budget}")
+        raise CoverageError(
+            f"per-group minimums sum to {total_min} rows, over the row budget {row_budget}"
+        )
     if token_budget is not None:
         # a lower bound on the tokens the minimums need: each group's m cheapest rows
         need = 0
         for g, m in mins.items():
             need += sum(sorted(t for gg, t in zip(groups, tokens) if gg == g)[:m])
         if need > token_budget:
-            raise CoverageError(f"per-group minimums need at least {need} tokens, over the "
-                                f"token budget {token_budget}")
+            raise CoverageError(
+                f"per-group minimums need at least {need} tokens, over the "
+                f"token budget {token_budget}"
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,12 +227,21 @@ def main(argv: list[str] | None = None) -> None:
     weights = args.weights
     if weights is not None and weights != "inverse":
         weights = json.loads(weights)
-    sel = select(io.read_jsonl(args.rows), row_budget=args.row_budget, token_budget=args.token_budget,
-                 min_per_group=json.loads(args.min_per_group), max_per_group=json.loads(args.max_per_group),
-                 weights=weights, group_field=args.group_field, token_field=args.token_field,
-                 prompt_field=args.prompt_field)
+    sel = select(
+        io.read_jsonl(args.rows),
+        row_budget=args.row_budget,
+        token_budget=args.token_budget,
+        min_per_group=json.loads(args.min_per_group),
+        max_per_group=json.loads(args.max_per_group),
+        weights=weights,
+        group_field=args.group_field,
+        token_field=args.token_field,
+        prompt_field=args.prompt_field,
+    )
     io.write_json(args.out, asdict(sel))
-    print(f"{len(sel.ids)} rows, objective {sel.objective:g}, per group {sel.per_group} -> {args.out}")
+    print(
+        f"{len(sel.ids)} rows, objective {sel.objective:g}, per group {sel.per_group} -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     query [B, H, 1, D]; key/value: the whole static cache [B, H_kv, L, D]; the bool mask
     [B, 1, 1, S] marks the rows each sequence may see. The prompt pass goes to SDPA."""
     if query.shape[2] > 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     batch, heads, _, dim = query.shape
     kv_heads, seen = key.shape[1], attention_mask.shape[-1]
     # [B, H_kv, group, D] x [B, H_kv, D, S]: the query heads sharing a KV head read it together
@@ -76,13 +77,17 @@ def _cache_keyword(model) -> str:
 KEEP_DECODERS = 4  # per model: each holds a KV cache for its batch
 
 
-def decoder_for(model, batch: int, prompt_len: int, new_tokens: int, decoding, stops: list[int], pad: int):
+def decoder_for(
+    model, batch: int, prompt_len: int, new_tokens: int, decoding, stops: list[int], pad: int
+):
     """A StaticDecoder for this shape and decoding, reused across calls (its graphs are
     captured once); the least recently used beyond KEEP_DECODERS is dropped."""
     # kept on the model, so that they (and their KV caches) go when it goes
     kept = model.__dict__.setdefault("_arenaflow_decoders", {})
     key = (batch, prompt_len, new_tokens, decoding, tuple(stops), pad)
-    decoder = kept.pop(key, None) or StaticDecoder(model, batch, prompt_len, new_tokens, decoding, stops, pad)
+    decoder = kept.pop(key, None) or StaticDecoder(
+        model, batch, prompt_len, new_tokens, decoding, stops, pad
+    )
     kept[key] = decoder
     while len(kept) > KEEP_DECODERS:
         kept.pop(next(iter(kept)))
@@ -106,29 +111,45 @@ class StaticDecoder:
     `decoding` is an arenaflow.sampling.Decoding; `stops` the stop token ids; `pad` fills
     positions after a row stopped."""
 
-    def __init__(self, model, batch: int, prompt_len: int, new_tokens: int, decoding, stops: list[int], pad: int,
-                 graphs: bool | None = None):
+    def __init__(
+        self,
+        model,
+        batch: int,
+        prompt_len: int,
+        new_tokens: int,
+        decoding,
+        stops: list[int],
+        pad: int,
+        graphs: bool | None = None,
+    ):
         self.model, self.decoding, self.pad = model, decoding, pad
         self.cache_keyword = _cache_keyword(model)
         self.batch, self.prompt_len, self.new_tokens = batch, prompt_len, new_tokens
         self.length = prompt_len + new_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=self.length)
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
-            raise ValueError(f"{type(model).__name__}: the static decode loop supports full attention "
-                             "layers only; set `engine: hf` for sliding-window models")
+            raise ValueError(
+                f"{type(model).__name__}: the static decode loop supports full attention "
+                "layers only; set `engine: hf` for sliding-window models"
+            )
         dev = model.device
         new = dict(device=dev)
         self.token = torch.zeros(batch, 1, dtype=torch.long, **new)  # the token fed next
         self.position = torch.zeros(batch, 1, dtype=torch.long, **new)  # its rotary position
         self.cursor = torch.zeros((), dtype=torch.long, **new)  # its cache row
-        self.visible = torch.ones(batch, self.length, dtype=torch.bool, **new)  # False on left padding
+        self.visible = torch.ones(
+            batch, self.length, dtype=torch.bool, **new
+        )  # False on left padding
         self.rows = torch.arange(self.length, **new)
         self.finished = torch.zeros(batch, dtype=torch.bool, **new)
         self.out = torch.full((batch, new_tokens), pad, dtype=torch.long, **new)
         self.written = torch.zeros(1, dtype=torch.long, **new)  # next column of `out`
         self.stops = torch.tensor(stops, dtype=torch.long, **new)
-        self.seen = (torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, **new)
-                     if decoding.repetition_penalty != 1.0 else None)
+        self.seen = (
+            torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, **new)
+            if decoding.repetition_penalty != 1.0
+            else None
+        )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.last_decode = {"steps": 0, "seconds": 0.0}  # the decode steps of the last run, timed
         if dev.type == "cuda" and fused_kernels_on():
@@ -165,9 +186,17 @@ class StaticDecoder:
 
     def _step(self, seen: int) -> None:
         """Feeds `token` at cache row `cursor`, attending over the first `seen` rows."""
-        mask = (self.visible[:, :seen] & (self.rows[:seen] <= self.cursor)).view(self.batch, 1, 1, seen)
-        logits = self.model(input_ids=self.token, position_ids=self.position, attention_mask=mask,
-                            use_cache=True, logits_to_keep=1, **{self.cache_keyword: self.cache}).logits
+        mask = (self.visible[:, :seen] & (self.rows[:seen] <= self.cursor)).view(
+            self.batch, 1, 1, seen
+        )
+        logits = self.model(
+            input_ids=self.token,
+            position_ids=self.position,
+            attention_mask=mask,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_keyword: self.cache},
+        ).logits
         self._choose(logits[:, -1].float())
         self.position += 1
         self.cursor += 1
@@ -175,8 +204,10 @@ class StaticDecoder:
     def _set_cache_rows(self, rows: int) -> None:
         for layer in self.cache.layers:
             if not hasattr(layer, "cumulative_length"):
-                raise RuntimeError(f"transformers' {type(layer).__name__} has no cumulative_length: "
-                                   "the static decode loop needs transformers >= 5.17")
+                raise RuntimeError(
+                    f"transformers' {type(layer).__name__} has no cumulative_length: "
+                    "the static decode loop needs transformers >= 5.17"
+                )
             layer.cumulative_length.fill_(rows)
 
     def _capture(self) -> None:
@@ -210,8 +241,10 @@ class StaticDecoder:
         """New token ids per row (pad after a row's stop token), for left-padded prompts of
         exactly (batch, prompt_len)."""
         if tuple(input_ids.shape) != (self.batch, self.prompt_len):
-            raise ValueError(f"prompts of shape {tuple(input_ids.shape)}; this decoder was built for "
-                             f"({self.batch}, {self.prompt_len})")
+            raise ValueError(
+                f"prompts of shape {tuple(input_ids.shape)}; this decoder was built for "
+                f"({self.batch}, {self.prompt_len})"
+            )
         with _decode_attention(self.model):
             if self.pool is not None and not self.graphs:
                 self._capture()
@@ -226,7 +259,10 @@ class StaticDecoder:
                 if (i + 1) % SYNC_EVERY == 0 and bool(self.finished.all()):
                     break
         out = self.out[:, : int(self.written)].tolist()
-        self.last_decode = {"steps": int(self.written) - written, "seconds": time.perf_counter() - t0}
+        self.last_decode = {
+            "steps": int(self.written) - written,
+            "seconds": time.perf_counter() - t0,
+        }
         return out
 
     def _prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
@@ -236,15 +272,27 @@ class StaticDecoder:
         self.out.fill_(self.pad)
         self.written.zero_()
         if self.seen is not None:  # prompt tokens, left padding not counted (as generate() >= 5.24)
-            self.seen.copy_(torch.zeros(self.seen.shape, dtype=torch.long, device=valid.device)
-                            .scatter_add_(1, input_ids, valid.long()) > 0)
+            self.seen.copy_(
+                torch.zeros(self.seen.shape, dtype=torch.long, device=valid.device).scatter_add_(
+                    1, input_ids, valid.long()
+                )
+                > 0
+            )
         self._set_cache_rows(0)
         causal = torch.ones(p, self.length, dtype=torch.bool, device=valid.device).tril()
         # a padding row may see itself, so that no row of the prompt pass is fully masked (NaN)
-        mask = (causal & self.visible[:, None, :]) | torch.eye(p, self.length, dtype=torch.bool, device=valid.device)
+        mask = (causal & self.visible[:, None, :]) | torch.eye(
+            p, self.length, dtype=torch.bool, device=valid.device
+        )
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=input_ids, position_ids=positions, attention_mask=mask[:, None],
-                            use_cache=True, logits_to_keep=1, **{self.cache_keyword: self.cache}).logits
+        logits = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask[:, None],
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_keyword: self.cache},
+        ).logits
         self.position.copy_(positions[:, -1:] + 1)
         self.cursor.fill_(p)
         self._choose(logits[:, -1].float())

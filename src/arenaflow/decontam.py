@@ -27,9 +27,13 @@ def shingles(text: str, n: int = SHINGLE) -> set[tuple[str, ...]]:
     return set(_ordered_shingles(text, n))
 
 
-def decontaminate(train: list[dict], evals: list[dict], n: int = SHINGLE,
-                  train_field: str = "prompt", eval_fields: tuple[str, ...] = ("prompt",)
-                  ) -> tuple[list[dict], dict]:
+def decontaminate(
+    train: list[dict],
+    evals: list[dict],
+    n: int = SHINGLE,
+    train_field: str = "prompt",
+    eval_fields: tuple[str, ...] = ("prompt",),
+) -> tuple[list[dict], dict]:
     """(kept training rows in order, record). Every field of `eval_fields` an eval item has
     is shingled; the record names each dropped id and the first eval id it collided with."""
     if n < 1:
@@ -65,13 +69,15 @@ def _ordered_shingles(text: str, n: int):
         yield from ([tuple(t)] if t else [])
     else:
         for i in range(len(t) - n + 1):
-            yield tuple(t[i:i + n])
+            yield tuple(t[i : i + n])
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train", required=True, help="training rows (JSONL with id and prompt)")
-    ap.add_argument("--eval", required=True, nargs="+", help="evaluation items (JSONL), one or more files")
+    ap.add_argument(
+        "--eval", required=True, nargs="+", help="evaluation items (JSONL), one or more files"
+    )
     ap.add_argument("--out", required=True, help="kept training rows (JSONL)")
     ap.add_argument("--record", required=True, help="JSON: how many were dropped and which")
     ap.add_argument("--shingle", type=int, default=SHINGLE, help="tokens per shingle")
@@ -80,7 +86,9 @@ def main(argv: list[str] | None = None) -> None:
     kept, record = decontaminate(io.read_jsonl(args.train), evals, n=args.shingle)
     io.write_jsonl(args.out, kept)
     io.write_json(args.record, {**record, "train": args.train, "eval": args.eval})
-    print(f"decontam: kept {record['kept']} of {record['train_rows']}, dropped {record['dropped']} -> {args.out}")
+    print(
+        f"decontam: kept {record['kept']} of {record['train_rows']}, dropped {record['dropped']} -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

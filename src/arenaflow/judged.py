@@ -51,7 +51,9 @@ def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
 def select(pairs: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
     """The items to read, with their stratum: every structurally discordant item (a random n of
     them if there are more), then concordant ones stratified by category."""
-    discordant = (pairs[STRUCTURE].to_numpy(bool) != pairs[[f"{c}_ref" for c in STRUCTURE]].to_numpy(bool)).any(1)
+    discordant = (
+        pairs[STRUCTURE].to_numpy(bool) != pairs[[f"{c}_ref" for c in STRUCTURE]].to_numpy(bool)
+    ).any(1)
     disc, conc = pairs[discordant], pairs[~discordant]
     if len(disc) > n:
         disc = disc.iloc[np.sort(rng.choice(len(disc), n, replace=False))]
@@ -59,22 +61,32 @@ def select(pairs: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFram
     parts = [disc.assign(stratum="structurally discordant")]
     for cat, k in sorted(take.items()):
         group = conc[conc["category"] == cat]
-        parts.append(group.iloc[np.sort(rng.choice(len(group), k, replace=False))].assign(stratum="concordant"))
+        parts.append(
+            group.iloc[np.sort(rng.choice(len(group), k, replace=False))].assign(
+                stratum="concordant"
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
-def pack(pool: list[dict], a: pd.DataFrame, b: pd.DataFrame, n: int, seed: int, where: str) -> tuple[list, dict]:
+def pack(
+    pool: list[dict], a: pd.DataFrame, b: pd.DataFrame, n: int, seed: int, where: str
+) -> tuple[list, dict]:
     """(pairs for the judge, the key) for n items of readouts a and b (one replicate each)."""
     labels = [str(a["arm"].iloc[0]), str(b["arm"].iloc[0])]
     if labels[0] == labels[1]:
-        raise ValueError(f"{where}: both readouts are of arm {labels[0]!r}; a judged read compares two arms")
+        raise ValueError(
+            f"{where}: both readouts are of arm {labels[0]!r}; a judged read compares two arms"
+        )
     pairs = evals.paired_rows(a, b, where)
     if not 0 < n <= len(pairs):
         raise ValueError(f"{where}: n must be between 1 and the {len(pairs)} paired items, got {n}")
     prompts = {r["id"]: r["prompt"] for r in pool}
     missing = sorted(set(pairs["item_id"]) - prompts.keys())
     if missing:
-        raise ValueError(f"{where}: item {missing[0]!r} (and {len(missing) - 1} more) is not in the pool")
+        raise ValueError(
+            f"{where}: item {missing[0]!r} (and {len(missing) - 1} more) is not in the pool"
+        )
     rng = np.random.default_rng(seed)
     chosen = select(pairs, n, rng)
     order, swap = rng.permutation(len(chosen)), rng.random(len(chosen)) < 0.5
@@ -85,12 +97,25 @@ def pack(pool: list[dict], a: pd.DataFrame, b: pd.DataFrame, n: int, seed: int, 
         (a_arm, a_text), (b_arm, b_text) = sides[::-1] if s else sides
         pid = f"p{i:0{len(str(n))}d}"
         out.append({"pair": pid, "prompt": prompts[row["item_id"]], "A": a_text, "B": b_text})
-        key[pid] = {"A": a_arm, "B": b_arm, "item_id": row["item_id"],
-                    "category": row["category"], "stratum": row["stratum"]}
+        key[pid] = {
+            "A": a_arm,
+            "B": b_arm,
+            "item_id": row["item_id"],
+            "category": row["category"],
+            "stratum": row["stratum"],
+        }
     strata = chosen.groupby("stratum").size().to_dict()
-    return out, {"arms": labels, "n": n, "seed": seed, "pairs": key, "strata": strata,
-                 "concordant_by_category": chosen[chosen["stratum"] == "concordant"]
-                 .groupby("category").size().to_dict()}
+    return out, {
+        "arms": labels,
+        "n": n,
+        "seed": seed,
+        "pairs": key,
+        "strata": strata,
+        "concordant_by_category": chosen[chosen["stratum"] == "concordant"]
+        .groupby("category")
+        .size()
+        .to_dict(),
+    }
 
 
 def _verdict(raw: str, arms: list[str], row: dict, where: str) -> str:
@@ -102,7 +127,9 @@ def _verdict(raw: str, arms: list[str], row: dict, where: str) -> str:
         return row[v.upper()]
     if v.lower() == "tie":
         return "tie"
-    raise ValueError(f"{where}: verdict {raw!r}; expected A, B, tie or an arm name ({', '.join(arms)})")
+    raise ValueError(
+        f"{where}: verdict {raw!r}; expected A, B, tie or an arm name ({', '.join(arms)})"
+    )
 
 
 def _label(raw: str, where: str) -> bool:
@@ -116,15 +143,21 @@ def score(key: dict, scores: pd.DataFrame, shown: str) -> dict:
     """Unblinds the judge's scores through the key and compares the arms paired by item."""
     cols = set(scores.columns)
     if cols not in ({"pair", "verdict"}, {"pair", "A", "B"}):
-        raise ValueError(f"{shown}: columns {sorted(cols)}; expected pair,verdict (a preference read) "
-                         "or pair,A,B (an adjudication of each side, 1/0)")
+        raise ValueError(
+            f"{shown}: columns {sorted(cols)}; expected pair,verdict (a preference read) "
+            "or pair,A,B (an adjudication of each side, 1/0)"
+        )
     x, y = key["arms"]
     df = _unblind(key, scores, shown)
-    return {"kind": "preference" if "verdict" in cols else "adjudication", "arms": [x, y],
-            "n": len(df), **_tally(df, x, y),
-            "by_stratum": {s: _tally(d, x, y) for s, d in df.groupby("stratum")},
-            "by_category": {c: _tally(d, x, y) for c, d in df.groupby("category")},
-            "rows": df.to_dict("records")}
+    return {
+        "kind": "preference" if "verdict" in cols else "adjudication",
+        "arms": [x, y],
+        "n": len(df),
+        **_tally(df, x, y),
+        "by_stratum": {s: _tally(d, x, y) for s, d in df.groupby("stratum")},
+        "by_category": {c: _tally(d, x, y) for c, d in df.groupby("category")},
+        "rows": df.to_dict("records"),
+    }
 
 
 def _unblind(key: dict, scores: pd.DataFrame, shown: str) -> pd.DataFrame:
@@ -144,15 +177,25 @@ def _unblind(key: dict, scores: pd.DataFrame, shown: str) -> pd.DataFrame:
         seen[pid] = i + 2
         k = key["pairs"][pid]
         if "verdict" in rec:
-            rows.append({"pair": pid, **k, "written": rec["verdict"],
-                         "preferred": _verdict(rec["verdict"], key["arms"], k, where)})
+            rows.append(
+                {
+                    "pair": pid,
+                    **k,
+                    "written": rec["verdict"],
+                    "preferred": _verdict(rec["verdict"], key["arms"], k, where),
+                }
+            )
         else:
-            side = {k["A"]: _label(rec["A"], f"{where} (column A)"),
-                    k["B"]: _label(rec["B"], f"{where} (column B)")}
+            side = {
+                k["A"]: _label(rec["A"], f"{where} (column A)"),
+                k["B"]: _label(rec["B"], f"{where} (column B)"),
+            }
             rows.append({"pair": pid, **k, x: side[x], y: side[y]})
     unscored = sorted(set(key["pairs"]) - seen.keys())
     if unscored:
-        raise ValueError(f"{shown}: {len(unscored)} pairs are not scored: {', '.join(unscored[:10])}")
+        raise ValueError(
+            f"{shown}: {len(unscored)} pairs are not scored: {', '.join(unscored[:10])}"
+        )
     return pd.DataFrame(rows)
 
 
@@ -170,14 +213,18 @@ def _tally(d: pd.DataFrame, x: str, y: str) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Blinded judged reads of two arms (see the module docstring).")
+    ap = argparse.ArgumentParser(
+        description="Blinded judged reads of two arms (see the module docstring)."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="the judge's packet and its key, kept apart")
     p.add_argument("--pool", required=True, help="the suite's pools/{pool}.jsonl (the prompts)")
     p.add_argument("--a", required=True, help="one readout parquet of the first arm")
     p.add_argument("--b", required=True, help="the same suite's readout of the second arm")
     p.add_argument("--n", type=int, required=True, help="pairs to read")
-    p.add_argument("--seed", type=int, required=True, help="seeds the sample, the order and the swaps")
+    p.add_argument(
+        "--seed", type=int, required=True, help="seeds the sample, the order and the swaps"
+    )
     p.add_argument("--out", required=True, help="directory for pairs.jsonl (what the judge reads)")
     p.add_argument("--key", required=True, help="the key's path, outside --out")
     s = sub.add_parser("score", help="unblind the judge's scores and compare the arms")
@@ -191,17 +238,27 @@ def _parser() -> argparse.ArgumentParser:
 def _pack_cmd(args) -> None:
     out, key_path = Path(args.out), Path(args.key)
     if key_path.resolve().is_relative_to(out.resolve()):
-        raise SystemExit(f"--key {key_path} is inside --out {out}: the judge would get the key "
-                         "with the packet")
+        raise SystemExit(
+            f"--key {key_path} is inside --out {out}: the judge would get the key with the packet"
+        )
     try:
-        pairs, key = pack(io.read_jsonl(args.pool), pd.read_parquet(args.a),
-                          pd.read_parquet(args.b), args.n, args.seed, f"{args.a} vs {args.b}")
+        pairs, key = pack(
+            io.read_jsonl(args.pool),
+            pd.read_parquet(args.a),
+            pd.read_parquet(args.b),
+            args.n,
+            args.seed,
+            f"{args.a} vs {args.b}",
+        )
     except ValueError as e:
         raise SystemExit(str(e)) from None
     with io.atomic_dir(out) as tmp:
         io.write_jsonl(tmp / "pairs.jsonl", pairs)
-    key.update(pairs_sha256=manifest.sha256_file(out / "pairs.jsonl"), pool=args.pool,
-               readouts=[{"path": p, "sha256": manifest.sha256_file(p)} for p in (args.a, args.b)])
+    key.update(
+        pairs_sha256=manifest.sha256_file(out / "pairs.jsonl"),
+        pool=args.pool,
+        readouts=[{"path": p, "sha256": manifest.sha256_file(p)} for p in (args.a, args.b)],
+    )
     io.write_json(key_path, key)
     print(f"{len(pairs)} pairs ({key['strata']}) -> {out / 'pairs.jsonl'}; key -> {key_path}")
 
@@ -209,17 +266,23 @@ def _pack_cmd(args) -> None:
 def _score_cmd(args) -> None:
     key = io.read_json(args.key)
     if manifest.sha256_file(args.pairs) != key["pairs_sha256"]:
-        raise SystemExit(f"{args.pairs} is not the packet {args.key} was written for (sha256 differs)")
+        raise SystemExit(
+            f"{args.pairs} is not the packet {args.key} was written for (sha256 differs)"
+        )
     try:
         res = score(key, pd.read_csv(args.scores, dtype=str, keep_default_na=False), args.scores)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    res.update(key=args.key, scores={"path": args.scores, "sha256": manifest.sha256_file(args.scores)})
+    res.update(
+        key=args.key, scores={"path": args.scores, "sha256": manifest.sha256_file(args.scores)}
+    )
     io.write_json(args.out, res)
     x, y = res["arms"]
     won = res.get("preferred") or res["positive"]
-    print(f"{res['kind']} of {res['n']} pairs: {x} {won[x]}, {y} {won[y]}, "
-          f"{res['discordant']} discordant, sign test p = {res['p_value']:.3g} -> {args.out}")
+    print(
+        f"{res['kind']} of {res['n']} pairs: {x} {won[x]}, {y} {won[y]}, "
+        f"{res['discordant']} discordant, sign test p = {res['p_value']:.3g} -> {args.out}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,9 @@ def expand_hostlist(nodelist: str) -> list[str]:
         return parse_hostlist(nodelist)
     res = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True)
     if res.returncode != 0:
-        raise SystemExit(f"arenaflow.launch: scontrol show hostnames {nodelist!r} failed: {res.stderr.strip()}")
+        raise SystemExit(
+            f"arenaflow.launch: scontrol show hostnames {nodelist!r} failed: {res.stderr.strip()}"
+        )
     return res.stdout.split()
 
 
@@ -59,7 +61,7 @@ def _expand_one(name: str) -> list[str]:
     m = re.search(r"\[([^\]]*)\]", name)
     if not m:
         return [name]
-    head, tail, out = name[: m.start()], name[m.end():], []
+    head, tail, out = name[: m.start()], name[m.end() :], []
     for part in m.group(1).split(","):
         lo, _, hi = part.partition("-")
         if hi:
@@ -73,21 +75,44 @@ def _expand_one(name: str) -> list[str]:
 def torchrun_argv(env: dict, nproc_per_node: int, rest: list[str]) -> list[str]:
     """The torchrun command this node runs, from the Slurm environment of its srun task."""
     try:
-        nodelist, nnodes, node_rank, job = (env["SLURM_JOB_NODELIST"], env["SLURM_NNODES"],
-                                            env["SLURM_NODEID"], env["SLURM_JOB_ID"])
+        nodelist, nnodes, node_rank, job = (
+            env["SLURM_JOB_NODELIST"],
+            env["SLURM_NNODES"],
+            env["SLURM_NODEID"],
+            env["SLURM_JOB_ID"],
+        )
     except KeyError as e:
-        raise SystemExit(f"arenaflow.launch: {e.args[0]} is not set; run it under srun in a Slurm job") from None
+        raise SystemExit(
+            f"arenaflow.launch: {e.args[0]} is not set; run it under srun in a Slurm job"
+        ) from None
     first = expand_hostlist(nodelist)[0]
     port = int(env.get(PORT_ENV) or 29500 + int(re.sub(r"\D", "", job) or 0) % 1000)
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", nnodes, "--node_rank", node_rank,
-            "--nproc_per_node", str(nproc_per_node), "--rdzv_backend", "c10d", "--rdzv_id", job,
-            "--rdzv_endpoint", f"{first}:{port}", *rest]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        nnodes,
+        "--node_rank",
+        node_rank,
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_id",
+        job,
+        "--rdzv_endpoint",
+        f"{first}:{port}",
+        *rest,
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 3 or argv[0] != "--nproc-per-node":
-        raise SystemExit("usage: python -m arenaflow.launch --nproc-per-node K [--] -m module args...")
+        raise SystemExit(
+            "usage: python -m arenaflow.launch --nproc-per-node K [--] -m module args..."
+        )
     nproc, rest = int(argv[1]), argv[2:]
     if rest and rest[0] == "--":
         rest = rest[1:]

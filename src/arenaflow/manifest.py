@@ -148,11 +148,14 @@ def check_seal(record: dict, path: str | os.PathLike) -> dict:
     """Raise ManifestError naming `path` unless `record` (read from it) carries its seal and
     still matches it; return the record."""
     if SEAL not in record:
-        raise ManifestError(f"{path}: no {SEAL}; written before records were sealed or not by "
-                            "arenaflow: rebuild it (snakemake --forcerun on its rule)")
+        raise ManifestError(
+            f"{path}: no {SEAL}; written before records were sealed or not by "
+            "arenaflow: rebuild it (snakemake --forcerun on its rule)"
+        )
     if sha256_text(_canonical(record)) != record[SEAL]:
-        raise ManifestError(f"{path}: content does not match its {SEAL} (file changed after it "
-                            "was written)")
+        raise ManifestError(
+            f"{path}: content does not match its {SEAL} (file changed after it was written)"
+        )
     return record
 
 
@@ -162,8 +165,10 @@ def check_file(path: str | os.PathLike, sha256: str, recorded_in: str | os.PathL
         raise ManifestError(f"{path}: recorded in {recorded_in} but missing")
     actual = sha256_file(path)
     if actual != sha256:
-        raise ManifestError(f"{path}: sha256 {actual} does not match the {sha256} recorded in "
-                            f"{recorded_in} (file changed after it was recorded)")
+        raise ManifestError(
+            f"{path}: sha256 {actual} does not match the {sha256} recorded in "
+            f"{recorded_in} (file changed after it was recorded)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

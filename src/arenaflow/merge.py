@@ -79,22 +79,46 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FULL_INDEX = "model.safetensors.index.json"
 EVIDENCE = "merge_evidence.json"
 PREFIX = "base_model.model."  # PEFT's prefix on every key of a LoRA adapter file
-FACTOR = {"lora_A.weight": "A", "lora_B.weight": "B", "lora_embedding_A": "A", "lora_embedding_B": "B"}
+FACTOR = {
+    "lora_A.weight": "A",
+    "lora_B.weight": "B",
+    "lora_embedding_A": "A",
+    "lora_embedding_B": "B",
+}
 BASE_EPS = 1e-12
 BLOCK_BYTES = 32 << 20  # rows read per safe_open slice: bounds the mapped pages in use
 PIECE = 1 << 20  # float32 elements per arithmetic step: stays in cache
 HANDLE_BYTES = 64 << 20  # a handle maps its whole file; reopened after this much was read
 WRITES_AHEAD = 2  # blocks produced but not yet written
-ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-             "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-             "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-             "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 # LoraConfig fields whose non-default value makes a parent's delta something other than s B A
-UNSUPPORTED = {"use_dora": False, "lora_bias": False, "bias": "none", "target_parameters": None,
-               "alora_invocation_tokens": None, "arrow_config": None, "use_bdlora": None,
-               "trainable_token_indices": None, "layer_replication": None, "use_qalora": False,
-               "ensure_weight_tying": False}
+UNSUPPORTED = {
+    "use_dora": False,
+    "lora_bias": False,
+    "bias": "none",
+    "target_parameters": None,
+    "alora_invocation_tokens": None,
+    "arrow_config": None,
+    "use_bdlora": None,
+    "trainable_token_indices": None,
+    "layer_replication": None,
+    "use_qalora": False,
+    "ensure_weight_tying": False,
+}
 BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 
 
@@ -105,6 +129,7 @@ class MergeError(ValueError):
 @dataclass(frozen=True)
 class Src:
     """One tensor of one safetensors file."""
+
     path: str
     key: str
     shape: tuple[int, ...]
@@ -131,6 +156,7 @@ class Parent:
 class Entry:
     """One output tensor: produce() yields its bytes in order, as tensors of `dtype`; a yielded
     tensor is never changed afterwards (another thread may still be writing it)."""
+
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -138,6 +164,7 @@ class Entry:
 
 
 # ---------------------------------------------------------------- reading
+
 
 def index_files(paths: list[Path]) -> dict[str, Src]:
     """key -> Src for every tensor of the files, from their headers only."""
@@ -147,8 +174,10 @@ def index_files(paths: list[Path]) -> dict[str, Src]:
             for key in f.keys():
                 sl = f.get_slice(key)
                 if sl.get_dtype() not in ST_DTYPES:
-                    raise MergeError(f"{path}: tensor {key} has dtype {sl.get_dtype()}, which this merge "
-                                     f"does not handle ({sorted(ST_DTYPES)})")
+                    raise MergeError(
+                        f"{path}: tensor {key} has dtype {sl.get_dtype()}, which this merge "
+                        f"does not handle ({sorted(ST_DTYPES)})"
+                    )
                 out[key] = Src(str(path), key, tuple(sl.get_shape()), ST_DTYPES[sl.get_dtype()])
     return out
 
@@ -222,7 +251,9 @@ def row_ranges(shape: tuple[int, ...], itemsize: int) -> list[tuple[int | None, 
     return [(r, min(r + step, shape[0])) for r in range(0, shape[0], step)]
 
 
-def combine(reader: Reader, terms: list[tuple[float, Src]], dtype: torch.dtype) -> Iterator[torch.Tensor]:
+def combine(
+    reader: Reader, terms: list[tuple[float, Src]], dtype: torch.dtype
+) -> Iterator[torch.Tensor]:
     """sum_j c_j T_j, block by block, in float32 (rounded once to `dtype`)."""
     (c0, s0), shape = terms[0], terms[0][1].shape
     same = all(s.dtype == dtype for _, s in terms)
@@ -239,7 +270,9 @@ def combine(reader: Reader, terms: list[tuple[float, Src]], dtype: torch.dtype) 
         yield from weighted_sum(reader, terms, dtype)
 
 
-def weighted_sum(reader: Reader, terms: list[tuple[float, Src]], dtype: torch.dtype) -> Iterator[torch.Tensor]:
+def weighted_sum(
+    reader: Reader, terms: list[tuple[float, Src]], dtype: torch.dtype
+) -> Iterator[torch.Tensor]:
     """sum_j c_j T_j in float32 pieces that stay in cache, each rounded once to `dtype`."""
     acc, tmp = torch.empty(PIECE), torch.empty(PIECE)
     for r0, r1 in row_ranges(terms[0][1].shape, max(s.dtype.itemsize for _, s in terms)):
@@ -257,6 +290,7 @@ def weighted_sum(reader: Reader, terms: list[tuple[float, Src]], dtype: torch.dt
 
 # ---------------------------------------------------------------- writing
 
+
 def write_safetensors(path: Path, entries: list[Entry], recycle: Callable | None = None) -> int:
     """Write a safetensors file whose tensors are produced one after the other; return its size.
     The header is laid out from the planned shapes first, so no tensor needs to wait for another.
@@ -267,7 +301,11 @@ def write_safetensors(path: Path, entries: list[Entry], recycle: Callable | None
     header, offset = {}, 0
     for e in entries:
         n = math.prod(e.shape) * e.dtype.itemsize
-        header[e.name] = {"dtype": ST_NAMES[e.dtype], "shape": list(e.shape), "data_offsets": [offset, offset + n]}
+        header[e.name] = {
+            "dtype": ST_NAMES[e.dtype],
+            "shape": list(e.shape),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     header["__metadata__"] = {"format": "pt"}  # transformers refuses a file without it
     raw = json.dumps(header, separators=(",", ":")).encode()
@@ -275,6 +313,7 @@ def write_safetensors(path: Path, entries: list[Entry], recycle: Callable | None
     # a second thread writes while this one computes the next block (write(2) and torch both
     # release the GIL); WRITES_AHEAD bounds the blocks held for it
     with open(path, "wb") as f, ThreadPoolExecutor(max_workers=1) as writer:
+
         def put(t: torch.Tensor) -> None:
             f.write(t.reshape(-1).view(torch.uint8).numpy())
             if recycle:
@@ -304,7 +343,10 @@ def write_entry(writer: ThreadPoolExecutor, pending: deque, put: Callable, e: En
 
 # ---------------------------------------------------------------- parents and base
 
-def parse_parents(parents: list[tuple[str, str, float]], out: Path) -> tuple[list[Parent], list[str]]:
+
+def parse_parents(
+    parents: list[tuple[str, str, float]], out: Path
+) -> tuple[list[Parent], list[str]]:
     """The parents of non-zero weight, and the arms dropped for weight 0."""
     seen, used, dropped = set(), [], []
     for arm, d, w in parents:
@@ -322,17 +364,23 @@ def parse_parents(parents: list[tuple[str, str, float]], out: Path) -> tuple[lis
             raise MergeError(f"parent {arm}: {d} is also the output directory")
         used.append(Parent(arm, Path(d), float(w)))
     if not used:
-        raise MergeError(f"no parent has a non-zero weight (given: {[(a, w) for a, _, w in parents]})")
+        raise MergeError(
+            f"no parent has a non-zero weight (given: {[(a, w) for a, _, w in parents]})"
+        )
     return used, dropped
 
 
 def detect_kind(p: Parent) -> str:
     if (p.dir / ADAPTER_CONFIG).exists():
         return "adapter"
-    if (p.dir / "config.json").exists() and ((p.dir / "model.safetensors").exists() or (p.dir / FULL_INDEX).exists()):
+    if (p.dir / "config.json").exists() and (
+        (p.dir / "model.safetensors").exists() or (p.dir / FULL_INDEX).exists()
+    ):
         return "full"
-    raise MergeError(f"parent {p.arm}: {p.dir} holds neither a LoRA adapter ({ADAPTER_CONFIG}) "
-                     "nor full weights (config.json + model*.safetensors)")
+    raise MergeError(
+        f"parent {p.arm}: {p.dir} holds neither a LoRA adapter ({ADAPTER_CONFIG}) "
+        "nor full weights (config.json + model*.safetensors)"
+    )
 
 
 def check_kinds(parents: list[Parent]) -> str:
@@ -341,14 +389,17 @@ def check_kinds(parents: list[Parent]) -> str:
     kinds = {p.kind for p in parents}
     if len(kinds) > 1:
         by = {k: [p.arm for p in parents if p.kind == k] for k in sorted(kinds)}
-        raise MergeError(f"cannot merge LoRA adapters {by['adapter']} with full weights {by['full']}: "
-                         "merge adapters with adapters, or merge the adapters into full weights first")
+        raise MergeError(
+            f"cannot merge LoRA adapters {by['adapter']} with full weights {by['full']}: "
+            "merge adapters with adapters, or merge the adapters into full weights first"
+        )
     return kinds.pop()
 
 
 def verify(parents: list[Parent], arm: str) -> None:
     """manifest.require on every parent before any is read; the sha256 passes run in threads
     (hashlib releases the GIL), the first failure in the parents' order is raised."""
+
     def one(p: Parent) -> dict:
         try:
             return manifest.require(p.dir, f"merge {arm}")
@@ -416,24 +467,32 @@ def tied_keys(d: Path) -> dict[str, str]:
         return {}  # an unknown architecture: a missing base tensor is then an error where needed
 
 
-def base_terms(base: Base, key: str, coef: float, shape: tuple, who: str) -> list[tuple[float, Src]]:
+def base_terms(
+    base: Base, key: str, coef: float, shape: tuple, who: str
+) -> list[tuple[float, Src]]:
     """[(coef, the base's tensor)] when the base enters the formula (|coef| > BASE_EPS), else []."""
     if abs(coef) <= BASE_EPS:
         return []
     src = base.src(key)
     if src is None:
-        raise MergeError(f"{who}: tensor {key} needs the base's value (its coefficient is {coef:g}), "
-                         f"but base model {base.path} has no such tensor")
+        raise MergeError(
+            f"{who}: tensor {key} needs the base's value (its coefficient is {coef:g}), "
+            f"but base model {base.path} has no such tensor"
+        )
     if src.shape != shape:
-        raise MergeError(f"{who}: tensor {key} has shape {list(shape)}, the base's {list(src.shape)}")
+        raise MergeError(
+            f"{who}: tensor {key} has shape {list(shape)}, the base's {list(src.shape)}"
+        )
     return [(coef, src)]
 
 
 # ---------------------------------------------------------------- LoRA adapters
 
+
 @dataclass
 class Module:
     """One adapted module across the parents: its merged delta is sum_j coef_j B_j A_j."""
+
     name: str
     a_key: str
     b_key: str
@@ -450,6 +509,7 @@ class Module:
 @dataclass
 class Whole:
     """A tensor an adapter carries whole (modules_to_save)."""
+
     key: str
     base_key: str
     shape: tuple[int, ...]
@@ -460,15 +520,21 @@ class Whole:
 def check_adapter_config(p: Parent) -> None:
     cfg = p.config
     if cfg.get("peft_type") != "LORA":
-        raise MergeError(f"parent {p.arm}: peft_type {cfg.get('peft_type')!r}; only LoRA adapters merge")
+        raise MergeError(
+            f"parent {p.arm}: peft_type {cfg.get('peft_type')!r}; only LoRA adapters merge"
+        )
     for name, default in UNSUPPORTED.items():
         if cfg.get(name, default) not in (default, None, False, [], {}):
-            raise MergeError(f"parent {p.arm}: {name}={cfg[name]!r} in {ADAPTER_CONFIG}: this merge "
-                             "knows plain LoRA only (delta = scaling * B @ A, plus modules_to_save)")
+            raise MergeError(
+                f"parent {p.arm}: {name}={cfg[name]!r} in {ADAPTER_CONFIG}: this merge "
+                "knows plain LoRA only (delta = scaling * B @ A, plus modules_to_save)"
+            )
     init = cfg.get("init_lora_weights")
     if isinstance(init, str) and init.lower().startswith(BASE_CHANGING_INITS):
-        raise MergeError(f"parent {p.arm}: init_lora_weights={init!r} changes the base weights, so "
-                         "the adapter is not a delta from the base")
+        raise MergeError(
+            f"parent {p.arm}: init_lora_weights={init!r} changes the base weights, so "
+            "the adapter is not a delta from the base"
+        )
 
 
 def pattern_key(patterns: dict, module: str) -> str:
@@ -483,8 +549,10 @@ def scaling(p: Parent, module: str, r: int) -> float:
     ranks, alphas = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
     r_cfg = ranks.get(pattern_key(ranks, module), cfg["r"])
     if r_cfg != r:
-        raise MergeError(f"parent {p.arm}: module {module} has rank {r} in {ADAPTER_WEIGHTS} but "
-                         f"{r_cfg} in {ADAPTER_CONFIG}")
+        raise MergeError(
+            f"parent {p.arm}: module {module} has rank {r} in {ADAPTER_WEIGHTS} but "
+            f"{r_cfg} in {ADAPTER_CONFIG}"
+        )
     alpha = alphas.get(pattern_key(alphas, module), cfg["lora_alpha"])
     return alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
 
@@ -497,7 +565,7 @@ def split_keys(p: Parent) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     for key in p.index:
         if not key.startswith(PREFIX):
             raise MergeError(f"parent {p.arm}: tensor {key} lacks PEFT's prefix {PREFIX!r}")
-        rest = key[len(PREFIX):]
+        rest = key[len(PREFIX) :]
         suffix = next((s for s in FACTOR if rest.endswith("." + s)), None)
         if suffix:
             factors.setdefault(rest[: -len(suffix) - 1], {})[FACTOR[suffix]] = key
@@ -506,33 +574,47 @@ def split_keys(p: Parent) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
         elif ".base_layer." in rest:  # PEFT's save_embedding_layers: the adapted layer's own weight
             whole[rest.replace(".base_layer.", ".")] = key
         else:
-            raise MergeError(f"parent {p.arm}: tensor {key} is neither a LoRA factor nor part of "
-                             f"modules_to_save {saved}; this merge does not know its semantics")
+            raise MergeError(
+                f"parent {p.arm}: tensor {key} is neither a LoRA factor nor part of "
+                f"modules_to_save {saved}; this merge does not know its semantics"
+            )
     for module, ab in factors.items():
         if set(ab) != {"A", "B"}:
-            (has, key), = ab.items()
-            raise MergeError(f"parent {p.arm}: module {module} has {key} but no lora_{'AB'.strip(has)} factor")
+            ((has, key),) = ab.items()
+            raise MergeError(
+                f"parent {p.arm}: module {module} has {key} but no lora_{'AB'.strip(has)} factor"
+            )
     return factors, whole
 
 
-def add_module(p: Parent, base: Base, modules: dict[str, Module], name: str, ab: dict[str, str]) -> None:
+def add_module(
+    p: Parent, base: Base, modules: dict[str, Module], name: str, ab: dict[str, str]
+) -> None:
     a, b = p.index[ab["A"]], p.index[ab["B"]]
     if len(a.shape) != 2 or len(b.shape) != 2:
-        raise MergeError(f"parent {p.arm}: {a.key} {list(a.shape)} / {b.key} {list(b.shape)}: only "
-                         "Linear and Embedding LoRA (2-D factors) merge")
+        raise MergeError(
+            f"parent {p.arm}: {a.key} {list(a.shape)} / {b.key} {list(b.shape)}: only "
+            "Linear and Embedding LoRA (2-D factors) merge"
+        )
     if b.shape[1] != a.shape[0]:
-        raise MergeError(f"parent {p.arm}: {b.key} {list(b.shape)} does not multiply {a.key} {list(a.shape)}")
+        raise MergeError(
+            f"parent {p.arm}: {b.key} {list(b.shape)} does not multiply {a.key} {list(a.shape)}"
+        )
     # PEFT stores an Embedding's factors, and a fan_in_fan_out (Conv1D) layer's, transposed
     transposed = "embedding" in a.key or p.config.get("fan_in_fan_out")
     want = (a.shape[1], b.shape[0]) if transposed else (b.shape[0], a.shape[1])
     src = base.index.get(name + ".weight")
     if src is None or src.shape != want:
         got = "no such tensor" if src is None else f"shape {list(src.shape)}"
-        raise MergeError(f"parent {p.arm}: module {name} ({a.key}) implies a base weight of shape "
-                         f"{list(want)}, base model {base.path} has {got} at {name}.weight")
+        raise MergeError(
+            f"parent {p.arm}: module {name} ({a.key}) implies a base weight of shape "
+            f"{list(want)}, base model {base.path} has {got} at {name}.weight"
+        )
     m = modules.setdefault(name, Module(name, a.key, b.key, b.shape[0], a.shape[1], a.dtype))
     if (m.a_key, m.b_key) != (a.key, b.key):
-        raise MergeError(f"parent {p.arm}: module {name} is stored as {a.key}, another parent's as {m.a_key}")
+        raise MergeError(
+            f"parent {p.arm}: module {name} is stored as {a.key}, another parent's as {m.a_key}"
+        )
     m.parts.append((p.weight * scaling(p, name, a.shape[0]), a, b))
 
 
@@ -540,12 +622,16 @@ def add_whole(p: Parent, base: Base, wholes: dict[str, Whole], base_key: str, ke
     t = p.index[key]
     w = wholes.setdefault(base_key, Whole(key, base_key, t.shape, t.dtype))
     if t.shape != w.shape:
-        raise MergeError(f"parent {p.arm}: tensor {key} has shape {list(t.shape)}, "
-                         f"parent {w.parts[0][2]}'s {list(w.shape)}")
+        raise MergeError(
+            f"parent {p.arm}: tensor {key} has shape {list(t.shape)}, "
+            f"parent {w.parts[0][2]}'s {list(w.shape)}"
+        )
     src = base.index.get(base_key)  # a tied head is checked in base_terms, if the base is needed
     if src is not None and src.shape != t.shape:
-        raise MergeError(f"parent {p.arm}: tensor {key} has shape {list(t.shape)}, the base's "
-                         f"{src.key} {list(src.shape)} (base model {base.path})")
+        raise MergeError(
+            f"parent {p.arm}: tensor {key} has shape {list(t.shape)}, the base's "
+            f"{src.key} {list(src.shape)} (base model {base.path})"
+        )
     w.parts.append((p.weight, t, p.arm))
 
 
@@ -560,15 +646,22 @@ def collect(parents: list[Parent], base: Base) -> tuple[dict[str, Module], dict[
             add_module(p, base, modules, name, ab)
         for base_key, key in whole.items():
             add_whole(p, base, wholes, base_key, key)
-    both = sorted(m for m in modules for w in wholes.values()
-                  if w.base_key.startswith(m + ".") and ".base_layer." not in w.key)
+    both = sorted(
+        m
+        for m in modules
+        for w in wholes.values()
+        if w.base_key.startswith(m + ".") and ".base_layer." not in w.key
+    )
     if both:
-        raise MergeError(f"modules {both} are LoRA targets in one parent and modules_to_save in another")
+        raise MergeError(
+            f"modules {both} are LoRA targets in one parent and modules_to_save in another"
+        )
     return modules, wholes
 
 
 def concat_entries(m: Module, rank: int, reader: Reader) -> list[Entry]:
     """A = [A_1; A_2; ...; 0], B = [c_1 B_1, c_2 B_2, ..., 0]: exactly sum_j c_j B_j A_j."""
+
     def a() -> Iterator[torch.Tensor]:
         for _, src, _ in m.parts:
             yield reader.rows(src).to(m.dtype)
@@ -582,7 +675,10 @@ def concat_entries(m: Module, rank: int, reader: Reader) -> list[Entry]:
             at += r
         yield out.to(m.dtype)
 
-    return [Entry(m.a_key, m.dtype, (rank, m.in_features), a), Entry(m.b_key, m.dtype, (m.out_features, rank), b)]
+    return [
+        Entry(m.a_key, m.dtype, (rank, m.in_features), a),
+        Entry(m.b_key, m.dtype, (m.out_features, rank), b),
+    ]
 
 
 def truncate(m: Module, k: int, reader: Reader) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -613,8 +709,10 @@ def svd_entries(m: Module, k: int, reader: Reader, errors: dict[str, float]) -> 
             held["A"], held["B"], errors[m.name] = truncate(m, k, reader)
         yield held.pop(which)
 
-    return [Entry(m.a_key, m.dtype, (k, m.in_features), lambda: take("A")),
-            Entry(m.b_key, m.dtype, (m.out_features, k), lambda: take("B"))]
+    return [
+        Entry(m.a_key, m.dtype, (k, m.in_features), lambda: take("A")),
+        Entry(m.b_key, m.dtype, (m.out_features, k), lambda: take("B")),
+    ]
 
 
 def whole_entry(w: Whole, base: Base, reader: Reader) -> Entry:
@@ -622,7 +720,9 @@ def whole_entry(w: Whole, base: Base, reader: Reader) -> Entry:
     contributes the base's value."""
     terms = [(wt, src) for wt, src, _ in w.parts]
     arms = [arm for _, _, arm in w.parts]
-    terms += base_terms(base, w.base_key, 1.0 - sum(wt for wt, _ in terms), w.shape, f"parents {arms}")
+    terms += base_terms(
+        base, w.base_key, 1.0 - sum(wt for wt, _ in terms), w.shape, f"parents {arms}"
+    )
     return Entry(w.key, w.dtype, w.shape, lambda: combine(reader, terms, w.dtype))
 
 
@@ -635,7 +735,9 @@ def peft_targets(targets: list[str], saved: list[str] | None, module: str) -> bo
     return module in targets or any(module.endswith("." + t) for t in targets)
 
 
-def target_modules(parents: list[Parent], modules: dict[str, Module], base: Base, saved) -> list[str]:
+def target_modules(
+    parents: list[Parent], modules: dict[str, Module], base: Base, saved
+) -> list[str]:
     """The union of the parents' target_modules, when PEFT would match exactly the modules
     written with it; else the written modules by full name (e.g. a parent's layers_to_transform,
     cleared in the output, would otherwise match modules that no file holds)."""
@@ -648,29 +750,47 @@ def target_modules(parents: list[Parent], modules: dict[str, Module], base: Base
     return sorted(modules)
 
 
-def adapter_config(parents: list[Parent], modules: dict[str, Module], base: Base, rank: int) -> dict:
+def adapter_config(
+    parents: list[Parent], modules: dict[str, Module], base: Base, rank: int
+) -> dict:
     cfg = dict(parents[0].config)
     saved = sorted({m for p in parents for m in p.config.get("modules_to_save") or []}) or None
-    cfg.update(r=rank, lora_alpha=rank, rank_pattern={}, alpha_pattern={}, use_rslora=False,
-               modules_to_save=saved, target_modules=target_modules(parents, modules, base, saved),
-               layers_to_transform=None, layers_pattern=None, exclude_modules=None,
-               # every matched module is in the file; were one not, it must start at zero delta
-               init_lora_weights=True)
+    cfg.update(
+        r=rank,
+        lora_alpha=rank,
+        rank_pattern={},
+        alpha_pattern={},
+        use_rslora=False,
+        modules_to_save=saved,
+        target_modules=target_modules(parents, modules, base, saved),
+        layers_to_transform=None,
+        layers_pattern=None,
+        exclude_modules=None,
+        # every matched module is in the file; were one not, it must start at zero delta
+        init_lora_weights=True,
+    )
     return cfg
 
 
 def plan_adapter(parents: list[Parent], base: Base, reader: Reader, rank: int | None) -> dict:
     modules, wholes = collect(parents, base)
     if not modules:
-        raise MergeError(f"parents {[p.arm for p in parents]}: no LoRA factors in their {ADAPTER_WEIGHTS}")
+        raise MergeError(
+            f"parents {[p.arm for p in parents]}: no LoRA factors in their {ADAPTER_WEIGHTS}"
+        )
     r = rank or max(m.rank for m in modules.values())
     errors: dict[str, float] | None = {} if rank else None
     entries = []
     for m in modules.values():
         entries += svd_entries(m, r, reader, errors) if rank else concat_entries(m, r, reader)
     entries += [whole_entry(w, base, reader) for w in wholes.values()]
-    return {"entries": entries, "config": adapter_config(parents, modules, base, r), "rank": r,
-            "errors": errors, "representation": f"svd rank {r}" if rank else f"concatenated rank {r}"}
+    return {
+        "entries": entries,
+        "config": adapter_config(parents, modules, base, r),
+        "rank": r,
+        "errors": errors,
+        "representation": f"svd rank {r}" if rank else f"concatenated rank {r}",
+    }
 
 
 def write_adapter(plan: dict, tmp: Path, recycle: Callable) -> None:
@@ -680,14 +800,17 @@ def write_adapter(plan: dict, tmp: Path, recycle: Callable) -> None:
 
 # ---------------------------------------------------------------- full weights
 
+
 def plan_full(parents: list[Parent], base: Base, reader: Reader) -> dict:
     first = parents[0]
     for p in parents[1:]:
         for a, b in ((p, first), (first, p)):
             extra = sorted(set(a.index) - set(b.index))
             if extra:
-                raise MergeError(f"parent {a.arm} has tensor {extra[0]} (and {len(extra) - 1} more) "
-                                 f"that parent {b.arm} lacks")
+                raise MergeError(
+                    f"parent {a.arm} has tensor {extra[0]} (and {len(extra) - 1} more) "
+                    f"that parent {b.arm} lacks"
+                )
     c0 = 1.0 - sum(p.weight for p in parents)
     entries = [full_entry(parents, base, reader, key, c0) for key in sorted(first.index)]
     return {"entries": entries, "rank": None, "errors": None, "representation": "full weights"}
@@ -698,14 +821,20 @@ def full_entry(parents: list[Parent], base: Base, reader: Reader, key: str, c0: 
     for p in parents:
         s = p.index[key]
         if s.shape != src0.shape:
-            raise MergeError(f"parent {p.arm}: tensor {key} has shape {list(s.shape)}, parent "
-                             f"{parents[0].arm}'s {list(src0.shape)}")
+            raise MergeError(
+                f"parent {p.arm}: tensor {key} has shape {list(s.shape)}, parent "
+                f"{parents[0].arm}'s {list(src0.shape)}"
+            )
     b = base.index.get(key)
     if b is not None and b.shape != src0.shape:
-        raise MergeError(f"parent {parents[0].arm}: tensor {key} has shape {list(src0.shape)}, the "
-                         f"base's {b.key} {list(b.shape)} (base model {base.path})")
+        raise MergeError(
+            f"parent {parents[0].arm}: tensor {key} has shape {list(src0.shape)}, the "
+            f"base's {b.key} {list(b.shape)} (base model {base.path})"
+        )
     if not src0.dtype.is_floating_point:  # integer buffers are not weights: the first parent's
-        return Entry(key, src0.dtype, src0.shape, lambda: combine(reader, [(1.0, src0)], src0.dtype))
+        return Entry(
+            key, src0.dtype, src0.shape, lambda: combine(reader, [(1.0, src0)], src0.dtype)
+        )
     terms = [(p.weight, p.index[key]) for p in parents]
     terms += base_terms(base, key, c0, src0.shape, f"parents {[p.arm for p in parents]}")
     return Entry(key, src0.dtype, src0.shape, lambda: combine(reader, terms, src0.dtype))
@@ -727,7 +856,11 @@ def write_full(plan: dict, tmp: Path, first: Parent, shard_bytes: int, recycle: 
     """Shards named as transformers' save_pretrained names them, an index when there are several."""
     shards = shard(plan["entries"], shard_bytes)
     n = len(shards)
-    names = ["model.safetensors"] if n == 1 else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    names = (
+        ["model.safetensors"]
+        if n == 1
+        else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    )
     weight_map, total = {}, 0
     for name, group in zip(names, shards):
         write_safetensors(tmp / name, group, recycle)
@@ -735,7 +868,9 @@ def write_full(plan: dict, tmp: Path, first: Parent, shard_bytes: int, recycle: 
             weight_map[e.name] = name
             total += math.prod(e.shape) * e.dtype.itemsize
     if n > 1:
-        io.write_json(tmp / FULL_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        io.write_json(
+            tmp / FULL_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map}
+        )
     for name in ("config.json", "generation_config.json"):
         if (first.dir / name).exists():
             shutil.copyfile(first.dir / name, tmp / name)
@@ -743,17 +878,26 @@ def write_full(plan: dict, tmp: Path, first: Parent, shard_bytes: int, recycle: 
 
 # ---------------------------------------------------------------- the merge
 
+
 def check_args(arm: str, rank: int | None, shard_bytes: int) -> None:
     if not arm or "/" in arm:
         raise MergeError(f"arm {arm!r}: an arm id is a non-empty name without '/'")
     if rank is not None and (not isinstance(rank, int) or rank < 1):
-        raise MergeError(f"rank {rank!r}: the SVD rank must be a positive integer (or None: concatenated)")
+        raise MergeError(
+            f"rank {rank!r}: the SVD rank must be a positive integer (or None: concatenated)"
+        )
     if not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise MergeError(f"shard_bytes {shard_bytes!r}: must be a positive integer")
 
 
-def merge(parents: list[tuple[str, str, float]], base_model: str, out: str, arm: str,
-          rank: int | None = None, shard_bytes: int = 2**31) -> dict:
+def merge(
+    parents: list[tuple[str, str, float]],
+    base_model: str,
+    out: str,
+    arm: str,
+    rank: int | None = None,
+    shard_bytes: int = 2**31,
+) -> dict:
     """Write arm `arm` = base + sum_i w_i (P_i - base) into `out`; return its evidence.
 
     parents: (arm id, run directory, weight w_i); rank: truncate a LoRA merge to this rank by SVD
@@ -764,7 +908,9 @@ def merge(parents: list[tuple[str, str, float]], base_model: str, out: str, arm:
     used, dropped = parse_parents(parents, out)
     kind = check_kinds(used)
     if rank is not None and kind == "full":
-        raise MergeError(f"rank {rank}: an SVD rank applies to LoRA parents, {[p.arm for p in used]} hold full weights")
+        raise MergeError(
+            f"rank {rank}: an SVD rank applies to LoRA parents, {[p.arm for p in used]} hold full weights"
+        )
     base = load_base(base_model)
     t = time.perf_counter()
     verify(used, arm)
@@ -773,16 +919,28 @@ def merge(parents: list[tuple[str, str, float]], base_model: str, out: str, arm:
         load_parent(p)
     reader = Reader()
     try:
-        plan = plan_adapter(used, base, reader, rank) if kind == "adapter" else plan_full(used, base, reader)
+        plan = (
+            plan_adapter(used, base, reader, rank)
+            if kind == "adapter"
+            else plan_full(used, base, reader)
+        )
         with io.atomic_dir(out) as tmp:
             if kind == "adapter":
                 write_adapter(plan, tmp, reader.blocks.recycle)
             else:
                 write_full(plan, tmp, used[0], shard_bytes, reader.blocks.recycle)
-            ev = evidence(arm, parents, used, dropped, kind, plan, base_model, reader, tmp, t0, t_verify)
+            ev = evidence(
+                arm, parents, used, dropped, kind, plan, base_model, reader, tmp, t0, t_verify
+            )
             io.write_json(tmp / EVIDENCE, ev)
-            params = {"method": "linear", "weights": ev["weights"], "parents": {a: str(d) for a, d, _ in parents},
-                      "base_model": str(base_model), "rank": rank, "shard_bytes": shard_bytes}
+            params = {
+                "method": "linear",
+                "weights": ev["weights"],
+                "parents": {a: str(d) for a, d, _ in parents},
+                "base_model": str(base_model),
+                "rank": rank,
+                "shard_bytes": shard_bytes,
+            }
             manifest.write(tmp, params=params, extra={"arm": arm, "kind": "merge"})
     finally:
         reader.close()
@@ -793,15 +951,29 @@ def evidence(arm, given, used, dropped, kind, plan, base_model, reader, tmp, t0,
     errors = plan["errors"]
     wall = time.perf_counter() - t0
     return {
-        "arm": arm, "method": "linear", "weights": {a: float(w) for a, _, w in given},
+        "arm": arm,
+        "method": "linear",
+        "weights": {a: float(w) for a, _, w in given},
         "dropped_zero_weight": dropped,
-        "parents": [{"arm": p.arm, "dir": str(p.dir), "weight": p.weight,
-                     "manifest_digest": p.record["digest"],
-                     "files_sha256": {f: p.record["files"][f]["sha256"] for f in parent_files_read(p)}}
-                    for p in used],
-        "output": kind, "representation": plan["representation"], "rank": plan["rank"],
-        "reconstruction_error": None if errors is None else {
-            "max_rel_fro": max(errors.values(), default=0.0), "per_module": dict(sorted(errors.items()))},
+        "parents": [
+            {
+                "arm": p.arm,
+                "dir": str(p.dir),
+                "weight": p.weight,
+                "manifest_digest": p.record["digest"],
+                "files_sha256": {f: p.record["files"][f]["sha256"] for f in parent_files_read(p)},
+            }
+            for p in used
+        ],
+        "output": kind,
+        "representation": plan["representation"],
+        "rank": plan["rank"],
+        "reconstruction_error": None
+        if errors is None
+        else {
+            "max_rel_fro": max(errors.values(), default=0.0),
+            "per_module": dict(sorted(errors.items())),
+        },
         "base_model": str(base_model),
         "bytes_read": reader.bytes_read,
         "bytes_written": sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()),
@@ -813,7 +985,11 @@ def evidence(arm, given, used, dropped, kind, plan, base_model, reader, tmp, t0,
 
 def parent_files_read(p: Parent) -> list[str]:
     """The parent's files this merge read: its config, weight index and weights."""
-    names = [ADAPTER_CONFIG] if p.kind == "adapter" else ["config.json", "generation_config.json", FULL_INDEX]
+    names = (
+        [ADAPTER_CONFIG]
+        if p.kind == "adapter"
+        else ["config.json", "generation_config.json", FULL_INDEX]
+    )
     return [f for f in [*names, *p.files] if f in p.record["files"]]
 
 
@@ -824,11 +1000,14 @@ def dose(from_: tuple[str, str], to: tuple[str, str], alpha: float) -> list[tupl
 
 # ---------------------------------------------------------------- command line
 
+
 def parent_arg(text: str) -> tuple[str, str, float]:
     arm, eq, rest = text.partition("=")
     d, colon, w = rest.rpartition(":")
     if not (eq and colon and arm and d and w):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected ARM=DIR:WEIGHT, e.g. B3=runs/B3/final:0.5")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected ARM=DIR:WEIGHT, e.g. B3=runs/B3/final:0.5"
+        )
     try:
         return arm, d, float(w)
     except ValueError:
@@ -838,29 +1017,64 @@ def parent_arg(text: str) -> tuple[str, str, float]:
 def bytes_arg(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     try:
-        n = int(float(text[:-1]) * units[text[-1].upper()]) if text[-1:].upper() in units else int(text)
+        n = (
+            int(float(text[:-1]) * units[text[-1].upper()])
+            if text[-1:].upper() in units
+            else int(text)
+        )
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, e.g. 2147483648 or 2G") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected bytes, e.g. 2147483648 or 2G"
+        ) from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
     return n
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m arenaflow.merge", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m arenaflow.merge", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--arm", required=True, help="the merged arm's id")
-    ap.add_argument("--parent", type=parent_arg, action="append", required=True,
-                    help="ARM=DIR:WEIGHT, once per parent; WEIGHT any real number")
-    ap.add_argument("--base-model", required=True, help="the base model directory every parent is a delta from")
-    ap.add_argument("--rank", type=int, default=None, help="truncate a LoRA merge to this rank by SVD")
-    ap.add_argument("--shard-bytes", type=bytes_arg, default=2**31, help="full-weight shard size (e.g. 2G)")
+    ap.add_argument(
+        "--parent",
+        type=parent_arg,
+        action="append",
+        required=True,
+        help="ARM=DIR:WEIGHT, once per parent; WEIGHT any real number",
+    )
+    ap.add_argument(
+        "--base-model", required=True, help="the base model directory every parent is a delta from"
+    )
+    ap.add_argument(
+        "--rank", type=int, default=None, help="truncate a LoRA merge to this rank by SVD"
+    )
+    ap.add_argument(
+        "--shard-bytes", type=bytes_arg, default=2**31, help="full-weight shard size (e.g. 2G)"
+    )
     ap.add_argument("--out", required=True, help="output run directory")
     args = ap.parse_args(argv)
     try:
-        ev = merge(args.parent, args.base_model, args.out, args.arm, rank=args.rank, shard_bytes=args.shard_bytes)
+        ev = merge(
+            args.parent,
+            args.base_model,
+            args.out,
+            args.arm,
+            rank=args.rank,
+            shard_bytes=args.shard_bytes,
+        )
     except (MergeError, manifest.ManifestError) as e:
         raise SystemExit(f"merge {args.arm}: {e}") from None
-    keep = ("arm", "weights", "output", "representation", "rank", "bytes_read", "bytes_written", "wall_time_s")
+    keep = (
+        "arm",
+        "weights",
+        "output",
+        "representation",
+        "rank",
+        "bytes_read",
+        "bytes_written",
+        "wall_time_s",
+    )
     print(json.dumps({k: ev[k] for k in keep} | {"out": args.out}, indent=2))
 
 

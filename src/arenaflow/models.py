@@ -33,8 +33,10 @@ def pad_id(tokenizer) -> int:
     for i in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if i is not None:
             return i
-    raise ValueError(f"tokenizer {tokenizer.name_or_path or type(tokenizer).__name__}: "
-                     "no pad token and no EOS token to pad with; set one in its tokenizer_config.json")
+    raise ValueError(
+        f"tokenizer {tokenizer.name_or_path or type(tokenizer).__name__}: "
+        "no pad token and no EOS token to pad with; set one in its tokenizer_config.json"
+    )
 
 
 def load_base(path: str | Path, dev: torch.device | None = None):
@@ -45,8 +47,12 @@ def load_base(path: str | Path, dev: torch.device | None = None):
     return model.to(dev)
 
 
-def load_policy(base_path: str | Path, adapter_dir: str | Path | None, merge: bool = True,
-                consumer: str = "loading a policy"):
+def load_policy(
+    base_path: str | Path,
+    adapter_dir: str | Path | None,
+    merge: bool = True,
+    consumer: str = "loading a policy",
+):
     """(model, tokenizer) for sampling: the base, plus the arm's adapter when given (or the
     arm's full weights, when its directory holds a full fine-tune).
 

@@ -47,9 +47,11 @@ from pathlib import Path
 from arenaflow import bar, io, manifest
 from arenaflow.bar import bar_sha256
 
-HONEST = ("A round's registered bar cannot change: a new round id is the honest way to change a "
-          "bar (registered before the readouts it judges), or retire this registration explicitly "
-          "under the round in the config: retire: [{bar_sha256: <registered sha256>, reason: <why>}].")
+HONEST = (
+    "A round's registered bar cannot change: a new round id is the honest way to change a "
+    "bar (registered before the readouts it judges), or retire this registration explicitly "
+    "under the round in the config: retire: [{bar_sha256: <registered sha256>, reason: <why>}]."
+)
 
 
 class RegistrationError(RuntimeError):
@@ -67,12 +69,19 @@ def utcnow() -> str:
 def register(round_id: str, rnd: dict, now: str | None = None) -> dict:
     """The registration record of a round's bar (not yet in any registry)."""
     resolved = bar.resolve(rnd)
-    return {"round": round_id, "bar": rnd["bar"], "bar_resolved": resolved,
-            "bar_sha256": bar_sha256(resolved), "round_config": rnd,
-            "registered_utc": now or utcnow(), "code": manifest.code_version()}
+    return {
+        "round": round_id,
+        "bar": rnd["bar"],
+        "bar_resolved": resolved,
+        "bar_sha256": bar_sha256(resolved),
+        "round_config": rnd,
+        "registered_utc": now or utcnow(),
+        "code": manifest.code_version(),
+    }
 
 
 # --- the registry: nominations/registry/{round}.jsonl, append-only --------------------------
+
 
 def registry_path(nominations_dir: str | os.PathLike, round_id: str) -> Path:
     return Path(nominations_dir) / "registry" / f"{round_id}.jsonl"
@@ -116,7 +125,8 @@ def check_bar(round_id: str, rnd: dict, registered: dict | None, where: str) -> 
         raise RegistrationError(
             f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) is not the bar "
             f"registered for {round_id} at {registered['registered_utc']} (sha256 {reg_sha}, {where}): "
-            "the bar was edited after registration. " + HONEST)
+            "the bar was edited after registration. " + HONEST
+        )
 
 
 def registered(nominations_dir: str | os.PathLike, round_id: str) -> tuple[dict | None, str]:
@@ -130,20 +140,31 @@ def registered(nominations_dir: str | os.PathLike, round_id: str) -> tuple[dict 
     return active(events), str(path)
 
 
-def record_registration(registry: Path, round_id: str, rnd: dict, legacy: dict | None = None,
-                        now: str | None = None) -> dict:
+def record_registration(
+    registry: Path, round_id: str, rnd: dict, legacy: dict | None = None, now: str | None = None
+) -> dict:
     """Register the round's bar unless the registry already holds it; return the entry in force.
     `legacy`: a registration written before the registry existed, adopted with its own time."""
     events = read_registry(registry)
     if not events and legacy and legacy.get("round") == round_id:
         kept = {k: v for k, v in legacy.items() if k not in ("registry", "retired")}
-        events = [_append(registry, {**kept, "event": "registered", "adopted": "from the .bar.json"})]
+        events = [
+            _append(registry, {**kept, "event": "registered", "adopted": "from the .bar.json"})
+        ]
     current, rec = active(events), register(round_id, rnd, now)
     if current and current["bar_sha256"] != rec["bar_sha256"]:
         check_bar(round_id, rnd, current, str(registry))  # refused unless the config retires it
-        _append(registry, {"event": "retired", "round": round_id, "bar_sha256": current["bar_sha256"],
-                           "registered_utc": current["registered_utc"], "retired_utc": now or utcnow(),
-                           "reason": _retirement(rnd, current["bar_sha256"])["reason"]})
+        _append(
+            registry,
+            {
+                "event": "retired",
+                "round": round_id,
+                "bar_sha256": current["bar_sha256"],
+                "registered_utc": current["registered_utc"],
+                "retired_utc": now or utcnow(),
+                "reason": _retirement(rnd, current["bar_sha256"])["reason"],
+            },
+        )
         current = None
     if current is None:
         current = _append(registry, {"event": "registered", **rec})
@@ -156,20 +177,29 @@ def _time(s: str) -> dt.datetime:
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
 
 
-def check_registration(round_id: str, rnd: dict, registration: dict,
-                       readout_times: dict[str, tuple[str, str]]) -> None:
+def check_registration(
+    round_id: str, rnd: dict, registration: dict, readout_times: dict[str, tuple[str, str]]
+) -> None:
     """Raise RegistrationError unless the registered bar is the config's bar and was registered
     no later than every candidate readout; readout_times = {path: (utc iso, 'recorded'|'mtime')}."""
     if registration.get("round") != round_id:
-        raise RegistrationError(f"round {round_id}: the registration is for round "
-                                f"{registration.get('round')!r}")
-    sha, reg_sha, reg_at = bar_sha256(bar.resolve(rnd)), registration["bar_sha256"], registration["registered_utc"]
+        raise RegistrationError(
+            f"round {round_id}: the registration is for round {registration.get('round')!r}"
+        )
+    sha, reg_sha, reg_at = (
+        bar_sha256(bar.resolve(rnd)),
+        registration["bar_sha256"],
+        registration["registered_utc"],
+    )
     if sha != reg_sha:
         raise RegistrationError(
             f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) is not the bar "
             f"registered at {reg_at} (sha256 {reg_sha[:16]}...): the bar was edited after registration. "
-            + HONEST)
-    late = [(p, t, how) for p, (t, how) in sorted(readout_times.items()) if _time(t) < _time(reg_at)]
+            + HONEST
+        )
+    late = [
+        (p, t, how) for p, (t, how) in sorted(readout_times.items()) if _time(t) < _time(reg_at)
+    ]
     if late:
         p, t, how = min(late, key=lambda x: _time(x[1]))
         raise RegistrationError(
@@ -177,21 +207,25 @@ def check_registration(round_id: str, rnd: dict, registration: dict,
             f"{len(readout_times)} candidate readouts it judges were made (e.g. {p}, created {t}, "
             f"{'recorded in the file' if how == 'recorded' else 'file mtime'}): the bar was registered after "
             "scoring, so it is not pre-registered. The registration stands; the candidates must be read out "
-            "after it (e.g. `snakemake --forcerun readout`), or the bar given to a round registered before them.")
+            "after it (e.g. `snakemake --forcerun readout`), or the bar given to a round registered before them."
+        )
 
 
 def check_against_registry(registration: dict, registry: Path) -> dict:
     """The registry's entry in force, which `registration` (the .bar.json) must be a copy of."""
     current = active(read_registry(registry))
     if current is None:
-        raise RegistrationError(f"{registry}: no registration in force for round "
-                                f"{registration.get('round')!r}; `register` writes it")
+        raise RegistrationError(
+            f"{registry}: no registration in force for round "
+            f"{registration.get('round')!r}; `register` writes it"
+        )
     theirs = (registration.get("bar_sha256"), registration.get("registered_utc"))
     if theirs != (current["bar_sha256"], current["registered_utc"]):
         raise RegistrationError(
             f"round {current['round']}: refused. The registration file (bar sha256 {str(theirs[0])[:16]}..., "
             f"registered {theirs[1]}) is not the registry's (sha256 {current['bar_sha256'][:16]}..., "
-            f"registered {current['registered_utc']}, {registry}): it was edited by hand.")
+            f"registered {current['registered_utc']}, {registry}): it was edited by hand."
+        )
     return current
 
 
@@ -207,6 +241,7 @@ def readout_time(path: str) -> tuple[str, str]:
 
 # --- judging ------------------------------------------------------------------------------
 
+
 def _key(rnd: dict, k) -> tuple:
     # {candidate: comparison vs the incumbent on the round's suite/regime} is shorthand
     return (rnd["suite"], rnd["regime"], k, rnd["incumbent"]) if isinstance(k, str) else tuple(k)
@@ -214,12 +249,30 @@ def _key(rnd: dict, k) -> tuple:
 
 def judge(candidate: str, rnd: dict, compares: dict, noises: dict | None = None) -> dict:
     primary = compares[(rnd["suite"], rnd["regime"], candidate, rnd["incumbent"])]
-    clauses = [bar.judge_clause(c, candidate, rnd["incumbent"], compares, noises or {})
-               for c in bar.resolve(rnd)]
-    return {"arm": candidate, "clears": all(c["holds"] for c in clauses), "clauses": clauses,
-            "failed": [c["clause"] for c in clauses if not c["holds"]],
-            **{k: primary.get(k) for k in ("delta", "wins", "losses", "p_value", "ci95", "t",
-                                           "t_items", "accuracy", "ref_accuracy")}}
+    clauses = [
+        bar.judge_clause(c, candidate, rnd["incumbent"], compares, noises or {})
+        for c in bar.resolve(rnd)
+    ]
+    return {
+        "arm": candidate,
+        "clears": all(c["holds"] for c in clauses),
+        "clauses": clauses,
+        "failed": [c["clause"] for c in clauses if not c["holds"]],
+        **{
+            k: primary.get(k)
+            for k in (
+                "delta",
+                "wins",
+                "losses",
+                "p_value",
+                "ci95",
+                "t",
+                "t_items",
+                "accuracy",
+                "ref_accuracy",
+            )
+        },
+    }
 
 
 def promote(verdicts: list[dict], incumbent: str) -> tuple[str, dict | None, list[dict]]:
@@ -236,34 +289,56 @@ def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = 
     """comparisons: {(suite, regime, cand, ref): compare JSON}, or {cand: compare JSON vs the
     incumbent on the round's suite/regime}; noises: {(suite, regime, arm): noise JSON}."""
     compares = {_key(rnd, k): v for k, v in comparisons.items()}
-    missing = sorted({f"{c} vs {ref} on {s}/{r}" for s, r, c, ref in bar.comparisons_needed(rnd)
-                      if (s, r, c, ref) not in compares})
+    missing = sorted(
+        {
+            f"{c} vs {ref} on {s}/{r}"
+            for s, r, c, ref in bar.comparisons_needed(rnd)
+            if (s, r, c, ref) not in compares
+        }
+    )
     if missing:
         raise ValueError(f"round {round_id}: no comparison for {missing}")
     verdicts = [judge(c, rnd, compares, noises) for c in rnd["candidates"]]
     promoted, best, cleared = promote(verdicts, rnd["incumbent"])
     where = f"{rnd['suite']}/{rnd['regime']}"
     if best:
-        reason = (f"{promoted} clears every clause with the largest delta among "
-                  f"{len(cleared)} that clear ({best['delta']:+.2f} pt vs {rnd['incumbent']} on {where})")
+        reason = (
+            f"{promoted} clears every clause with the largest delta among "
+            f"{len(cleared)} that clear ({best['delta']:+.2f} pt vs {rnd['incumbent']} on {where})"
+        )
     else:
-        fails = "; ".join(f"{v['arm']} fails " + ", ".join(
-            bar.describe(c) for c in v["clauses"] if not c["holds"]) for v in verdicts)
+        fails = "; ".join(
+            f"{v['arm']} fails "
+            + ", ".join(bar.describe(c) for c in v["clauses"] if not c["holds"])
+            for v in verdicts
+        )
         reason = f"no candidate clears the bar; the incumbent {promoted} stays ({fails})"
     resolved = bar.resolve(rnd)
-    return {"round": round_id, "suite": rnd["suite"], "regime": rnd["regime"],
-            "incumbent": rnd["incumbent"], "control": rnd.get("control"), "bar": rnd["bar"],
-            "bar_resolved": resolved, "bar_sha256": bar_sha256(resolved),
-            "candidates": verdicts, "promoted": promoted, "reason": reason}
+    return {
+        "round": round_id,
+        "suite": rnd["suite"],
+        "regime": rnd["regime"],
+        "incumbent": rnd["incumbent"],
+        "control": rnd.get("control"),
+        "bar": rnd["bar"],
+        "bar_resolved": resolved,
+        "bar_sha256": bar_sha256(resolved),
+        "candidates": verdicts,
+        "promoted": promoted,
+        "reason": reason,
+    }
 
 
 # --- the seal -----------------------------------------------------------------------------
+
 
 def digest(record: dict) -> str:
     """sha256 of the record as canonical JSON, without its own `digest`; through a JSON round
     trip first, so it is the same before writing and after reading (tuples become lists)."""
     body = json.loads(json.dumps({k: v for k, v in record.items() if k != "digest"}))
-    return manifest.sha256_text(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    return manifest.sha256_text(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    )
 
 
 def seal(record: dict, files: list[str]) -> dict:
@@ -279,23 +354,32 @@ def load_sealed(path: str | os.PathLike, root: str | os.PathLike | None = None) 
     rec = io.read_json(path)
     how = "`snakemake --forcerun nominate` judges the round again; a nomination is only written by `nominate judge`"
     if "digest" not in rec or "inputs" not in rec:
-        raise SealError(f"{path}: not sealed (no digest): written by hand or before nominations were sealed; {how}")
+        raise SealError(
+            f"{path}: not sealed (no digest): written by hand or before nominations were sealed; {how}"
+        )
     if digest(rec) != rec["digest"]:
-        raise SealError(f"{path}: edited after it was sealed: its content's sha256 {digest(rec)[:16]}... "
-                        f"is not its digest {rec['digest'][:16]}...; {how}")
+        raise SealError(
+            f"{path}: edited after it was sealed: its content's sha256 {digest(rec)[:16]}... "
+            f"is not its digest {rec['digest'][:16]}...; {how}"
+        )
     if rec["promoted"] != promote(rec["candidates"], rec["incumbent"])[0]:
-        raise SealError(f"{path}: promotes {rec['promoted']!r}, which its own verdicts do not; {how}")
+        raise SealError(
+            f"{path}: promotes {rec['promoted']!r}, which its own verdicts do not; {how}"
+        )
     for p, sha in ({} if root is None else rec["inputs"]).items():
         f = Path(root) / p
         now = manifest.sha256_file(f) if f.exists() else None
         if now != sha:
-            raise SealError(f"{path}: {p}, which it judged, {'is gone' if now is None else 'changed'} "
-                            f"since the nomination was sealed (sha256 {sha[:16]}...); `snakemake "
-                            "--forcerun nominate` judges the round again on the files as they are")
+            raise SealError(
+                f"{path}: {p}, which it judged, {'is gone' if now is None else 'changed'} "
+                f"since the nomination was sealed (sha256 {sha[:16]}...); `snakemake "
+                "--forcerun nominate` judges the round again on the files as they are"
+            )
     return rec
 
 
 # --- command line -------------------------------------------------------------------------
+
 
 def _register_cmd(args, rnd: dict) -> None:
     out = Path(args.out)
@@ -304,7 +388,9 @@ def _register_cmd(args, rnd: dict) -> None:
     legacy = io.read_json(out) if out.exists() else None
     rec = record_registration(registry, args.round, rnd, legacy)
     io.write_json(out, rec)
-    print(f"round {args.round}: bar sha256 {rec['bar_sha256']} registered at {rec['registered_utc']} ({registry})")
+    print(
+        f"round {args.round}: bar sha256 {rec['bar_sha256']} registered at {rec['registered_utc']} ({registry})"
+    )
 
 
 def _read_judged(args, rnd: dict) -> tuple[dict, dict]:
@@ -329,15 +415,23 @@ def _judge_cmd(args, rnd: dict) -> None:
 
     evals.verify_judged(args.compare, args.noise, args.readouts)
     result = nominate(args.round, rnd, *_read_judged(args, rnd))
-    result["registration"] = {"path": args.registration, "registry": str(registry),
-                              "registered_utc": current["registered_utc"],
-                              "bar_sha256": current["bar_sha256"], "readouts_checked": len(args.readouts)}
+    result["registration"] = {
+        "path": args.registration,
+        "registry": str(registry),
+        "registered_utc": current["registered_utc"],
+        "bar_sha256": current["bar_sha256"],
+        "readouts_checked": len(args.readouts),
+    }
     result = seal(result, [args.registration, *args.compare, *args.noise, *args.readouts])
     io.write_json(args.out, result)
     for v in result["candidates"]:
-        print(f"  {v['arm']}: delta {v['delta']:+.2f} W/L {v['wins']}/{v['losses']} -> "
-              f"{'clears' if v['clears'] else 'fails clauses ' + str(v['failed'])}")
-    print(f"round {args.round}: promoted {result['promoted']} ({result['reason']}); sealed {result['digest']}")
+        print(
+            f"  {v['arm']}: delta {v['delta']:+.2f} W/L {v['wins']}/{v['losses']} -> "
+            f"{'clears' if v['clears'] else 'fails clauses ' + str(v['failed'])}"
+        )
+    print(
+        f"round {args.round}: promoted {result['promoted']} ({result['reason']}); sealed {result['digest']}"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -347,7 +441,9 @@ def _parser() -> argparse.ArgumentParser:
     j = sub.add_parser("judge", help="apply the registered bar; write the sealed nomination")
     v = sub.add_parser("verify", help="check a nomination's seal and the files it judged")
     v.add_argument("nomination")
-    v.add_argument("--root", default=".", help="where the paths it names start (the results directory)")
+    v.add_argument(
+        "--root", default=".", help="where the paths it names start (the results directory)"
+    )
     for p in (r, j):
         p.add_argument("--round", required=True, help="round id")
         p.add_argument("--round-json", required=True, help="the round's config section as JSON")
@@ -366,7 +462,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.cmd == "verify":
             rec = load_sealed(args.nomination, root=args.root)
-            print(f"OK {args.nomination}: digest {rec['digest']}, {len(rec['inputs'])} judged files unchanged")
+            print(
+                f"OK {args.nomination}: digest {rec['digest']}, {len(rec['inputs'])} judged files unchanged"
+            )
         elif args.cmd == "register":
             _register_cmd(args, json.loads(args.round_json))
         else:

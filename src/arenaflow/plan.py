@@ -44,14 +44,17 @@ def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:
         return set()
     corpora = sorted({e.corpus for e in estimates.values() if e.sampling > 0})
     total = sum(e.own for e in estimates.values()) + sum(
-        max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora)
+        max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora
+    )
     eps = TIE / (1.0 + total)
     left = total if math.isinf(left) else left  # no budget: everything fits
     prob = pulp.LpProblem("arenaflow_plan", pulp.LpMaximize)
     x = {a: binary(prob, f"x_{i}") for i, a in enumerate(arms)}
     y = {c: binary(prob, f"y_{i}") for i, c in enumerate(corpora)}
     samp = {c: max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora}
-    cost = pulp.lpSum(estimates[a].own * x[a] for a in arms) + pulp.lpSum(samp[c] * y[c] for c in corpora)
+    cost = pulp.lpSum(estimates[a].own * x[a] for a in arms) + pulp.lpSum(
+        samp[c] * y[c] for c in corpora
+    )
     prob += pulp.lpSum(estimates[a].priority * x[a] for a in arms) - eps * cost
     prob += cost <= max(left, 0.0), "budget"
     for a in arms:
@@ -78,8 +81,11 @@ def plan(b: afbudget.Budget) -> dict:
     chosen = choose(ests, left) if pending else set()
     row_s, row_src = b.row_seconds()
     return {
-        "budget_gpu_minutes": total, "spent": spent, "left": left,
-        "row_seconds": row_s, "row_seconds_from": row_src,
+        "budget_gpu_minutes": total,
+        "spent": spent,
+        "left": left,
+        "row_seconds": row_s,
+        "row_seconds_from": row_src,
         "pending": [{**vars(e), "own": e.own, "chosen": a in chosen} for a, e in ests.items()],
         "chosen": sorted(chosen),
         "chosen_cost": b.cost(chosen),
@@ -98,17 +104,44 @@ def render(p: dict) -> str:
     ]
     if not p["pending"]:
         return "\n".join([*lines, "no pending arms: every arm has runs/{arm}/final"])
-    head = ("arm", "prio", "gpus", "rows", "steps", "train", "readouts", "corpus", "sampling", "needs", "run")
-    rows = [(e["arm"], f"{e['priority']:g}", str(e["gpus"]), str(e["rows"]), str(e["steps"]),
-             f"{e['train']:.1f}", f"{e['readouts']:.1f}", e["corpus"],
-             f"{e['sampling']:.1f}" if e["sampling"] else "-", ",".join(e["needs"]) or "-",
-             "yes" if e["chosen"] else "no") for e in p["pending"]]
+    head = (
+        "arm",
+        "prio",
+        "gpus",
+        "rows",
+        "steps",
+        "train",
+        "readouts",
+        "corpus",
+        "sampling",
+        "needs",
+        "run",
+    )
+    rows = [
+        (
+            e["arm"],
+            f"{e['priority']:g}",
+            str(e["gpus"]),
+            str(e["rows"]),
+            str(e["steps"]),
+            f"{e['train']:.1f}",
+            f"{e['readouts']:.1f}",
+            e["corpus"],
+            f"{e['sampling']:.1f}" if e["sampling"] else "-",
+            ",".join(e["needs"]) or "-",
+            "yes" if e["chosen"] else "no",
+        )
+        for e in p["pending"]
+    ]
     width = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, width)).rstrip())
-    lines += ["", f"all pending arms: {p['all_cost']:.1f} GPU-minutes (a corpus is sampled once)",
-              f"chosen: {' '.join(p['chosen']) or '(none)'}: {p['chosen_cost']:.1f} of {p['left']:.1f} "
-              "GPU-minutes left"]
+    lines += [
+        "",
+        f"all pending arms: {p['all_cost']:.1f} GPU-minutes (a corpus is sampled once)",
+        f"chosen: {' '.join(p['chosen']) or '(none)'}: {p['chosen_cost']:.1f} of {p['left']:.1f} "
+        "GPU-minutes left",
+    ]
     if p["chosen"]:
         lines.append("run: snakemake " + " ".join(f"runs/{a}/final" for a in p["chosen"]))
     return "\n".join(lines)
@@ -126,12 +159,23 @@ def load_config(configfiles: list[str], overrides: list[str]) -> tuple[dict, str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Pending arms, their GPU-minute estimates and the ones "
-                                 "to run under the budget (an integer program).")
-    ap.add_argument("--configfile", nargs="+", default=[str(afconfig.REPO_ROOT / "config/config.yaml")])
-    ap.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="top-level overrides, as snakemake --config (e.g. results_dir=/tmp/r)")
-    ap.add_argument("--gpu-minutes", type=float, default=None, help="the budget (default: budget.gpu_minutes)")
+    ap = argparse.ArgumentParser(
+        description="Pending arms, their GPU-minute estimates and the ones "
+        "to run under the budget (an integer program)."
+    )
+    ap.add_argument(
+        "--configfile", nargs="+", default=[str(afconfig.REPO_ROOT / "config/config.yaml")]
+    )
+    ap.add_argument(
+        "--config",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="top-level overrides, as snakemake --config (e.g. results_dir=/tmp/r)",
+    )
+    ap.add_argument(
+        "--gpu-minutes", type=float, default=None, help="the budget (default: budget.gpu_minutes)"
+    )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
     raw, where = load_config(args.configfile, args.config)
@@ -141,8 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arenaflow config error: {e}", file=sys.stderr)
         return 1
     if "budget" not in cfg and args.gpu_minutes is None:
-        print("no budget: set budget.gpu_minutes in the config or pass --gpu-minutes", file=sys.stderr)
-    b = afbudget.Budget(cfg, results=afconfig.REPO_ROOT / cfg["results_dir"], gpu_minutes=args.gpu_minutes)
+        print(
+            "no budget: set budget.gpu_minutes in the config or pass --gpu-minutes", file=sys.stderr
+        )
+    b = afbudget.Budget(
+        cfg, results=afconfig.REPO_ROOT / cfg["results_dir"], gpu_minutes=args.gpu_minutes
+    )
     p = plan(b)
     print(json.dumps(p, indent=2, default=str) if args.json else render(p))
     return 0

@@ -128,7 +128,11 @@ class Excluded:
 
 
 def generate(
-    n: int, seed: int, split: str, categories: dict[str, float], prefix: str,
+    n: int,
+    seed: int,
+    split: str,
+    categories: dict[str, float],
+    prefix: str,
     exclude: Excluded | None = None,
 ) -> list[dict]:
     """`n` distinct problems of `split`, categories drawn with the given weights, none with an
@@ -169,25 +173,37 @@ def generate(
 KINDS = ("math", "ifeval", "open")
 # MATH subjects' category names: lineage 000's (alg, pre, num, cnt;
 # docs/lineages.md#000-lineage-and-corpora) and the like; other subjects get a slug
-MATH_TYPES = {"Algebra": "alg", "Prealgebra": "pre", "Number Theory": "num",
-              "Counting & Probability": "cnt", "Geometry": "geo",
-              "Intermediate Algebra": "int_alg", "Precalculus": "precalc"}
+MATH_TYPES = {
+    "Algebra": "alg",
+    "Prealgebra": "pre",
+    "Number Theory": "num",
+    "Counting & Probability": "cnt",
+    "Geometry": "geo",
+    "Intermediate Algebra": "int_alg",
+    "Precalculus": "precalc",
+}
 _CALC = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, e.g. <<48/2=24>>
 _THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
 
 
 def validate_rows(rows: list[dict], path: str, kind: str = "math") -> None:
     """Fail on the first bad row with path:line and the reason; nothing is skipped."""
-    fields = ("id", "prompt", "gold", "category") if kind == "math" else ("id", "prompt", "category")
+    fields = (
+        ("id", "prompt", "gold", "category") if kind == "math" else ("id", "prompt", "category")
+    )
     seen: dict[str, int] = {}
     for line, row in enumerate(rows, start=1):
         for field in fields:
             if not isinstance(row.get(field), str) or not row[field]:
                 raise ValueError(f"{path}:{line}: missing or empty {field!r}")
         if not ID_RE.match(row["id"]):
-            raise ValueError(f"{path}:{line}: id {row['id']!r} has characters outside {ID_RE.pattern}")
+            raise ValueError(
+                f"{path}:{line}: id {row['id']!r} has characters outside {ID_RE.pattern}"
+            )
         if row["id"] in seen:
-            raise ValueError(f"{path}:{line}: duplicate id {row['id']!r} (first on line {seen[row['id']]})")
+            raise ValueError(
+                f"{path}:{line}: duplicate id {row['id']!r} (first on line {seen[row['id']]})"
+            )
         seen[row["id"]] = line
         if kind == "ifeval":
             _constraints(row.get("constraints"), f"{path}:{line}")
@@ -199,9 +215,13 @@ def _constraints(value, where: str) -> list[dict]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: unparsable constraint: 'constraints' is not valid JSON ({e.msg})") from None
+            raise ValueError(
+                f"{where}: unparsable constraint: 'constraints' is not valid JSON ({e.msg})"
+            ) from None
     if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: unparsable constraint: 'constraints' must be a non-empty list, got {value!r}")
+        raise ValueError(
+            f"{where}: unparsable constraint: 'constraints' must be a non-empty list, got {value!r}"
+        )
     try:
         return [ifcheck.validate(c) for c in value]
     except ValueError as e:
@@ -212,7 +232,9 @@ def read_table(path: Path, shown: str) -> list[tuple[int, dict]]:
     """(line, row) pairs of a .jsonl (1-based line numbers, blank lines skipped) or .parquet
     (1-based row numbers); a missing value (null, NaN) reads as None."""
     if not path.is_file():
-        raise ValueError(f"{shown}: no such file ({path}; a relative path is relative to the workflow's root)")
+        raise ValueError(
+            f"{shown}: no such file ({path}; a relative path is relative to the workflow's root)"
+        )
     if path.suffix == ".jsonl":
         return io.read_jsonl_numbered(path, shown)
     if path.suffix == ".parquet":
@@ -251,8 +273,12 @@ def _gsm8k(row: dict, where: str) -> dict:
     if _THOUSANDS.match(gold):
         gold = gold.replace(",", "")  # strict comparison is on strings: keep one spelling of N
     work = _CALC.sub("", work).strip()
-    return {"prompt": question, "gold": gold, "category": "gsm8k",
-            "reference": f"{work}\nThe answer is {gold}." if work else f"The answer is {gold}."}
+    return {
+        "prompt": question,
+        "gold": gold,
+        "category": "gsm8k",
+        "reference": f"{work}\nThe answer is {gold}." if work else f"The answer is {gold}.",
+    }
 
 
 def _math(row: dict, where: str) -> dict:
@@ -262,8 +288,11 @@ def _math(row: dict, where: str) -> dict:
     if not gold:
         raise ValueError(f"{where}: missing gold: 'solution' has no non-empty \\boxed{{...}}")
     kind = row.get("type")
-    category = (MATH_TYPES.get(kind) or re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
-                if isinstance(kind, str) and kind.strip() else "math")
+    category = (
+        MATH_TYPES.get(kind) or re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
+        if isinstance(kind, str) and kind.strip()
+        else "math"
+    )
     out = {"prompt": problem, "gold": gold, "category": category, "reference": solution}
     for field in ("level", "type"):
         if row.get(field) is not None:
@@ -273,16 +302,20 @@ def _math(row: dict, where: str) -> dict:
 
 def _ifeval(row: dict, where: str) -> dict:
     constraints = _constraints(row.get("constraints"), where)
-    return {"prompt": _text(row, "prompt", where), "constraints": constraints,
-            "category": constraints[0]["type"]}
+    return {
+        "prompt": _text(row, "prompt", where),
+        "constraints": constraints,
+        "category": constraints[0]["type"],
+    }
 
 
 def _open(row: dict, where: str) -> dict:
     return {"prompt": _text(row, "prompt", where), "category": "open"}
 
 
-def import_rows(pool: str, params: dict, root: Path | None = None,
-                exclude: Excluded | None = None) -> list[dict]:
+def import_rows(
+    pool: str, params: dict, root: Path | None = None, exclude: Excluded | None = None
+) -> list[dict]:
     """Pool rows from params['file'] (see the module docstring), less `exclude`d ones."""
     params = {**afconfig.schema_defaults("pool"), **params}
     kind, shown = params["kind"], params["file"]
@@ -331,9 +364,11 @@ def _unexcluded(pool: str, params: dict, rows: list[dict], exclude: Excluded) ->
     than it needs (n, or at least one) are left."""
     left = [r for r in rows if not exclude.drops(r["prompt"])]
     if len(left) < params.get("n", 1):
-        raise ValueError(f"pool {pool}: {params['file']} has {len(rows)} rows, but only {len(left)} "
-                         f"are left after dropping {exclude.skipped} whose prompt an excluded pool "
-                         f"has; need {params.get('n', 1)}")
+        raise ValueError(
+            f"pool {pool}: {params['file']} has {len(rows)} rows, but only {len(left)} "
+            f"are left after dropping {exclude.skipped} whose prompt an excluded pool "
+            f"has; need {params.get('n', 1)}"
+        )
     return left
 
 
@@ -343,8 +378,10 @@ def _detect(first: tuple[int, dict], shown: str) -> str:
         return "gsm8k"
     if "problem" in row and "solution" in row:
         return "math"
-    raise ValueError(f"{shown}:{line}: cannot tell the format: expected 'question' and 'answer' "
-                     f"(GSM8K) or 'problem' and 'solution' (MATH); found {sorted(row)}")
+    raise ValueError(
+        f"{shown}:{line}: cannot tell the format: expected 'question' and 'answer' "
+        f"(GSM8K) or 'problem' and 'solution' (MATH); found {sorted(row)}"
+    )
 
 
 def _ifeval_rows(pool: str, params: dict, exclude: Excluded) -> list[dict]:
@@ -352,10 +389,16 @@ def _ifeval_rows(pool: str, params: dict, exclude: Excluded) -> list[dict]:
     sequence: ifpool.generate(m)'s rows begin with ifpool.generate(n)'s for m > n, so it is
     asked for as many more as were excluded until n are left (ifpool stays unaware of exclusion;
     with nothing excluded this is one call, as before)."""
+
     def draw(m: int) -> list[dict]:
-        return ifpool.generate(n=m, seed=params["seed"], split=params["split"], prefix=pool,
-                               families=params.get("constraint_families"),
-                               max_constraints=params["max_constraints"])
+        return ifpool.generate(
+            n=m,
+            seed=params["seed"],
+            split=params["split"],
+            prefix=pool,
+            families=params.get("constraint_families"),
+            max_constraints=params["max_constraints"],
+        )
 
     n = m = params["n"]
     rows = draw(m)
@@ -366,8 +409,9 @@ def _ifeval_rows(pool: str, params: dict, exclude: Excluded) -> list[dict]:
     return [{**r, "id": f"{pool}-{i:05d}"} for i, r in enumerate(kept)]  # ids stay consecutive
 
 
-def build(pool: str, params: dict, root: Path | None = None,
-          exclude: Excluded | None = None) -> list[dict]:
+def build(
+    pool: str, params: dict, root: Path | None = None, exclude: Excluded | None = None
+) -> list[dict]:
     """A pool's rows from its config section, none with an `exclude`d prompt; a key it does not
     set is config.schema.yaml's default (resolution does not fill them: the section is the
     build_pool param)."""
@@ -379,8 +423,14 @@ def build(pool: str, params: dict, root: Path | None = None,
     if "file" in params:
         rows = import_rows(pool, params, root, exclude)
     elif kind == "math":
-        rows = generate(n=params["n"], seed=params["seed"], split=params["split"],
-                        categories=params["categories"], prefix=pool, exclude=exclude)
+        rows = generate(
+            n=params["n"],
+            seed=params["seed"],
+            split=params["split"],
+            categories=params["categories"],
+            prefix=pool,
+            exclude=exclude,
+        )
     elif kind == "ifeval":
         rows = _ifeval_rows(pool, params, exclude)
     else:
@@ -394,9 +444,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pool", required=True, help="pool id (prefix of every generated row id)")
     ap.add_argument("--params-json", required=True, help="the pool's config section as JSON")
     ap.add_argument("--out", required=True, help="pools/{pool}.jsonl")
-    ap.add_argument("--exclude", nargs="*", default=None, metavar="FILE",
-                    help="built pools whose prompts this pool may not reuse (default: "
-                         "pools/{id}.jsonl of each id in the section's `exclude`, from the cwd)")
+    ap.add_argument(
+        "--exclude",
+        nargs="*",
+        default=None,
+        metavar="FILE",
+        help="built pools whose prompts this pool may not reuse (default: "
+        "pools/{id}.jsonl of each id in the section's `exclude`, from the cwd)",
+    )
     args = ap.parse_args(argv)
     params = json.loads(args.params_json)
     if args.exclude is None:
@@ -407,12 +462,16 @@ def main(argv: list[str] | None = None) -> None:
     # reuses the prompts its config says it does not
     missing = sorted(set(params.get("exclude", [])) - {Path(f).stem for f in args.exclude})
     if missing:
-        ap.error(f"pool {args.pool} excludes {missing}: pass their files, --exclude pools/<id>.jsonl")
+        ap.error(
+            f"pool {args.pool} excludes {missing}: pass their files, --exclude pools/<id>.jsonl"
+        )
     exclude = Excluded.from_files(args.exclude)
     rows = build(args.pool, params, exclude=exclude)
     io.write_jsonl(args.out, rows)
-    print(f"pool {args.pool}: {len(rows)} rows -> {args.out}; {exclude.skipped} candidates "
-          f"skipped as excluded ({len(exclude)} prompts of {len(args.exclude)} excluded pools)")
+    print(
+        f"pool {args.pool}: {len(rows)} rows -> {args.out}; {exclude.skipped} candidates "
+        f"skipped as excluded ({len(exclude)} prompts of {len(args.exclude)} excluded pools)"
+    )
 
 
 def check_exclude(pools: dict) -> list[tuple[str, str]]:
@@ -425,14 +484,23 @@ def check_exclude(pools: dict) -> list[tuple[str, str]]:
             if other == pid:
                 problems.append((f"pools/{pid}/exclude", f"pool {pid!r} cannot exclude itself"))
             elif other not in pools:
-                problems.append((f"pools/{pid}/exclude", f"unknown pool {other!r}; known: {sorted(pools)}"))
-    graph = {pid: [o for o in p.get("exclude", []) if o in pools and o != pid] for pid, p in pools.items()}
+                problems.append(
+                    (f"pools/{pid}/exclude", f"unknown pool {other!r}; known: {sorted(pools)}")
+                )
+    graph = {
+        pid: [o for o in p.get("exclude", []) if o in pools and o != pid]
+        for pid, p in pools.items()
+    }
     try:
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as e:
         cycle = e.args[1][::-1]  # [a, ..., a], a pool before the one it excludes
-        problems.append((f"pools/{cycle[0]}/exclude",
-                         f"pools exclude each other in a cycle: {' excludes '.join(cycle)}"))
+        problems.append(
+            (
+                f"pools/{cycle[0]}/exclude",
+                f"pools exclude each other in a cycle: {' excludes '.join(cycle)}",
+            )
+        )
     return problems
 
 

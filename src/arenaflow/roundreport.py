@@ -75,8 +75,13 @@ def dose_response(path: Path, rnd: dict, arms: dict, compares: dict, noises: dic
         nz = noises.get((regime, rnd["incumbent"]))
         if nz:
             m = nz["mean_abs_delta"]
-            ax.axhspan(-m, m, color=bars[0].get_color(), alpha=0.12,
-                       label=f"{regime}: noise floor of {rnd['incumbent']} (±{m:.2f} pt)")
+            ax.axhspan(
+                -m,
+                m,
+                color=bars[0].get_color(),
+                alpha=0.12,
+                label=f"{regime}: noise floor of {rnd['incumbent']} (±{m:.2f} pt)",
+            )
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(range(len(order)), [_label(a, arms) for a in order])
     ax.set_ylabel(f"Δ accuracy vs {rnd['incumbent']} (pt), 95% CI")
@@ -112,7 +117,10 @@ def merges(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
     lines = dose_lines(rnd, arms)
     soups = [a for a in rnd["candidates"] if "weights" in arms.get(a, {}) and "dose" not in arms[a]]
     if not lines and not soups:
-        _empty(path, "No merge or dose arm among this round's candidates\n(config/arms/<arm>.yaml with merge: or dose:).")
+        _empty(
+            path,
+            "No merge or dose arm among this round's candidates\n(config/arms/<arm>.yaml with merge: or dose:).",
+        )
         return
     plt = _plt()
     regimes = sorted({r for (r, _c) in compares})
@@ -120,12 +128,21 @@ def merges(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (kind, key) in zip(axes[0], panels):
         for k, regime in enumerate(regimes):
-            names = list(lines[key].items()) if kind == "line" else \
-                [(i, a) for i, a in enumerate(_soup_members(soups, arms))]
+            names = (
+                list(lines[key].items())
+                if kind == "line"
+                else [(i, a) for i, a in enumerate(_soup_members(soups, arms))]
+            )
             pts = [(x, a, _delta(compares, regime, a, rnd["incumbent"])) for x, a in names]
             pts = [(x + 0.06 * (k - (len(regimes) - 1) / 2), a, d) for x, a, d in pts if d]
-            ax.errorbar([p[0] for p in pts], [p[2][0] for p in pts], fmt="o-" if kind == "line" else "o",
-                        yerr=[[p[2][1] for p in pts], [p[2][2] for p in pts]], capsize=4, label=regime)
+            ax.errorbar(
+                [p[0] for p in pts],
+                [p[2][0] for p in pts],
+                fmt="o-" if kind == "line" else "o",
+                yerr=[[p[2][1] for p in pts], [p[2][2] for p in pts]],
+                capsize=4,
+                label=regime,
+            )
             if kind == "line" and k == 0:
                 for x, a, d in pts:
                     ax.annotate(a, (x, d[0]), textcoords="offset points", xytext=(4, 6), fontsize=7)
@@ -157,7 +174,9 @@ def wins_losses(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
     plt = _plt()
     order = sweep_order(rnd["candidates"], arms)
     regimes = sorted({r for (r, _c) in compares})
-    fig, axes = plt.subplots(1, len(regimes), figsize=(4 + 1.2 * len(order) * len(regimes), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(regimes), figsize=(4 + 1.2 * len(order) * len(regimes), 4), squeeze=False
+    )
     for ax, regime in zip(axes[0], regimes):
         xs = range(len(order))
         cs = [compares.get((regime, a), {}) for a in order]
@@ -177,8 +196,11 @@ def wins_losses(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
 
 def noise_floor(path: Path, noises: dict) -> None:
     if not noises:
-        _empty(path, "No regime of this round's suite is read out with K >= 2 replicates,\n"
-               "so no noise floor was measured (set replicates: K in config evals).")
+        _empty(
+            path,
+            "No regime of this round's suite is read out with K >= 2 replicates,\n"
+            "so no noise floor was measured (set replicates: K in config evals).",
+        )
         return
     plt = _plt()
     regimes = sorted({r for r, _a in noises})
@@ -191,8 +213,14 @@ def noise_floor(path: Path, noises: dict) -> None:
             ax.vlines(i, min(acc), max(acc), color=GREY, lw=6, alpha=0.5)
             ax.plot([i] * len(acc), acc, "o", color=BLUE)
             t = "n/a" if nz["max_abs_t"] is None else f"{nz['max_abs_t']:.2f}"
-            ax.text(i + 0.1, sum(acc) / len(acc), f"spread {nz['spread']:.2f} pt\n"
-                    f"mean|Δ| {nz['mean_abs_delta']:.2f} pt\nmax|t| {t}", ha="left", va="center", fontsize=7)
+            ax.text(
+                i + 0.1,
+                sum(acc) / len(acc),
+                f"spread {nz['spread']:.2f} pt\nmean|Δ| {nz['mean_abs_delta']:.2f} pt\nmax|t| {t}",
+                ha="left",
+                va="center",
+                fontsize=7,
+            )
         ax.set_xticks(range(len(arms)), arms)
         ax.set_xlim(-0.5, len(arms) - 0.1)
         ax.set_ylabel("replicate accuracy (%)")
@@ -201,8 +229,11 @@ def noise_floor(path: Path, noises: dict) -> None:
 
 
 def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
-    curves = {a: io.read_jsonl(d / "metrics.jsonl") for a, d in runs.items()
-              if (d / "metrics.jsonl").is_file()}
+    curves = {
+        a: io.read_jsonl(d / "metrics.jsonl")
+        for a, d in runs.items()
+        if (d / "metrics.jsonl").is_file()
+    }
     if not curves:
         _empty(path, "No training metrics (runs/{arm}/final/metrics.jsonl) for this round's arms.")
         return
@@ -210,8 +241,12 @@ def loss_curves(path: Path, runs: dict[str, Path], incumbent: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for a, rows in sorted(curves.items()):
         rows = [r for r in rows if r.get("loss") is not None]
-        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], "--" if a == incumbent else "-",
-                label=f"{a} (incumbent)" if a == incumbent else a)
+        ax.plot(
+            [r["step"] for r in rows],
+            [r["loss"] for r in rows],
+            "--" if a == incumbent else "-",
+            label=f"{a} (incumbent)" if a == incumbent else a,
+        )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss")
     ax.set_title("loss curves (runs/{arm}/final/metrics.jsonl)")
@@ -248,27 +283,59 @@ def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
     levels: dict[int, list[str]] = {}
     for a in sorted(keep):
         levels.setdefault(d(a), []).append(a)
-    pos = {a: (lv, i - (len(names) - 1) / 2) for lv, names in levels.items() for i, a in enumerate(names)}
-    fig, ax = plt.subplots(figsize=(2 + 1.8 * len(levels), 1.5 + 0.8 * max(map(len, levels.values()))))
+    pos = {
+        a: (lv, i - (len(names) - 1) / 2)
+        for lv, names in levels.items()
+        for i, a in enumerate(names)
+    }
+    fig, ax = plt.subplots(
+        figsize=(2 + 1.8 * len(levels), 1.5 + 0.8 * max(map(len, levels.values())))
+    )
     for a in keep - {"base"}:
         for src, style in _sources(arms[a]):
             # a corpus sampled by the init itself adds no information: draw it once, solid
             if src in pos and (style != "--" or src != arms[a]["init"]):
                 (x0, y0), (x1, y1) = pos[src], pos[a]
-                ax.annotate("", (x1, y1), (x0, y0), arrowprops={
-                    "arrowstyle": "-|>", "ls": style, "shrinkA": 16, "shrinkB": 16,  # stop at the boxes
-                    "color": GREY if style == "--" else "black"})
+                ax.annotate(
+                    "",
+                    (x1, y1),
+                    (x0, y0),
+                    arrowprops={
+                        "arrowstyle": "-|>",
+                        "ls": style,
+                        "shrinkA": 16,
+                        "shrinkB": 16,  # stop at the boxes
+                        "color": GREY if style == "--" else "black",
+                    },
+                )
     for a, (x, y) in pos.items():
-        color = GOLD if a == promoted else BLUE if a == rnd["incumbent"] else \
-            "#c8e6c9" if a in rnd["candidates"] else "#eeeeee"
-        ax.text(x, y, a, ha="center", va="center", fontsize=9,
-                bbox={"boxstyle": "round", "fc": color, "ec": "black"},
-                color="white" if color == BLUE else "black")
+        color = (
+            GOLD
+            if a == promoted
+            else BLUE
+            if a == rnd["incumbent"]
+            else "#c8e6c9"
+            if a in rnd["candidates"]
+            else "#eeeeee"
+        )
+        ax.text(
+            x,
+            y,
+            a,
+            ha="center",
+            va="center",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": color, "ec": "black"},
+            color="white" if color == BLUE else "black",
+        )
     ax.set_xlim(-0.6, max(levels) + 0.6)
     ax.set_ylim(min(p[1] for p in pos.values()) - 0.8, max(p[1] for p in pos.values()) + 0.8)
     ax.axis("off")
-    ax.set_title(f"round lineage: init (solid), corpus sampled by (dashed), merged from (dotted); "
-                 f"gold = promoted {promoted}", fontsize=9)
+    ax.set_title(
+        f"round lineage: init (solid), corpus sampled by (dashed), merged from (dotted); "
+        f"gold = promoted {promoted}",
+        fontsize=9,
+    )
     _save(plt, fig, path)
 
 
@@ -278,30 +345,39 @@ def _fmt(x) -> str:
 
 def nomination_html(nom: dict, registration: dict) -> str:
     e = html.escape
-    head = "".join(f"<th>{e(str(c['clause']))}. {e(c['metric'])}"
-                   f"{' vs ' + e(c['against']) if c.get('against') else ''} {e(c['op'])} "
-                   f"{e(_fmt(c['value'])) if 'value' in c else e(str(c['noise']['times'])) + ' x ' + e(c['noise']['stat'])}"
-                   f"<br><small>{e(c['suite'])}/{e(c['regime'])}</small></th>" for c in nom["bar_resolved"])
+    head = "".join(
+        f"<th>{e(str(c['clause']))}. {e(c['metric'])}"
+        f"{' vs ' + e(c['against']) if c.get('against') else ''} {e(c['op'])} "
+        f"{e(_fmt(c['value'])) if 'value' in c else e(str(c['noise']['times'])) + ' x ' + e(c['noise']['stat'])}"
+        f"<br><small>{e(c['suite'])}/{e(c['regime'])}</small></th>"
+        for c in nom["bar_resolved"]
+    )
     rows = []
     for v in nom["candidates"]:
         cells = "".join(
             f"<td class={'ok' if c['holds'] else 'no'}>{e(_fmt(c['observed']))} {e(c['op'])} "
-            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}</td>" for c in v["clauses"])
+            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}</td>"
+            for c in v["clauses"]
+        )
         mark = " (promoted)" if v["arm"] == nom["promoted"] else ""
-        rows.append(f"<tr><th>{e(v['arm'])}{mark}</th><td>{_fmt(v['delta'])}</td>"
-                    f"<td>{v['wins']}/{v['losses']}</td><td>{_fmt(v['p_value'])}</td>"
-                    f"<td>{_fmt(v.get('t'))}</td>{cells}<td>{'yes' if v['clears'] else 'no'}</td></tr>")
-    notes = "".join(f"<li>{c['clause']}: {e(c['note'])}</li>" for c in nom["bar_resolved"] if c.get("note"))
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>round {e(nom['round'])}</title>
+        rows.append(
+            f"<tr><th>{e(v['arm'])}{mark}</th><td>{_fmt(v['delta'])}</td>"
+            f"<td>{v['wins']}/{v['losses']}</td><td>{_fmt(v['p_value'])}</td>"
+            f"<td>{_fmt(v.get('t'))}</td>{cells}<td>{'yes' if v['clears'] else 'no'}</td></tr>"
+        )
+    notes = "".join(
+        f"<li>{c['clause']}: {e(c['note'])}</li>" for c in nom["bar_resolved"] if c.get("note")
+    )
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>round {e(nom["round"])}</title>
 <style>body{{font-family:sans-serif}} td,th{{border:1px solid #ccc;padding:4px 8px;text-align:center}}
 table{{border-collapse:collapse}} .ok{{background:#e8f5e9}} .no{{background:#ffebee}}</style></head><body>
-<h2>Round {e(nom['round'])}: promoted {e(nom['promoted'])}</h2>
-<p>{e(nom['reason'])}</p>
-<p>Primary comparison: {e(nom['suite'])}/{e(nom['regime'])} against the incumbent {e(nom['incumbent'])}.
-Bar sha256 <code>{e(nom['bar_sha256'])}</code>, registered {e(registration.get('registered_utc', '?'))}
-before the {e(str(nom.get('registration', {}).get('readouts_checked', '?')))} candidate readouts it judges.</p>
+<h2>Round {e(nom["round"])}: promoted {e(nom["promoted"])}</h2>
+<p>{e(nom["reason"])}</p>
+<p>Primary comparison: {e(nom["suite"])}/{e(nom["regime"])} against the incumbent {e(nom["incumbent"])}.
+Bar sha256 <code>{e(nom["bar_sha256"])}</code>, registered {e(registration.get("registered_utc", "?"))}
+before the {e(str(nom.get("registration", {}).get("readouts_checked", "?")))} candidate readouts it judges.</p>
 <table><tr><th>arm</th><th>Δ (pt)</th><th>W/L</th><th>McNemar p</th><th>t (replicates)</th>{head}<th>clears</th></tr>
-{''.join(rows)}</table>{f'<ul>{notes}</ul>' if notes else ''}</body></html>
+{"".join(rows)}</table>{f"<ul>{notes}</ul>" if notes else ""}</body></html>
 """
 
 
@@ -309,11 +385,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--round", required=True)
     ap.add_argument("--round-json", required=True)
-    ap.add_argument("--arms-json", required=True,
-                    help="{arm: {init, policy, lr}} ({arm: {init, weights[, dose]}} for a merge)")
+    ap.add_argument(
+        "--arms-json",
+        required=True,
+        help="{arm: {init, policy, lr}} ({arm: {init, weights[, dose]}} for a merge)",
+    )
     ap.add_argument("--nomination", required=True)
     ap.add_argument("--registration", required=True)
-    ap.add_argument("--compare", nargs="*", default=[], help="candidates vs the incumbent, any regime")
+    ap.add_argument(
+        "--compare", nargs="*", default=[], help="candidates vs the incumbent, any regime"
+    )
     ap.add_argument("--noise", nargs="*", default=[])
     ap.add_argument("--runs", nargs="*", default=[], help="runs/{arm}/final of the round's arms")
     ap.add_argument("--out-dir", required=True)
@@ -332,7 +413,9 @@ def main(argv: list[str] | None = None) -> None:
     merges(out / "merges.png", rnd, arms, compares)
     wins_losses(out / "wins_losses.png", rnd, arms, compares)
     noise_floor(out / "noise_floor.png", noises)
-    loss_curves(out / "loss_curves.png", {Path(r).parent.name: Path(r) for r in args.runs}, rnd["incumbent"])
+    loss_curves(
+        out / "loss_curves.png", {Path(r).parent.name: Path(r) for r in args.runs}, rnd["incumbent"]
+    )
     lineage(out / "lineage.png", rnd, arms, nom["promoted"])
     io.write_text(out / "nomination.html", nomination_html(nom, reg))
     print(f"round {args.round}: report files in {out} ({bar.bar_sha256(nom['bar_resolved'])[:12]})")

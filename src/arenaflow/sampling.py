@@ -91,12 +91,24 @@ def generate(
     return out
 
 
-def _decode_batch(model, enc: dict, decoding: Decoding, k: int, stops: list[int], pad: int,
-                  engine: str, cache_implementation: str | None) -> list[list[int]]:
+def _decode_batch(
+    model,
+    enc: dict,
+    decoding: Decoding,
+    k: int,
+    stops: list[int],
+    pad: int,
+    engine: str,
+    cache_implementation: str | None,
+) -> list[list[int]]:
     """The new tokens of `k` samples per prompt of the left-padded batch `enc`, prompt-major."""
     if engine == "static":
-        ids, mask = (enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask"))
-        decoder = decode.decoder_for(model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad)
+        ids, mask = (
+            enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask")
+        )
+        decoder = decode.decoder_for(
+            model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad
+        )
         return decoder.run(ids, mask)
     gen = model.generate(
         **enc,
@@ -135,5 +147,9 @@ def left_pad(tokenizer, texts: list[str], pad: int, multiple: int = 1) -> dict:
 def progress(desc: str, done: int, total: int, k: int, tokens: int, elapsed: float) -> None:
     """One line per batch, so a log shows how far a long job is and when it will end."""
     eta = elapsed / done * (total - done) if done else 0.0
-    print(f"{desc}: {done}/{total} prompts x{k} | {tokens} tok | {tokens / max(elapsed, 1e-9):.0f} tok/s "
-          f"| {elapsed:.1f}s | ETA {eta:.0f}s", file=sys.stderr, flush=True)
+    print(
+        f"{desc}: {done}/{total} prompts x{k} | {tokens} tok | {tokens / max(elapsed, 1e-9):.0f} tok/s "
+        f"| {elapsed:.1f}s | ETA {eta:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )

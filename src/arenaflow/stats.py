@@ -47,14 +47,20 @@ def binary(values, name: str, labels=None) -> np.ndarray:
     if arr.dtype.kind in "biuf":
         num = arr.astype(float)
     else:  # object columns (None, strings): only numbers can be outcomes
-        num = np.vectorize(lambda v: float(v) if isinstance(v, (bool, int, float, np.number)) else np.nan,
-                           otypes=[float])(arr)
+        num = np.vectorize(
+            lambda v: float(v) if isinstance(v, (bool, int, float, np.number)) else np.nan,
+            otypes=[float],
+        )(arr)
     bad = ~np.isin(num, (0.0, 1.0))  # NaN is in neither
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         value = arr[idx].item() if isinstance(arr[idx], np.generic) else arr[idx]
-        at = labels[idx[0]] if labels is not None else f"position {idx[0] if len(idx) == 1 else idx}"
-        raise ValueError(f"{name}: {int(bad.sum())} of {bad.size} outcomes are not 0/1, e.g. {value!r} at {at}")
+        at = (
+            labels[idx[0]] if labels is not None else f"position {idx[0] if len(idx) == 1 else idx}"
+        )
+        raise ValueError(
+            f"{name}: {int(bad.sum())} of {bad.size} outcomes are not 0/1, e.g. {value!r} at {at}"
+        )
     return num.astype(bool)
 
 
@@ -92,15 +98,21 @@ def from_counts(wins: int, losses: int, n: int | None = None) -> dict:
     (wins x +1, losses x -1, the rest 0)."""
     if min(wins, losses) < 0:
         raise ValueError(f"counts must be >= 0, got wins={wins} losses={losses}")
-    out = {"wins": int(wins), "losses": int(losses), "discordant": int(wins + losses),
-           "wins_minus_losses": int(wins - losses), "p_value": mcnemar_exact(wins, losses)}
+    out = {
+        "wins": int(wins),
+        "losses": int(losses),
+        "discordant": int(wins + losses),
+        "wins_minus_losses": int(wins - losses),
+        "p_value": mcnemar_exact(wins, losses),
+    }
     if n is not None:
         if n < wins + losses:
             raise ValueError(f"n={n} is smaller than wins + losses = {wins + losses}")
         diff = np.concatenate([np.ones(wins), -np.ones(losses), np.zeros(n - wins - losses)])
         t, tp = t_one_sample(diff)
-        out.update(n=int(n), delta=100.0 * (wins - losses) / n if n else 0.0,
-                   t_items=t, t_items_p_value=tp)
+        out.update(
+            n=int(n), delta=100.0 * (wins - losses) / n if n else 0.0, t_items=t, t_items_p_value=tp
+        )
     return out
 
 
@@ -109,13 +121,23 @@ def bootstrap_ci(diff: np.ndarray, seed: int = 0, level: float = 0.95) -> tuple[
     diff = np.asarray(diff, dtype=float)
     if len(diff) < 2 or np.all(diff == diff[0]):
         return (float(diff.mean() * 100), float(diff.mean() * 100)) if len(diff) else (0.0, 0.0)
-    res = stats.bootstrap((diff,), np.mean, confidence_level=level, n_resamples=2000,
-                          random_state=np.random.default_rng(seed), method="BCa")
+    res = stats.bootstrap(
+        (diff,),
+        np.mean,
+        confidence_level=level,
+        n_resamples=2000,
+        random_state=np.random.default_rng(seed),
+        method="BCa",
+    )
     return float(res.confidence_interval.low * 100), float(res.confidence_interval.high * 100)
 
 
-def paired(cand: np.ndarray, ref: np.ndarray, seed: int = 0,
-           names: tuple[str, str] = ("candidate", "reference")) -> dict:
+def paired(
+    cand: np.ndarray,
+    ref: np.ndarray,
+    seed: int = 0,
+    names: tuple[str, str] = ("candidate", "reference"),
+) -> dict:
     """Paired comparison of two 0/1 correctness vectors over the same items; `names` say in an
     error which readouts the vectors are."""
     cand, ref = binary(cand, names[0]), binary(ref, names[1])
@@ -151,8 +173,12 @@ def t_over_replicates(cand_acc, ref_acc) -> dict:
         raise ValueError(f"replicate counts differ: {cand_acc.shape} vs {ref_acc.shape}")
     deltas = cand_acc - ref_acc
     t, p = t_one_sample(deltas)
-    return {"t": t, "t_p_value": p, "t_df": int(len(deltas) - 1) if len(deltas) > 1 else None,
-            "replicate_deltas": [float(d) for d in deltas]}
+    return {
+        "t": t,
+        "t_p_value": p,
+        "t_df": int(len(deltas) - 1) if len(deltas) > 1 else None,
+        "replicate_deltas": [float(d) for d in deltas],
+    }
 
 
 def noise_from_accuracies(accuracies) -> dict:
@@ -165,8 +191,12 @@ def noise_from_accuracies(accuracies) -> dict:
     if len(acc) < 2:
         raise ValueError(f"a noise floor needs >= 2 replicates, got {len(acc)}")
     deltas = [abs(a - b) for a, b in itertools.combinations(acc, 2)]
-    return {"replicate_accuracies": acc, "spread": max(acc) - min(acc),
-            "mean_abs_delta": float(np.mean(deltas)), "max_abs_delta": float(max(deltas))}
+    return {
+        "replicate_accuracies": acc,
+        "spread": max(acc) - min(acc),
+        "mean_abs_delta": float(np.mean(deltas)),
+        "max_abs_delta": float(max(deltas)),
+    }
 
 
 def noise_floor(correct, name: str = "noise floor") -> dict:
@@ -191,9 +221,18 @@ def noise_floor(correct, name: str = "noise floor") -> dict:
     pairs = []
     for i, j in itertools.combinations(range(mat.shape[0]), 2):
         p = paired(mat[i], mat[j])
-        pairs.append({"a": i, "b": j, **{k: p[k] for k in (
-            "delta", "wins", "losses", "p_value", "t_items", "t_items_p_value")}})
+        pairs.append(
+            {
+                "a": i,
+                "b": j,
+                **{
+                    k: p[k]
+                    for k in ("delta", "wins", "losses", "p_value", "t_items", "t_items_p_value")
+                },
+            }
+        )
     ts = [abs(p["t_items"]) for p in pairs if p["t_items"] is not None]
-    out.update(k=int(mat.shape[0]), n=int(mat.shape[1]), pairs=pairs,
-               max_abs_t=max(ts) if ts else None)
+    out.update(
+        k=int(mat.shape[0]), n=int(mat.shape[1]), pairs=pairs, max_abs_t=max(ts) if ts else None
+    )
     return out

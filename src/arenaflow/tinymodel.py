@@ -74,9 +74,12 @@ def _example(row: dict, rng: random.Random) -> list[dict]:
 def pass_at_1(model, tokenizer, rows: list[dict], seed: int) -> float:
     prompts = [chat.render(chat.prompt_messages(SYSTEM_PROMPT, r["prompt"]), True) for r in rows]
     dec = sampling.Decoding(temperature=0.8, max_new_tokens=48)
-    outs = sampling.generate(model, tokenizer, prompts, dec, k=1, seed=seed, batch_size=200,
-                             desc="pass@1")
-    return sum(verify.check(o[0]["text"], r["gold"])["strict"] for o, r in zip(outs, rows)) / len(rows)
+    outs = sampling.generate(
+        model, tokenizer, prompts, dec, k=1, seed=seed, batch_size=200, desc="pass@1"
+    )
+    return sum(verify.check(o[0]["text"], r["gold"])["strict"] for o, r in zip(outs, rows)) / len(
+        rows
+    )
 
 
 def train(args) -> tuple[dict, dict]:
@@ -106,16 +109,23 @@ def train(args) -> tuple[dict, dict]:
         opt.step()
         if step % args.eval_every == 0:
             p1 = pass_at_1(model, tokenizer, eval_rows, seed=step)
-            history.append({"step": step, "loss": round(loss.item(), 4), "pass_at_1": p1,
-                            "elapsed_s": round(time.time() - t0, 1)})
+            history.append(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 4),
+                    "pass_at_1": p1,
+                    "elapsed_s": round(time.time() - t0, 1),
+                }
+            )
             print(json.dumps(history[-1]), file=sys.stderr, flush=True)
             if chosen is None and args.min_pass <= p1 <= args.max_pass:
                 chosen = {"step": step, "pass_at_1": p1, "state": copy.deepcopy(model.state_dict())}
             if chosen is not None and p1 > args.max_pass:
                 break
     if chosen is None:
-        raise SystemExit(f"no checkpoint reached pass@1 in [{args.min_pass}, {args.max_pass}]: "
-                         f"{history}")
+        raise SystemExit(
+            f"no checkpoint reached pass@1 in [{args.min_pass}, {args.max_pass}]: {history}"
+        )
     model.load_state_dict(chosen.pop("state"))
     return {"model": model, "tokenizer": tokenizer}, {"chosen": chosen, "history": history}
 
@@ -139,14 +149,17 @@ def main(argv: list[str] | None = None) -> None:
         built["model"].save_pretrained(tmp)
         built["tokenizer"].save_pretrained(tmp)
         record.update(
-            command="python -m arenaflow.tinymodel " + " ".join(sys.argv[1:] if argv is None else argv),
+            command="python -m arenaflow.tinymodel "
+            + " ".join(sys.argv[1:] if argv is None else argv),
             args=vars(args),
             system_prompt=SYSTEM_PROMPT,
             weights_sha256=manifest.sha256_file(tmp / "model.safetensors"),
         )
         io.write_json(tmp / "BUILD.json", record)
-    print(f"tiny model -> {out}: step {record['chosen']['step']}, pass@1 "
-          f"{record['chosen']['pass_at_1']:.3f}, sha256 {record['weights_sha256']}")
+    print(
+        f"tiny model -> {out}: step {record['chosen']['step']}, pass@1 "
+        f"{record['chosen']['pass_at_1']:.3f}, sha256 {record['weights_sha256']}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,24 +32,34 @@ RULE = "arenaflow-math/2"
 
 _STATEMENT = re.compile(r"\banswer(?:\s+is\b\s*:?|\s*[:=])", re.IGNORECASE)
 _HASHES = re.compile(r"####")
-_BOX_JOIN = re.compile(r"[\s$]*(?:,|and|or|\\text\{\s*(?:,|and|or)\s*\}|\\q?quad)?[\s$]*"
-                       r"(?:[A-Za-z]\s*=\s*)?", re.IGNORECASE)
+_BOX_JOIN = re.compile(
+    r"[\s$]*(?:,|and|or|\\text\{\s*(?:,|and|or)\s*\}|\\q?quad)?[\s$]*"
+    r"(?:[A-Za-z]\s*=\s*)?",
+    re.IGNORECASE,
+)
 # Where a stated answer ends: a sentence stop (not a decimal point), a clause after a comma, a
 # parenthetical aside.
 _STOP = re.compile(r"\.(?=\s|$)|[!?;]|,\s+(?=[A-Za-z][a-z'])|\s+\(")
 # Inline math whose content starts with a digit must be one token ("$18$"): "$10 ... $2" is two
 # amounts of money, not math.
-_MATH = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)"
-                   r"|(?<![\\$])\$((?:[^\d\s$]|\\\$)(?:[^$\n]|\\\$)*?|\d[^\s$]*)(?<!\\)\$", re.DOTALL)
-_NUMBER = re.compile(r"-?\\frac\{[^{}]*\}\{[^{}]*\}|-?\\frac\d\d"
-                     r"|(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:/\d+)?")
+_MATH = re.compile(
+    r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)"
+    r"|(?<![\\$])\$((?:[^\d\s$]|\\\$)(?:[^$\n]|\\\$)*?|\d[^\s$]*)(?<!\\)\$",
+    re.DOTALL,
+)
+_NUMBER = re.compile(
+    r"-?\\frac\{[^{}]*\}\{[^{}]*\}|-?\\frac\d\d"
+    r"|(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:/\d+)?"
+)
 _FRAC = re.compile(r"^(-?)\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}$")
 # Words after a number that make it a hedge or a range rather than a unit ("18 or 20 ...").
 _NOT_UNITS = {"or", "and", "to", "not", "more", "less", "than", "plus", "minus", "times"}
 # A whole answer that is one number: optional currency, thousands separators, then a percent
 # sign or up to three unit words ("12 apples", "2.5 hours"); "5x" and "5 x" are not numbers.
-_WHOLE_NUMBER = re.compile(r"^[$€£¥]?\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+)"
-                           r"(\s*%|(?:\s+[A-Za-z]{2,}){0,3})\s*$")
+_WHOLE_NUMBER = re.compile(
+    r"^[$€£¥]?\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+)"
+    r"(\s*%|(?:\s+[A-Za-z]{2,}){0,3})\s*$"
+)
 _EQUALS = re.compile(r"(?<![<>!\\])=")
 
 
@@ -61,7 +71,7 @@ def boxes(text: str) -> list[tuple[int, int, str]]:
         if m.group() == "}":
             if stack and stack[-1][0] == depth:
                 _, start, content = stack.pop()
-                out.append((start, m.end(), text[content:m.start()].strip()))
+                out.append((start, m.end(), text[content : m.start()].strip()))
             depth -= 1
         else:
             depth += 1
@@ -93,7 +103,7 @@ def _boxed_run(text: str) -> str | None:
         return None
     run = [found[-1]]
     for prev in reversed(found[:-1]):
-        if not _BOX_JOIN.fullmatch(text[prev[1]:run[0][0]]):
+        if not _BOX_JOIN.fullmatch(text[prev[1] : run[0][0]]):
             break
         run.insert(0, prev)
     return ", ".join(b[2] for b in run)
@@ -126,7 +136,7 @@ def _stated(rest: str) -> str | None:
     math = _leading_math(rest)
     if math is None:
         stop = _STOP.search(rest)
-        math = _strip_markup(rest[:stop.start()] if stop else rest).rstrip(".")
+        math = _strip_markup(rest[: stop.start()] if stop else rest).rstrip(".")
     return _last_side(math) or None
 
 
@@ -147,7 +157,7 @@ def extract_answer(text: str) -> str | None:
         return boxed
     for pattern in (_STATEMENT, _HASHES):
         starts = [m.end() for m in pattern.finditer(text)]
-        stated = _stated(text[starts[-1]:]) if starts else None
+        stated = _stated(text[starts[-1] :]) if starts else None
         if stated:
             return stated
     return _last_number_or_math(text)
@@ -205,8 +215,11 @@ def _mv_parse(answer: str) -> tuple:
     from sympy import Basic, MatrixBase
 
     try:
-        parsed = parse("\\boxed{" + answer + "}", extraction_config=[LatexExtractionConfig()],
-                       parsing_timeout=_timeout())
+        parsed = parse(
+            "\\boxed{" + answer + "}",
+            extraction_config=[LatexExtractionConfig()],
+            parsing_timeout=_timeout(),
+        )
     except Exception:  # noqa: BLE001 - an unparsable answer falls back, it does not fail the job
         return ()
     return tuple(parsed) if any(isinstance(p, (Basic, MatrixBase)) for p in parsed) else ()
@@ -221,8 +234,9 @@ def _mv_equal(pred: str, gold: str) -> bool | None:
         return None
     try:
         # allow_set_relation_comp: "2 < x \\le 5" answers "(2, 5]" as a grader reads it
-        return bool(mv_verify(list(g), list(p), allow_set_relation_comp=True,
-                              timeout_seconds=_timeout()))
+        return bool(
+            mv_verify(list(g), list(p), allow_set_relation_comp=True, timeout_seconds=_timeout())
+        )
     except Exception:  # noqa: BLE001 - a grader crash on odd text is a wrong answer
         return False
 
@@ -251,8 +265,11 @@ def math_verify_equal(completion: str, gold: str) -> bool:
     try:
         gold_parsed = parse("\\boxed{" + gold.strip() + "}", parsing_timeout=limit)
         pred_parsed = parse(completion, parsing_timeout=limit)
-        return bool(gold_parsed and pred_parsed
-                    and mv_verify(gold_parsed, pred_parsed, timeout_seconds=limit))
+        return bool(
+            gold_parsed
+            and pred_parsed
+            and mv_verify(gold_parsed, pred_parsed, timeout_seconds=limit)
+        )
     except Exception:  # noqa: BLE001 - a grader crash on odd text is a wrong answer, not a job failure
         return False
 
@@ -282,8 +299,11 @@ def verifier() -> dict:
     versions of math-verify and its LaTeX parser."""
     from importlib import metadata
 
-    return {"rule": RULE, "math_verify": metadata.version("math-verify"),
-            "latex2sympy2_extended": metadata.version("latex2sympy2_extended")}
+    return {
+        "rule": RULE,
+        "math_verify": metadata.version("math-verify"),
+        "latex2sympy2_extended": metadata.version("latex2sympy2_extended"),
+    }
 
 
 def meta(pool: list[dict]) -> dict:

@@ -14,15 +14,33 @@ CONFIG = (REPO / "config/config.yaml", REPO / "tests/e2e/config.yaml")
 MINI = (*CONFIG, REPO / "tests/e2e/mini.yaml")
 
 
-def snakemake(*args: str, results: Path, arms: Path, check: bool = True, timeout: int = 1200,
-              configfiles: tuple[Path, ...] = CONFIG):
+def snakemake(
+    *args: str,
+    results: Path,
+    arms: Path,
+    check: bool = True,
+    timeout: int = 1200,
+    configfiles: tuple[Path, ...] = CONFIG,
+):
     # targets first: --configfile and --config take every word after them
-    cmd = [sys.executable, "-m", "snakemake", *args, "--cores", "2", "--configfile",
-           *map(str, configfiles),
-           "--config", f"results_dir={results}", f"arms_dir={arms}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *args,
+        "--cores",
+        "2",
+        "--configfile",
+        *map(str, configfiles),
+        "--config",
+        f"results_dir={results}",
+        f"arms_dir={arms}",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
@@ -50,8 +68,10 @@ def planned_resources(cmd: list[str]) -> list[tuple[str, str, str]]:
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    return [(rule, block, re.search(r"resources: (.*)", block).group(1))
-            for rule, block in planned_blocks(out)]
+    return [
+        (rule, block, re.search(r"resources: (.*)", block).group(1))
+        for rule, block in planned_blocks(out)
+    ]
 
 
 def build(root: Path, configfiles: tuple[Path, ...]) -> dict:
@@ -61,5 +81,11 @@ def build(root: Path, configfiles: tuple[Path, ...]) -> dict:
     shutil.copytree(REPO / "config/arms", arms)
     dry = snakemake("-n", "bundles/B3f", results=results, arms=arms, configfiles=configfiles)
     run = snakemake("bundles/B3f", results=results, arms=arms, configfiles=configfiles)
-    return {"root": root, "arms": arms, "results": results, "dry": dry, "run": run,
-            "configfiles": configfiles}
+    return {
+        "root": root,
+        "arms": arms,
+        "results": results,
+        "dry": dry,
+        "run": run,
+        "configfiles": configfiles,
+    }

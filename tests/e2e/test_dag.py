@@ -27,8 +27,17 @@ def built(tmp_path_factory):
 def test_dry_run_lists_the_whole_lineage(built):
     jobs = planned_jobs(built["dry"])
     rules = {r for r, _ in jobs}
-    assert {"build_pool", "sample_candidates", "verify_candidates", "build_corpus", "train_arm",
-            "readout", "compare", "nominate", "build_bundle"} <= rules
+    assert {
+        "build_pool",
+        "sample_candidates",
+        "verify_candidates",
+        "build_corpus",
+        "train_arm",
+        "readout",
+        "compare",
+        "nominate",
+        "build_bundle",
+    } <= rules
     trained = {wc.split("=")[1] for r, wc in jobs if r == "train_arm"}
     assert trained == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4"}
     merged = {wc.split("=")[1] for r, wc in jobs if r == "merge_arm"}
@@ -68,7 +77,9 @@ def test_a_bundle_differing_only_in_serving_files_retrains_nothing(built):
     differ, same = bundles.diff(res / "bundles/B3g", res / "bundles/B3h")
     assert same, "weights differ between bundles of one arm"
     assert {"serving_config.json", "generation_config.json"} <= set(differ)
-    assert not {"adapter_model.safetensors", "adapter_config.json", "chat_template.jinja"} & set(differ)
+    assert not {"adapter_model.safetensors", "adapter_config.json", "chat_template.jinja"} & set(
+        differ
+    )
 
 
 def test_a_judged_read_packs_the_bundles_readouts_and_unblinds_the_judges_csv(built, tmp_path):
@@ -92,10 +103,16 @@ def test_a_judged_read_packs_the_bundles_readouts_and_unblinds_the_judges_csv(bu
 
     scores = tmp_path / "scores.csv"  # a judge who always prefers side A
     scores.write_text("pair,verdict\n" + "".join(f"{p['pair']},A\n" for p in pairs))
-    read = {**yaml.safe_load((REPO / "config/config.yaml").read_text())["judged"]["B3_vs_R2d"], "scores": str(scores)}
+    read = {
+        **yaml.safe_load((REPO / "config/config.yaml").read_text())["judged"]["B3_vs_R2d"],
+        "scores": str(scores),
+    }
     extra = tmp_path / "judged.yaml"
     extra.write_text(yaml.safe_dump({"judged": {"B3_vs_R2d": read}}))
     snakemake("judged/B3_vs_R2d.json", results=res, arms=arms, configfiles=(*CONFIG, extra))
     out = json.loads((res / "judged/B3_vs_R2d.json").read_text())
     sides = [k["A"] for k in key["pairs"].values()]
-    assert out["preferred"] == {"B3": sides.count("B3"), "R2d": sides.count("R2d")} and out["ties"] == 0
+    assert (
+        out["preferred"] == {"B3": sides.count("B3"), "R2d": sides.count("R2d")}
+        and out["ties"] == 0
+    )

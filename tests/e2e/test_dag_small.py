@@ -15,8 +15,19 @@ import shutil
 import pytest
 from dagrun import MINI, REPO, build, planned_jobs, snakemake
 
-STAGES = {"build_pool", "sample_candidates", "verify_candidates", "build_corpus", "train_arm",
-          "merge_arm", "readout", "compare", "register_bar", "nominate", "build_bundle"}
+STAGES = {
+    "build_pool",
+    "sample_candidates",
+    "verify_candidates",
+    "build_corpus",
+    "train_arm",
+    "merge_arm",
+    "readout",
+    "compare",
+    "register_bar",
+    "nominate",
+    "build_bundle",
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,24 +53,46 @@ def test_bundle_reloads_as_a_server_would(built):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     bundle = built["results"] / "bundles/B3f"
-    for f in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json",
-              "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-              "serving_config.json", "system_prompt.txt", served(built)[1], "README.md",
-              "manifest.json", "reload_check.json"):
+    for f in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        "serving_config.json",
+        "system_prompt.txt",
+        served(built)[1],
+        "README.md",
+        "manifest.json",
+        "reload_check.json",
+    ):
         assert (bundle / f).is_file(), f
     assert json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
     tok = AutoTokenizer.from_pretrained(bundle)
     assert tok.chat_template == (bundle / "chat_template.jinja").read_text()
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle
+    )
     lora = [n for n, _ in model.named_parameters() if "lora_" in n]
     assert lora, "the reloaded model carries no LoRA weights"
-    ids = tok.apply_chat_template([{"role": "user", "content": "Ann has 12 pens and gets 30 more. How many pens now?"}],
-                                  add_generation_prompt=True, return_tensors="pt")
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Ann has 12 pens and gets 30 more. How many pens now?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+    )
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
     gen = json.loads((bundle / "generation_config.json").read_text())
-    out = model.generate(ids, max_new_tokens=48, do_sample=False, eos_token_id=gen["eos_token_id"],
-                         pad_token_id=gen["pad_token_id"])
-    assert out[0, -1].item() in gen["eos_token_id"], "greedy generation did not stop on a stop token"
+    out = model.generate(
+        ids,
+        max_new_tokens=48,
+        do_sample=False,
+        eos_token_id=gen["eos_token_id"],
+        pad_token_id=gen["pad_token_id"],
+    )
+    assert out[0, -1].item() in gen["eos_token_id"], (
+        "greedy generation did not stop on a stop token"
+    )
 
 
 def test_evidence_matches_corpus_and_every_manifest_verifies(built):
@@ -71,38 +104,55 @@ def test_evidence_matches_corpus_and_every_manifest_verifies(built):
     dirs = [bundle, *(res / "runs").glob("*/final"), *(res / "corpora").glob("*")]
     for d in dirs:
         manifest.verify(d)
-    assert (bundle / "adapter_model.safetensors").read_bytes() == \
-        (res / "runs" / arm / "final/adapter_model.safetensors").read_bytes()
+    assert (bundle / "adapter_model.safetensors").read_bytes() == (
+        res / "runs" / arm / "final/adapter_model.safetensors"
+    ).read_bytes()
     for a in {"B3", "R2d", arm} - {"dose-a1p5"}:  # every trained arm r3 read names its corpus
         evidence = json.loads((res / "runs" / a / "final/training_evidence.json").read_text())
         corpus = res / "corpora" / evidence["corpus"]
         assert evidence["arm"] == a
-        assert evidence["dataset_sha256"] == json.loads((corpus / "manifest.json").read_text())["digest"]
+        assert (
+            evidence["dataset_sha256"]
+            == json.loads((corpus / "manifest.json").read_text())["digest"]
+        )
     merged = json.loads((res / "runs/dose-a1p5/final/merge_evidence.json").read_text())
     weights = {p["arm"]: p["weight"] for p in merged["parents"]}
     assert weights == {"R2d": -0.5, "B3": 1.5}  # R2d + 1.5 (B3 - R2d)
     for p in merged["parents"]:
         run = manifest.verify(res / "runs" / p["arm"] / "final")["files"]
         assert {f: run[f]["sha256"] for f in p["files_sha256"]} == p["files_sha256"]
-    assert json.loads((bundle / evidence_file).read_text()) == \
-        json.loads((res / "runs" / arm / "final" / evidence_file).read_text())
+    assert json.loads((bundle / evidence_file).read_text()) == json.loads(
+        (res / "runs" / arm / "final" / evidence_file).read_text()
+    )
 
 
 def touched_plan(built, arm_file: str) -> list[tuple[str, str]]:
     os.utime(built["arms"] / arm_file)
     try:
-        return planned_jobs(snakemake("-n", "bundles/B3f", results=built["results"], arms=built["arms"],
-                                      configfiles=MINI))
+        return planned_jobs(
+            snakemake(
+                "-n", "bundles/B3f", results=built["results"], arms=built["arms"], configfiles=MINI
+            )
+        )
     finally:
         # leave the build consistent for the other tests: mark every output up to date again
-        snakemake("--touch", "bundles/B3f", results=built["results"], arms=built["arms"], configfiles=MINI)
+        snakemake(
+            "--touch", "bundles/B3f", results=built["results"], arms=built["arms"], configfiles=MINI
+        )
 
 
 def test_touching_an_arm_reruns_exactly_it_and_its_descendants(built):
     jobs = touched_plan(built, "B3.yaml")
     assert {wc for r, wc in jobs if r == "train_arm"} == {"arm=B3"}
     assert {wc for r, wc in jobs if r == "merge_arm"} == {"arm=dose-a1p5"}  # B3 is on its line
-    assert {r for r, _ in jobs} <= {"train_arm", "merge_arm", "readout", "compare", "nominate", "build_bundle"}
+    assert {r for r, _ in jobs} <= {
+        "train_arm",
+        "merge_arm",
+        "readout",
+        "compare",
+        "nominate",
+        "build_bundle",
+    }
     readouts = {wc for r, wc in jobs if r == "readout"}
     assert all("rarm=B3" in wc or "rarm=dose-a1p5" in wc for wc in readouts) and readouts
     assert ("build_bundle", "bundle=B3f") in jobs
@@ -119,7 +169,9 @@ def test_a_bad_arm_value_stops_the_dry_run_naming_file_and_key(built, tmp_path):
     arms = tmp_path / "arms"
     shutil.copytree(built["arms"], arms)
     (arms / "B3.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: -1.0e-4}\n")
-    proc = snakemake("-n", "bundles/B3f", results=tmp_path / "r", arms=arms, check=False, configfiles=MINI)
+    proc = snakemake(
+        "-n", "bundles/B3f", results=tmp_path / "r", arms=arms, check=False, configfiles=MINI
+    )
     assert proc.returncode != 0
     msg = proc.stdout + proc.stderr
     assert "B3.yaml" in msg and "hyper/lr" in msg, msg[-3000:]
@@ -135,10 +187,19 @@ def test_resource_and_selection_keys_rerun_no_gpu_job_and_lr_reruns_the_chain(bu
     def plan(edit: dict) -> list[tuple[str, str]]:
         extra = tmp_path / "edit.yaml"
         extra.write_text(yaml.safe_dump(edit))
-        return planned_jobs(snakemake("-n", "bundles/B3f", results=built["results"], arms=built["arms"],
-                                      configfiles=(*MINI, extra)))
+        return planned_jobs(
+            snakemake(
+                "-n",
+                "bundles/B3f",
+                results=built["results"],
+                arms=built["arms"],
+                configfiles=(*MINI, extra),
+            )
+        )
 
-    assert plan({"train_defaults": {"runtime_min": 45, "mem_mb": 5000, "checkpoint_every": 3}}) == []
+    assert (
+        plan({"train_defaults": {"runtime_min": 45, "mem_mb": 5000, "checkpoint_every": 3}}) == []
+    )
     jobs = plan({"corpora": {"rft_r3": {"select": "shortest", "min_chars": 2}}})
     assert ("build_corpus", "corpus=rft_r3") in jobs
     assert not {r for r, _ in jobs} & {"sample_candidates", "verify_candidates"}
@@ -158,19 +219,44 @@ def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built,
     state = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in records}  # noqa: E731
     before = state()
     edit = tmp_path / "bar.yaml"
-    edit.write_text(yaml.safe_dump({"rounds": {"r3": {"bar": [{"metric": "delta", "op": ">", "value": -100.0}]}}}))
+    edit.write_text(
+        yaml.safe_dump(
+            {"rounds": {"r3": {"bar": [{"metric": "delta", "op": ">", "value": -100.0}]}}}
+        )
+    )
     for forced in ("nominate", "readout"):
-        proc = snakemake("bundles/B3f", "--forcerun", forced, results=res, arms=built["arms"], check=False,
-                         configfiles=(*MINI, edit))
+        proc = snakemake(
+            "bundles/B3f",
+            "--forcerun",
+            forced,
+            results=res,
+            arms=built["arms"],
+            check=False,
+            configfiles=(*MINI, edit),
+        )
         msg = proc.stdout + proc.stderr
-        assert proc.returncode != 0 and "round r3: refused" in msg and "retire: [{bar_sha256" in msg, msg[-3000:]
+        assert (
+            proc.returncode != 0 and "round r3: refused" in msg and "retire: [{bar_sha256" in msg
+        ), msg[-3000:]
         assert state() == before
-    assert planned_jobs(snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], configfiles=MINI)) == []
+    assert (
+        planned_jobs(
+            snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], configfiles=MINI)
+        )
+        == []
+    )
     nom = json.loads((noms / "r3.json").read_text())
     try:
-        (noms / "r3.json").write_text(json.dumps({**nom, "promoted": "B3" if nom["promoted"] != "B3" else "R2d"}))
-        proc = snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], check=False, configfiles=MINI)
-        assert proc.returncode != 0 and "r3.json: edited after it was sealed" in proc.stdout + proc.stderr
+        (noms / "r3.json").write_text(
+            json.dumps({**nom, "promoted": "B3" if nom["promoted"] != "B3" else "R2d"})
+        )
+        proc = snakemake(
+            "-n", "bundles/B3f", results=res, arms=built["arms"], check=False, configfiles=MINI
+        )
+        assert (
+            proc.returncode != 0
+            and "r3.json: edited after it was sealed" in proc.stdout + proc.stderr
+        )
     finally:  # as it was, mtime included, for the tests after this one
         (noms / "r3.json").write_bytes(before[noms / "r3.json"][0])
         os.utime(noms / "r3.json", ns=(before[noms / "r3.json"][1],) * 2)
@@ -184,9 +270,22 @@ def test_the_report_after_the_main_job_is_written_where_asked(built, tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--report", "report.html",
-           "--cores", "1", "--configfile", *map(str, MINI),
-           "--config", f"results_dir={built['results']}", f"arms_dir={built['arms']}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "--report",
+        "report.html",
+        "--cores",
+        "1",
+        "--configfile",
+        *map(str, MINI),
+        "--config",
+        f"results_dir={built['results']}",
+        f"arms_dir={built['arms']}",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert (tmp_path / "report.html").stat().st_size > 0
@@ -206,8 +305,11 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
     adapter = res / "runs/B3/final/adapter_model.safetensors"
     readout = res / "readouts/math/B3/greedy.r0.parquet"
     log = res / "logs/readouts/math/B3/greedy.r0.log"
-    downstream = [res / "compare/math/greedy/B3__R2d.json", res / "nominations/r3.json",
-                  *sorted(p for p in (res / "bundles/B3f").rglob("*") if p.is_file())]
+    downstream = [
+        res / "compare/math/greedy/B3__R2d.json",
+        res / "nominations/r3.json",
+        *sorted(p for p in (res / "bundles/B3f").rglob("*") if p.is_file()),
+    ]
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream}
     raw, mtime = bytearray(adapter.read_bytes()), adapter.stat().st_mtime_ns
     shutil.copy2(readout, tmp_path / "readout.parquet")
@@ -217,14 +319,27 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
         os.utime(adapter, ns=(mtime, mtime))
         log.unlink()  # so the log read below is this run's
         # mtime alone: only the probe's jobs, whatever else changes in the checkout meanwhile
-        proc = snakemake("bundles/B3f", "--rerun-triggers", "mtime", "--forcerun",
-                         str(readout.relative_to(res)), results=res, arms=built["arms"], check=False,
-                         configfiles=MINI)
+        proc = snakemake(
+            "bundles/B3f",
+            "--rerun-triggers",
+            "mtime",
+            "--forcerun",
+            str(readout.relative_to(res)),
+            results=res,
+            arms=built["arms"],
+            check=False,
+            configfiles=MINI,
+        )
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0 and "Error in rule readout" in out, out[-4000:]
-        assert not re.search(r"^(local)?rule (train_arm|compare|build_bundle):", out, re.M), out[-4000:]
-        assert re.search(r"readout refused runs/B3/final: runs/B3/final/adapter_model\.safetensors: "
-                         r"sha256 \w+ does not match the manifest's", log.read_text()), log.read_text()[-2000:]
+        assert not re.search(r"^(local)?rule (train_arm|compare|build_bundle):", out, re.M), out[
+            -4000:
+        ]
+        assert re.search(
+            r"readout refused runs/B3/final: runs/B3/final/adapter_model\.safetensors: "
+            r"sha256 \w+ does not match the manifest's",
+            log.read_text(),
+        ), log.read_text()[-2000:]
         assert not readout.exists()
         assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream} == before
     finally:  # the byte, the mtime and the readout as they were, for any test after this one
@@ -233,8 +348,20 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
         os.utime(adapter, ns=(mtime, mtime))
         readout.parent.mkdir(parents=True, exist_ok=True)  # Snakemake removed it once empty
         shutil.copy2(tmp_path / "readout.parquet", readout)
-    assert planned_jobs(snakemake("-n", "bundles/B3f", "--rerun-triggers", "mtime", results=res,
-                                  arms=built["arms"], configfiles=MINI)) == []
+    assert (
+        planned_jobs(
+            snakemake(
+                "-n",
+                "bundles/B3f",
+                "--rerun-triggers",
+                "mtime",
+                results=res,
+                arms=built["arms"],
+                configfiles=MINI,
+            )
+        )
+        == []
+    )
 
 
 def test_a_merge_arm_is_bundled_and_reloads_as_a_trained_arm_is(built):
@@ -246,12 +373,21 @@ def test_a_merge_arm_is_bundled_and_reloads_as_a_trained_arm_is(built):
     res = built["results"]
     snakemake("bundles/Bdose", results=res, arms=built["arms"], configfiles=MINI)
     bundle, run = res / "bundles/Bdose", res / "runs/dose-a1p5/final"
-    assert (bundle / "adapter_model.safetensors").read_bytes() == (run / "adapter_model.safetensors").read_bytes()
-    assert json.loads((bundle / "merge_evidence.json").read_text())["representation"].startswith("concatenated rank")
+    assert (bundle / "adapter_model.safetensors").read_bytes() == (
+        run / "adapter_model.safetensors"
+    ).read_bytes()
+    assert json.loads((bundle / "merge_evidence.json").read_text())["representation"].startswith(
+        "concatenated rank"
+    )
     checks = json.loads((bundle / "checks.json").read_text())
-    assert checks["evidence"]["verdict"] == "PASS" and "-0.5 x R2d + 1.5 x B3" in checks["evidence"]["detail"]
+    assert (
+        checks["evidence"]["verdict"] == "PASS"
+        and "-0.5 x R2d + 1.5 x B3" in checks["evidence"]["detail"]
+    )
     card = (bundle / "README.md").read_text()
     assert "Merge `dose-a1p5` = base + -0.5 x R2d + 1.5 x B3" in card
     assert json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle)
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle
+    )
     assert model.peft_config["default"].r == 16  # R2d's rank 8 and B3's, concatenated

@@ -14,8 +14,12 @@ from dagrun import planned_resources
 REPO = Path(__file__).resolve().parents[2]
 REAL = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
 TEST = yaml.safe_load((REPO / "tests/slurm/profile/config.yaml").read_text())
-TEST_ONLY = {"slurm-status-command", "slurm-init-seconds-before-status-checks",
-             "slurm-keep-successful-logs", "slurm-no-account"}
+TEST_ONLY = {
+    "slurm-status-command",
+    "slurm-init-seconds-before-status-checks",
+    "slurm-keep-successful-logs",
+    "slurm-no-account",
+}
 GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
 
 
@@ -30,9 +34,25 @@ def test_a_dry_run_asks_gres_for_gpu_rules_only(tmp_path):
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
     (arms / "B2.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 3.0e-3, nproc: 2}\n")
-    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", "bundles/B3f",
-           "--profile", str(REPO / "profiles/slurm"), "--configfile", str(REPO / "config/config.yaml"),
-           str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        "300",
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "bundles/B3f",
+        "--profile",
+        str(REPO / "profiles/slurm"),
+        "--configfile",
+        str(REPO / "config/config.yaml"),
+        str(REPO / "tests/e2e/config.yaml"),
+        "--config",
+        f"results_dir={tmp_path / 'r'}",
+        f"arms_dir={arms}",
+    ]
     seen = set()
     for rule, block, res in planned_resources(cmd):
         gres = re.search(r"\bgres=gpu:(\d+)", res)
@@ -43,4 +63,6 @@ def test_a_dry_run_asks_gres_for_gpu_rules_only(tmp_path):
         else:
             assert gres is None, (rule, res)
         seen.add(rule)
-    assert set(GPU_RULES) <= seen and {"build_pool", "build_corpus", "compare", "nominate"} <= seen, seen
+    assert (
+        set(GPU_RULES) <= seen and {"build_pool", "build_corpus", "compare", "nominate"} <= seen
+    ), seen

@@ -41,20 +41,33 @@ TIMEOUT = int(os.environ.get("ARENAFLOW_SLURM_TEST_TIMEOUT", "900"))  # per Snak
 # The smallest DAG that runs every rule (tests/e2e/mini.yaml), to round r3's nomination: every
 # GPU rule and the CPU rules up to the checkpoint. bundles/B3f adds the served readouts of the
 # lineage and the bundle (~2 min more on 2 cores): ARENAFLOW_SLURM_E2E_TARGET=bundles/B3f.
-CONFIGS = [str(REPO / f) for f in ("config/config.yaml", "tests/e2e/config.yaml", "tests/e2e/mini.yaml")]
+CONFIGS = [
+    str(REPO / f) for f in ("config/config.yaml", "tests/e2e/config.yaml", "tests/e2e/mini.yaml")
+]
 TARGET = os.environ.get("ARENAFLOW_SLURM_E2E_TARGET", "nominations/r3.json")
 pytestmark = pytest.mark.slurm
 
 GPU_RULES = {"train_arm", "sample_candidates", "readout"}
-CPU_RULES = {"build_pool", "build_corpus", "verify_candidates", "compare", "noise", "nominate", "merge_arm",
-             "build_bundle", "round_report"}
+CPU_RULES = {
+    "build_pool",
+    "build_corpus",
+    "verify_candidates",
+    "compare",
+    "noise",
+    "nominate",
+    "merge_arm",
+    "build_bundle",
+    "round_report",
+}
 
 
 def cluster_problem() -> str | None:
     if shutil.which("sinfo") is None:
         return "sinfo is not installed (no Slurm client)"
     try:
-        proc = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15)
+        proc = subprocess.run(
+            ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15
+        )
     except subprocess.TimeoutExpired:
         return "sinfo did not answer within 15 s (no slurm.conf, or no slurmctld)"
     if proc.returncode != 0:
@@ -75,11 +88,30 @@ def cluster():
         pytest.skip(msg)
 
 
-def snakemake_cmd(*args: str, results: Path, arms: Path, logdir: Path, timeout: int = TIMEOUT) -> list[str]:
+def snakemake_cmd(
+    *args: str, results: Path, arms: Path, logdir: Path, timeout: int = TIMEOUT
+) -> list[str]:
     # as tests/e2e/test_dag.py's snakemake(): targets first, both config files, then --config
-    return ["timeout", "-k", "30", str(timeout), sys.executable, "-m", "snakemake", *args,
-            "--profile", str(PROFILE), "--slurm-logdir", str(logdir), "--verbose",
-            "--configfile", *CONFIGS, "--config", f"results_dir={results}", f"arms_dir={arms}"]
+    return [
+        "timeout",
+        "-k",
+        "30",
+        str(timeout),
+        sys.executable,
+        "-m",
+        "snakemake",
+        *args,
+        "--profile",
+        str(PROFILE),
+        "--slurm-logdir",
+        str(logdir),
+        "--verbose",
+        "--configfile",
+        *CONFIGS,
+        "--config",
+        f"results_dir={results}",
+        f"arms_dir={arms}",
+    ]
 
 
 def run_id(output: str) -> str:
@@ -94,8 +126,9 @@ def rule_of(comment: str) -> str:
 
 def slurm_jobs(uuid: str) -> list[dict]:
     """Every job of the run as slurmctld records it (MinJobAge keeps finished jobs an hour)."""
-    out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     jobs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
     return [j for j in jobs if j.get("JobName") == uuid]
 
@@ -127,23 +160,42 @@ def e2e(tmp_path_factory):
     wall = time.time() - t0
     out = proc.stdout + proc.stderr
     (root / "snakemake.log").write_text(out)
-    assert proc.returncode == 0, f"{' '.join(cmd[:12])} ... failed (rc {proc.returncode}) after {wall:.0f} s:\n{out[-8000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd[:12])} ... failed (rc {proc.returncode}) after {wall:.0f} s:\n{out[-8000:]}"
+    )
     print(f"\nthe e2e DAG to {TARGET} under Slurm: {wall:.0f} s wall ({root})")
     uuid = run_id(out)
-    return {"root": root, "results": results, "arms": arms, "logdir": logdir, "out": out,
-            "uuid": uuid, "jobs": slurm_jobs(uuid), "calls": sbatch_calls(out), "wall_s": wall}
+    return {
+        "root": root,
+        "results": results,
+        "arms": arms,
+        "logdir": logdir,
+        "out": out,
+        "uuid": uuid,
+        "jobs": slurm_jobs(uuid),
+        "calls": sbatch_calls(out),
+        "wall_s": wall,
+    }
 
 
 def test_the_dag_runs_as_slurm_jobs(e2e):
     assert json.loads((e2e["results"] / "nominations/r3.json").read_text())["promoted"]
     if TARGET.startswith("bundles/"):
         bundle = e2e["results"] / TARGET
-        assert json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
+        assert (
+            json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
+        )
     rules = {rule_of(j["Comment"]) for j in e2e["jobs"]}
     assert GPU_RULES <= rules, rules
-    assert {"build_pool", "verify_candidates", "build_corpus", "compare", "nominate"} <= rules, rules
+    assert {"build_pool", "verify_candidates", "build_corpus", "compare", "nominate"} <= rules, (
+        rules
+    )
     assert "register_bar" not in rules  # a localrule: it runs in the main process
-    bad = [(j["JobId"], j["Comment"], j["JobState"]) for j in e2e["jobs"] if j["JobState"] != "COMPLETED"]
+    bad = [
+        (j["JobId"], j["Comment"], j["JobState"])
+        for j in e2e["jobs"]
+        if j["JobState"] != "COMPLETED"
+    ]
     assert not bad, bad
 
 
@@ -179,16 +231,26 @@ def test_training_ran_with_its_gpus_in_the_environment(e2e):
         env = ev["gpu_env"]
         gpus = env["SLURM_JOB_GPUS"] or env["SLURM_STEP_GPUS"]
         assert gpus and len(gpus.split(",")) == nproc, env
-        assert env["CUDA_VISIBLE_DEVICES"] and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == nproc, env
+        assert (
+            env["CUDA_VISIBLE_DEVICES"] and len(env["CUDA_VISIBLE_DEVICES"].split(",")) == nproc
+        ), env
 
 
 # ---- preemption -------------------------------------------------------------------------
-PREEMPT_HYPER = {"epochs": 20, "lr": 2.0e-3, "micro_batch_size": 8, "grad_accum": 2, "max_steps": 60,
-                 "checkpoint_every": 10}
+PREEMPT_HYPER = {
+    "epochs": 20,
+    "lr": 2.0e-3,
+    "micro_batch_size": 8,
+    "grad_accum": 2,
+    "max_steps": 60,
+    "checkpoint_every": 10,
+}
 
 
 def squeue(*args: str) -> str:
-    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30).stdout.strip()
+    return subprocess.run(
+        ["squeue", "-h", *args], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -198,18 +260,40 @@ def uninterrupted(e2e):
     corpora exist: only training is left."""
     arms, results = e2e["arms"], e2e["results"]
     for arm in ("P0", "P1", "P2"):
-        (arms / f"{arm}.yaml").write_text(f"init: base\ncorpus: sft_s1\nhyper: {json.dumps(PREEMPT_HYPER)}\n")
-    local = ["timeout", "-k", "30", str(TIMEOUT), sys.executable, "-m", "snakemake", "runs/P0/final",
-             "--cores", "2", "--configfile", *CONFIGS, "--config", f"results_dir={results}", f"arms_dir={arms}"]
+        (arms / f"{arm}.yaml").write_text(
+            f"init: base\ncorpus: sft_s1\nhyper: {json.dumps(PREEMPT_HYPER)}\n"
+        )
+    local = [
+        "timeout",
+        "-k",
+        "30",
+        str(TIMEOUT),
+        sys.executable,
+        "-m",
+        "snakemake",
+        "runs/P0/final",
+        "--cores",
+        "2",
+        "--configfile",
+        *CONFIGS,
+        "--config",
+        f"results_dir={results}",
+        f"arms_dir={arms}",
+    ]
     proc = subprocess.run(local, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT + 90)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    assert "rule train_arm" in proc.stdout + proc.stderr and "rule build_corpus" not in proc.stdout + proc.stderr
+    assert (
+        "rule train_arm" in proc.stdout + proc.stderr
+        and "rule build_corpus" not in proc.stdout + proc.stderr
+    )
     return results / "runs/P0/final"
 
 
 def in_background(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env
+        )
 
 
 def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
@@ -224,7 +308,9 @@ def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
     return out
 
 
-def assert_resumed_to_the_same_weights(results: Path, arm: str, job_id: str, from_steps, whole: Path) -> None:
+def assert_resumed_to_the_same_weights(
+    results: Path, arm: str, job_id: str, from_steps, whole: Path
+) -> None:
     """runs/{arm} was finished by job `job_id`, resumed from a checkpoint at one of `from_steps`,
     and has the uninterrupted run's losses and weights."""
     import torch
@@ -238,29 +324,40 @@ def assert_resumed_to_the_same_weights(results: Path, arm: str, job_id: str, fro
     m = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     r = [json.loads(x)["loss"] for x in (whole / "metrics.jsonl").read_text().splitlines()]
     assert m == pytest.approx(r, abs=1e-6)
-    wa, wb = load_file(whole / "adapter_model.safetensors"), load_file(run / "adapter_model.safetensors")
+    wa, wb = (
+        load_file(whole / "adapter_model.safetensors"),
+        load_file(run / "adapter_model.safetensors"),
+    )
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
     assert not (run.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
 
 
-def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_weights(e2e, uninterrupted):
+def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_weights(
+    e2e, uninterrupted
+):
     """Attempt 1 dies right after its step-10 checkpoint (ARENAFLOW_FAIL_AFTER_STEP=10, exit 75,
     as a killed job would); Snakemake resubmits it to Slurm (--retries 1) and the new job resumes
     at step 10. The weights equal the uninterrupted run's."""
     results, root = e2e["results"], e2e["root"]
     logdir, log = root / "slurm_logs_preempt", root / "snakemake_preempt.log"
-    cmd = snakemake_cmd("runs/P1/final", "--retries", "1", results=results, arms=e2e["arms"], logdir=logdir)
+    cmd = snakemake_cmd(
+        "runs/P1/final", "--retries", "1", results=results, arms=e2e["arms"], logdir=logdir
+    )
     sm = in_background(cmd, log, env={**os.environ, "ARENAFLOW_FAIL_AFTER_STEP": "10"})
     out = finished(sm, log, TIMEOUT + 60)
 
     jobs = slurm_jobs(run_id(out))
-    assert {rule_of(j["Comment"]) for j in jobs} == {"train_arm"}, "pools and corpora were not reused"
+    assert {rule_of(j["Comment"]) for j in jobs} == {"train_arm"}, (
+        "pools and corpora were not reused"
+    )
     attempts = sorted(jobs, key=lambda j: int(j["JobId"]))
     assert [j["JobState"] for j in attempts] == ["FAILED", "COMPLETED"], attempts
     first_log = (logdir / "rule_train_arm/P1" / f"{attempts[0]['JobId']}.log").read_text()
-    assert "returned non-zero exit status 75" in first_log  # the training's own exit, as if preempted
+    assert (
+        "returned non-zero exit status 75" in first_log
+    )  # the training's own exit, as if preempted
     assert all(gres_count(j.get("TresPerNode")) == 1 for j in attempts)
     assert_resumed_to_the_same_weights(results, "P1", attempts[1]["JobId"], {10}, uninterrupted)
 
@@ -275,15 +372,21 @@ def running_job(comment_part: str, deadline: float) -> str:
     raise AssertionError(f"no RUNNING Slurm job with {comment_part!r} in its comment:\n{squeue()}")
 
 
-def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_weights(e2e, uninterrupted):
+def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_weights(
+    e2e, uninterrupted
+):
     """`scontrol requeue` of the running training job once its step-10 checkpoint exists, as a
     preempting scheduler does: Slurm restarts the same job (Restarts=1), Snakemake keeps waiting
     on it (slurm-requeue: true; no resubmission) and the job resumes from its checkpoint to the
     uninterrupted run's weights."""
     results, root = e2e["results"], e2e["root"]
     log = root / "snakemake_requeue.log"
-    cmd = snakemake_cmd("runs/P2/final", results=results, arms=e2e["arms"], logdir=root / "slurm_logs_requeue")
-    first_ckpt = results / "runs/P2/checkpoints/fingerprint.json"  # written once a checkpoint is whole
+    cmd = snakemake_cmd(
+        "runs/P2/final", results=results, arms=e2e["arms"], logdir=root / "slurm_logs_requeue"
+    )
+    first_ckpt = (
+        results / "runs/P2/checkpoints/fingerprint.json"
+    )  # written once a checkpoint is whole
     deadline = time.time() + TIMEOUT
     sm = in_background(cmd, log)
     try:
@@ -295,13 +398,17 @@ def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_we
         # Slurm holds a requeued job ~2 min (BeginTime); an administrator's StartTime=now skips it
         while squeue("-j", jid, "-o", "%T") != "PENDING" and time.time() < deadline:
             time.sleep(0.2)
-        subprocess.run(["scontrol", "update", f"jobid={jid}", "StartTime=now"], check=True, timeout=30)
+        subprocess.run(
+            ["scontrol", "update", f"jobid={jid}", "StartTime=now"], check=True, timeout=30
+        )
     except BaseException:
         sm.kill()
         raise
     out = finished(sm, log, deadline - time.time())
 
     jobs = slurm_jobs(run_id(out))
-    assert [(j["JobId"], j["JobState"], j["Restarts"]) for j in jobs] == [(jid, "COMPLETED", "1")], jobs
+    assert [(j["JobId"], j["JobState"], j["Restarts"]) for j in jobs] == [
+        (jid, "COMPLETED", "1")
+    ], jobs
     # the requeue lands a few steps after the first checkpoint: the resume is from step 10 or a later one
     assert_resumed_to_the_same_weights(results, "P2", jid, {10, 20, 30, 40, 50}, uninterrupted)

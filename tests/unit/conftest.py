@@ -42,8 +42,10 @@ def strip_pad_token(src: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)
     for f in src.iterdir():
         (dst / f.name).symlink_to(f.resolve())
-    edits = {"tokenizer_config.json": lambda d: d.pop("pad_token", None),
-             "tokenizer.json": lambda d: d.update(padding=None)}
+    edits = {
+        "tokenizer_config.json": lambda d: d.pop("pad_token", None),
+        "tokenizer.json": lambda d: d.update(padding=None),
+    }
     for name, edit in edits.items():
         d = json.loads((src / name).read_text(encoding="utf-8"))
         edit(d)
@@ -59,15 +61,34 @@ def strip_pad():
 
 
 # A LoRA run of a couple of steps: enough to write an adapter, metrics and a log to test
-TINY_LORA = {"method": "lora",
-             "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-             "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1,
-             "max_grad_norm": 1.0, "epochs": 1, "max_steps": 2, "micro_batch_size": 2,
-             "grad_accum": 1, "seq_len": 256, "seed": 0}
+TINY_LORA = {
+    "method": "lora",
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+    "lr": 5e-3,
+    "weight_decay": 0.0,
+    "warmup_ratio": 0.0,
+    "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0,
+    "epochs": 1,
+    "max_steps": 2,
+    "micro_batch_size": 2,
+    "grad_accum": 1,
+    "seq_len": 256,
+    "seed": 0,
+}
 
 
-def train_arm_cli(root: Path, base: Path, rows: list[dict], system: str, *, corpus_id: str = "c",
-                  timeout: int = 600, threads: int = 1, **hyper) -> subprocess.CompletedProcess:
+def train_arm_cli(
+    root: Path,
+    base: Path,
+    rows: list[dict],
+    system: str,
+    *,
+    corpus_id: str = "c",
+    timeout: int = 600,
+    threads: int = 1,
+    **hyper,
+) -> subprocess.CompletedProcess:
     """Arm A trained from `base` through the entry point (python -m arenaflow.train), as the
     workflow runs it: corpus root/corpora/{corpus_id} is built from `rows` with the base's own
     tokenizer, the run goes to root/runs/A/final with TINY_LORA updated by `hyper`. A failed run
@@ -77,12 +98,30 @@ def train_arm_cli(root: Path, base: Path, rows: list[dict], system: str, *, corp
     corpus = root / "corpora" / corpus_id
     corpora.build(corpus, rows, models.load_tokenizer(base), system, {})
     proc = subprocess.run(
-        [sys.executable, "-m", "arenaflow.train", "--arm", "A",
-         "--params-json", json.dumps({**TINY_LORA, **hyper}),
-         "--corpus", str(corpus), "--corpus-id", corpus_id, "--init", "base",
-         "--base-model", str(base), "--out", str(root / "runs/A/final")],
-        capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.train",
+            "--arm",
+            "A",
+            "--params-json",
+            json.dumps({**TINY_LORA, **hyper}),
+            "--corpus",
+            str(corpus),
+            "--corpus-id",
+            corpus_id,
+            "--init",
+            "base",
+            "--base-model",
+            str(base),
+            "--out",
+            str(root / "runs/A/final"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     return proc
 

@@ -27,10 +27,16 @@ CONTINUAL = ["r3-nominee", "r4-hi", "r4-lo", "r4-nominee", "r5-hi", "r5-lo"]
 HYPER = {"micro_batch_size": 4, "grad_accum": 2, "seq_len": 512, "epochs": 3, "nproc": 2}
 
 
-@pytest.mark.parametrize("rows,hyper", [
-    (100, HYPER), (7, HYPER), (1000, {**HYPER, "max_steps": 5}), (64, {**HYPER, "nproc": 1, "epochs": 1}),
-    (640, {**HYPER, "nodes": 2}),
-])
+@pytest.mark.parametrize(
+    "rows,hyper",
+    [
+        (100, HYPER),
+        (7, HYPER),
+        (1000, {**HYPER, "max_steps": 5}),
+        (64, {**HYPER, "nproc": 1, "epochs": 1}),
+        (640, {**HYPER, "nodes": 2}),
+    ],
+)
 def test_steps_are_counted_as_the_training_loop_counts_them(rows, hyper):
     world = hyper["nproc"] * hyper.get("nodes", 1)
     assert afbudget.train_steps(rows, hyper) == data.total_steps(rows, hyper, world)
@@ -39,56 +45,88 @@ def test_steps_are_counted_as_the_training_loop_counts_them(rows, hyper):
 def test_training_estimate_is_gpus_times_steps_times_step_time_plus_overhead():
     # 100 rows / (4 x 2 x 2 ranks) = 6 steps per epoch x 3 epochs = 18 steps;
     # one step: 0.1 s x 4 x 2 rows x 512/1024 = 0.4 s per rank; 2 GPUs
-    assert afbudget.train_minutes(100, HYPER, row_seconds=0.1, overhead_minutes=1.0) == \
-        pytest.approx(2 * (18 * 0.4 / 60 + 1.0))
+    assert afbudget.train_minutes(
+        100, HYPER, row_seconds=0.1, overhead_minutes=1.0
+    ) == pytest.approx(2 * (18 * 0.4 / 60 + 1.0))
     two_nodes = {**HYPER, "nodes": 2}  # 4 GPUs, 3 steps per epoch, 9 steps
     assert afbudget.train_minutes(100, two_nodes, 0.1, 0.0) == pytest.approx(4 * 9 * 0.4 / 60)
 
 
 def test_generation_estimate_counts_batches_of_decode_steps():
     # 300 prompts x k 4 = 1200 sequences in batches of 256: 5 batches x 64 steps x 0.05 s
-    assert afbudget.generate_minutes(300, 4, 256, 64, 0.05, 0.5) == pytest.approx(5 * 64 * 0.05 / 60 + 0.5)
+    assert afbudget.generate_minutes(300, 4, 256, 64, 0.05, 0.5) == pytest.approx(
+        5 * 64 * 0.05 / 60 + 0.5
+    )
 
 
 def test_measured_step_time_inverts_the_model():
-    rec = {"hyperparameters": HYPER, "optimizer_steps": 18, "wall_time_s": 18 * 0.4, "world_size": 2}
+    rec = {
+        "hyperparameters": HYPER,
+        "optimizer_steps": 18,
+        "wall_time_s": 18 * 0.4,
+        "world_size": 2,
+    }
     assert afbudget.measured_row_seconds(rec) == pytest.approx(0.1)
     assert afbudget.record_minutes(rec, overhead_minutes=1.0) == pytest.approx(2 * (7.2 / 60 + 1.0))
 
 
 # ---- a resolved config over a results directory -----------------------------------------
-def e2e_config(tmp_path: Path, budget: dict | None = None, arm_overrides: dict | None = None) -> dict:
+def e2e_config(
+    tmp_path: Path, budget: dict | None = None, arm_overrides: dict | None = None
+) -> dict:
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
     for arm, extra in (arm_overrides or {}).items():
         data_ = yaml.safe_load((arms / f"{arm}.yaml").read_text())
         (arms / f"{arm}.yaml").write_text(yaml.safe_dump(afconfig.merge(data_, extra)))
-    raw, _ = afplan.load_config([str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml")],
-                                [f"results_dir={tmp_path / 'results'}", f"arms_dir={arms}"])
+    raw, _ = afplan.load_config(
+        [str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml")],
+        [f"results_dir={tmp_path / 'results'}", f"arms_dir={arms}"],
+    )
     if budget is not None:
         raw["budget"] = budget
     return afconfig.resolve(raw)
 
 
-def evidence(results: Path, arm: str, wall: float, steps: int, hyper: dict, base="arenaflow/tiny-arith"):
+def evidence(
+    results: Path, arm: str, wall: float, steps: int, hyper: dict, base="arenaflow/tiny-arith"
+):
     d = results / "runs" / arm / "final"
     d.mkdir(parents=True)
-    (d / "training_evidence.json").write_text(json.dumps({
-        "arm": arm, "job_id": f"j{arm}", "dataset_sha256": "x", "base_model": base,
-        "hyperparameters": hyper, "optimizer_steps": steps, "wall_time_s": wall,
-        "world_size": hyper["nproc"]}))
+    (d / "training_evidence.json").write_text(
+        json.dumps(
+            {
+                "arm": arm,
+                "job_id": f"j{arm}",
+                "dataset_sha256": "x",
+                "base_model": base,
+                "hyperparameters": hyper,
+                "optimizer_steps": steps,
+                "wall_time_s": wall,
+                "world_size": hyper["nproc"],
+            }
+        )
+    )
 
 
 def test_history_calibrates_step_time_and_counts_as_spent(tmp_path):
-    cfg = e2e_config(tmp_path, {"gpu_minutes": 100, "spent_gpu_minutes": 10,
-                                "estimate": {"row_seconds": 9.0, "overhead_minutes": 0.5}})
+    cfg = e2e_config(
+        tmp_path,
+        {
+            "gpu_minutes": 100,
+            "spent_gpu_minutes": 10,
+            "estimate": {"row_seconds": 9.0, "overhead_minutes": 0.5},
+        },
+    )
     results = tmp_path / "results"
     b = afbudget.Budget(cfg, results=results)
     assert b.row_seconds() == (9.0, "prior (estimate.row_seconds)")
     s1 = cfg["arms"]["S1"]["hyper"]  # e2e: micro 8 x accum 1 x seq 256 = 2 rows of 1024 per step
     evidence(results, "S1", wall=4 * 2 * 0.3, steps=4, hyper=s1)
     evidence(results, "R220", wall=4 * 2 * 0.5, steps=4, hyper=cfg["arms"]["R220"]["hyper"])
-    evidence(results, "R2d", wall=4 * 2 * 0.4, steps=4, hyper=cfg["arms"]["R2d"]["hyper"], base="other")
+    evidence(
+        results, "R2d", wall=4 * 2 * 0.4, steps=4, hyper=cfg["arms"]["R2d"]["hyper"], base="other"
+    )
     b.refresh()
     seconds, where = b.row_seconds()
     assert seconds == pytest.approx(0.4) and "2 measured runs of arenaflow/tiny-arith" in where
@@ -117,7 +155,9 @@ def test_a_readout_is_estimated_at_the_max_new_tokens_it_decodes_with(tmp_path):
     greedy = cfg["evals"]["math"]["regimes"]["greedy"]
     at_48 = b.readout("math", "greedy")
     del greedy["max_new_tokens"]  # the readout then decodes with the schema's default
-    assert b.readout("math", "greedy") == pytest.approx(at_48 * afconfig.schema_defaults("regime")["max_new_tokens"] / 48)
+    assert b.readout("math", "greedy") == pytest.approx(
+        at_48 * afconfig.schema_defaults("regime")["max_new_tokens"] / 48
+    )
 
 
 def test_a_shared_corpus_is_sampled_once_in_a_cost(tmp_path):
@@ -129,26 +169,47 @@ def test_a_shared_corpus_is_sampled_once_in_a_cost(tmp_path):
 
 # ---- the integer program ----------------------------------------------------------------
 def est(arm, own, priority=1.0, needs=(), corpus=None, sampling=0.0):
-    return afbudget.ArmEstimate(arm=arm, priority=priority, gpus=1, rows=0, steps=0, train=own,
-                                readouts=0.0, corpus=corpus or f"c_{arm}", sampling=sampling,
-                                needs=list(needs))
+    return afbudget.ArmEstimate(
+        arm=arm,
+        priority=priority,
+        gpus=1,
+        rows=0,
+        steps=0,
+        train=own,
+        readouts=0.0,
+        corpus=corpus or f"c_{arm}",
+        sampling=sampling,
+        needs=list(needs),
+    )
 
 
 def test_ilp_beats_greedy_by_priority_on_a_known_optimum():
     # greedy by priority takes A (8) and then nothing fits; the optimum is B + C (priority 10)
-    ests = {"A": est("A", 8, priority=6), "B": est("B", 5, priority=5), "C": est("C", 5, priority=5)}
+    ests = {
+        "A": est("A", 8, priority=6),
+        "B": est("B", 5, priority=5),
+        "C": est("C", 5, priority=5),
+    }
     assert afplan.choose(ests, left=10) == {"B", "C"}
 
 
 def test_ilp_respects_lineage_and_shared_sampling():
     # D needs P; P is cheap but worthless alone; D+P (priority 9) beats E (priority 8)
-    ests = {"P": est("P", 3, priority=1), "D": est("D", 4, priority=8, needs=["P"]),
-            "E": est("E", 7, priority=8)}
+    ests = {
+        "P": est("P", 3, priority=1),
+        "D": est("D", 4, priority=8, needs=["P"]),
+        "E": est("E", 7, priority=8),
+    }
     assert afplan.choose(ests, left=7) == {"P", "D"}
-    assert afplan.choose({"D": ests["D"], "E": ests["E"]}, left=100) == {"E"}  # D's need is not a candidate
+    assert afplan.choose({"D": ests["D"], "E": ests["E"]}, left=100) == {
+        "E"
+    }  # D's need is not a candidate
     # two arms on one corpus pay its sampling once: 4 + 4 + 3 = 11 fits, 4 + 3 + 4 + 3 would not
-    shared = {"X": est("X", 4, corpus="c", sampling=3), "Y": est("Y", 4, corpus="c", sampling=3),
-              "Z": est("Z", 4, corpus="z", sampling=3)}
+    shared = {
+        "X": est("X", 4, corpus="c", sampling=3),
+        "Y": est("Y", 4, corpus="c", sampling=3),
+        "Z": est("Z", 4, corpus="z", sampling=3),
+    }
     assert afplan.choose(shared, left=11) == {"X", "Y"}
 
 
@@ -164,18 +225,32 @@ def test_ilp_matches_brute_force_on_random_instances():
         ests = {}
         for i, a in enumerate(names):
             needs = [names[j] for j in range(i) if rng.random() < 0.2]
-            ests[a] = est(a, rng.randint(1, 9), priority=rng.randint(1, 5), needs=needs,
-                          corpus=f"c{rng.randint(0, 2)}", sampling=rng.choice([0, 2]))
+            ests[a] = est(
+                a,
+                rng.randint(1, 9),
+                priority=rng.randint(1, 5),
+                needs=needs,
+                corpus=f"c{rng.randint(0, 2)}",
+                sampling=rng.choice([0, 2]),
+            )
         for e in ests.values():  # one sampling cost per corpus
             e.sampling = max(x.sampling for x in ests.values() if x.corpus == e.corpus)
         left = rng.randint(5, 30)
 
         def cost(sub, ests=ests):
-            return sum(ests[a].own for a in sub) + sum({ests[a].corpus: ests[a].sampling for a in sub}.values())
+            return sum(ests[a].own for a in sub) + sum(
+                {ests[a].corpus: ests[a].sampling for a in sub}.values()
+            )
 
-        best = max((sub for r in range(len(names) + 1) for sub in itertools.combinations(names, r)
-                    if all(set(ests[a].needs) <= set(sub) for a in sub) and cost(sub) <= left),
-                   key=lambda sub: (sum(ests[a].priority for a in sub), -cost(sub)))
+        best = max(
+            (
+                sub
+                for r in range(len(names) + 1)
+                for sub in itertools.combinations(names, r)
+                if all(set(ests[a].needs) <= set(sub) for a in sub) and cost(sub) <= left
+            ),
+            key=lambda sub: (sum(ests[a].priority for a in sub), -cost(sub)),
+        )
         got = afplan.choose(ests, left)
         assert sum(ests[a].priority for a in got) == sum(ests[a].priority for a in best)
         assert cost(got) == pytest.approx(cost(best)) and cost(got) <= left
@@ -183,14 +258,33 @@ def test_ilp_matches_brute_force_on_random_instances():
 
 def test_plan_cli_lists_pending_arms_and_picks_by_priority(tmp_path, capsys):
     cfg_file = tmp_path / "budget.yaml"
-    cfg_file.write_text(yaml.safe_dump({"budget": {"gpu_minutes": 13, "estimate": {"overhead_minutes": 1.0}}}))
+    cfg_file.write_text(
+        yaml.safe_dump({"budget": {"gpu_minutes": 13, "estimate": {"overhead_minutes": 1.0}}})
+    )
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
-    args = ["--configfile", str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml"), str(cfg_file),
-            "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
+    args = [
+        "--configfile",
+        str(REPO / "config/config.yaml"),
+        str(REPO / "tests/e2e/config.yaml"),
+        str(cfg_file),
+        "--config",
+        f"results_dir={tmp_path / 'r'}",
+        f"arms_dir={arms}",
+    ]
     assert afplan.main([*args, "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
-    assert {e["arm"] for e in p["pending"]} == {"S1", "R220", "R2d", "B1", "B2", "B3", "B4", *MERGES, *CONTINUAL}
+    assert {e["arm"] for e in p["pending"]} == {
+        "S1",
+        "R220",
+        "R2d",
+        "B1",
+        "B2",
+        "B3",
+        "B4",
+        *MERGES,
+        *CONTINUAL,
+    }
     assert p["left"] == 13 and p["chosen_cost"] <= 13
     assert p["chosen"] == ["R220", "S1"]  # a lineage prefix: R220 needs S1; R2d would not fit
     assert afplan.main(args) == 0
@@ -225,9 +319,26 @@ def snakemake_dry(tmp_path: Path, target: str, budget: dict, env=None):
         shutil.copytree(REPO / "config/arms", arms)
     extra = tmp_path / "budget.yaml"
     extra.write_text(yaml.safe_dump({"budget": budget}))
-    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", target, "--cores", "1",
-           "--configfile", str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml"), str(extra),
-           "--config", f"results_dir={tmp_path / 'results'}", f"arms_dir={arms}"]
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        "300",
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        target,
+        "--cores",
+        "1",
+        "--configfile",
+        str(REPO / "config/config.yaml"),
+        str(REPO / "tests/e2e/config.yaml"),
+        str(extra),
+        "--config",
+        f"results_dir={tmp_path / 'results'}",
+        f"arms_dir={arms}",
+    ]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330, env=env)
 
 
@@ -235,10 +346,11 @@ def test_the_workflow_refuses_a_run_over_budget_before_submitting_anything(tmp_p
     proc = snakemake_dry(tmp_path, "runs/R2d/final", {"gpu_minutes": 8})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    assert "would overrun the budget" in out and "8.0 of 8.0 GPU-minutes are left" in out, out[-3000:]
+    assert "would overrun the budget" in out and "8.0 of 8.0 GPU-minutes are left" in out, out[
+        -3000:
+    ]
     assert re.search(r"arm '(S1|R220|R2d)'", out) and "Nothing was submitted" in out
     assert not (tmp_path / "results" / "pools").exists()
     ok = snakemake_dry(tmp_path, "runs/S1/final", {"gpu_minutes": 8})
     assert ok.returncode == 0, (ok.stdout + ok.stderr)[-3000:]
     assert "train_arm" in ok.stdout
-

@@ -12,9 +12,11 @@ from arenaflow import bundles, chat, io, models
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 # A base template as Llama 3's and SmolLM2's differ from ChatML: a default system prompt when
 # there is none, content trimmed, no newline after a turn's end.
-NATIVE = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a bot.<|im_end|>{% endif %}"
-          "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') | trim + '<|im_end|>' }}"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+NATIVE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a bot.<|im_end|>{% endif %}"
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') | trim + '<|im_end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture
@@ -25,7 +27,9 @@ def native_base(tmp_path, strip_pad):
     return base
 
 
-def test_a_base_with_its_own_template_gets_a_bundle_template_that_passes_the_checks(native_base, tmp_path):
+def test_a_base_with_its_own_template_gets_a_bundle_template_that_passes_the_checks(
+    native_base, tmp_path
+):
     own = models.load_tokenizer(native_base)
     assert own.chat_template == NATIVE
     with pytest.raises(bundles.BundleCheckError, match="differently from arenaflow.chat.render"):

@@ -31,8 +31,10 @@ def test_b3_template_fails_to_compile_with_jinjas_unknown_tag_error():
 
 
 def test_b3_template_with_expression_form_compiles():
-    fixed = B3_TEMPLATE.replace("{%- raise_exception('messages must be defined') -%}",
-                                "{{- raise_exception('messages must be defined') -}}")
+    fixed = B3_TEMPLATE.replace(
+        "{%- raise_exception('messages must be defined') -%}",
+        "{{- raise_exception('messages must be defined') -}}",
+    )
     assert bundles.check_template_compiles(fixed)["verdict"] == "PASS"
 
 
@@ -50,21 +52,34 @@ TRIMS = chat.CHATML_TEMPLATE.replace("~ content ~", "~ content | trim ~")
 OPEN_LAST = chat.CHATML_TEMPLATE.replace(
     "~ content ~ '<|im_end|>\\n' -}}",
     "~ content -}}{%- if not (loop.last and message['role'] == 'assistant') -%}"
-    "{{- '<|im_end|>\\n' -}}{%- endif -%}")
+    "{{- '<|im_end|>\\n' -}}{%- endif -%}",
+)
 # Raises at render time, not at compile time.
 NO_TOOLS = chat.CHATML_TEMPLATE.replace(
     "{%- for message in messages -%}",
     "{%- for message in messages -%}{%- if message['role'] == 'tool' -%}"
-    "{{- raise_exception('tool turns are not supported') -}}{%- endif -%}")
+    "{{- raise_exception('tool turns are not supported') -}}{%- endif -%}",
+)
 BAD_TEMPLATES = [
-    (TRIMS, "template renders 'surrounding whitespace' \\(add_generation_prompt=False\\) differently"),
-    (OPEN_LAST, "template renders 'ends on assistant' \\(add_generation_prompt=False\\) differently"),
-    (NO_TOOLS, "template raises on 'tool role' \\(add_generation_prompt=False\\): "
-               "TemplateError: tool turns are not supported"),
+    (
+        TRIMS,
+        "template renders 'surrounding whitespace' \\(add_generation_prompt=False\\) differently",
+    ),
+    (
+        OPEN_LAST,
+        "template renders 'ends on assistant' \\(add_generation_prompt=False\\) differently",
+    ),
+    (
+        NO_TOOLS,
+        "template raises on 'tool role' \\(add_generation_prompt=False\\): "
+        "TemplateError: tool turns are not supported",
+    ),
 ]
 
 
-@pytest.mark.parametrize("template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"])
+@pytest.mark.parametrize(
+    "template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"]
+)
 def test_a_template_that_renders_apart_or_raises_fails_the_check(template, message):
     assert template != chat.CHATML_TEMPLATE
     assert bundles.check_template_compiles(template)["verdict"] == "PASS"
@@ -74,28 +89,57 @@ def test_a_template_that_renders_apart_or_raises_fails_the_check(template, messa
         bundles.check_template_matches(tok)
 
 
-@pytest.mark.parametrize("template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"])
+@pytest.mark.parametrize(
+    "template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"]
+)
 def test_a_failed_template_check_writes_no_bundle(tmp_path, repo_root, capsys, template, message):
     run = tmp_path / "runs/A/final"
     run.mkdir(parents=True)
     (run / "adapter_config.json").write_text("{}")
     (run / "adapter_model.safetensors").write_bytes(b"weights")
-    (run / "training_evidence.json").write_text(json.dumps({"corpus": "c", "init": "base", "base_model": "tiny",
-                                                            "base_revision": "r"}))
+    (run / "training_evidence.json").write_text(
+        json.dumps({"corpus": "c", "init": "base", "base_model": "tiny", "base_revision": "r"})
+    )
     manifest.write(run)
     corpus = tmp_path / "corpora/c"  # verified before the checks, as every source is
     corpus.mkdir(parents=True)
     (corpus / "stats.json").write_text("{}")
     manifest.write(corpus)
     (tmp_path / "t.jinja").write_text(template)
-    cfg = {"chat_template": str(tmp_path / "t.jinja"), "system_prompt": "S", "reload_prompts": ["1+1?"],
-           "serving": {"do_sample": False, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0,
-                       "max_new_tokens": 8}}
+    cfg = {
+        "chat_template": str(tmp_path / "t.jinja"),
+        "system_prompt": "S",
+        "reload_prompts": ["1+1?"],
+        "serving": {
+            "do_sample": False,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "repetition_penalty": 1.0,
+            "max_new_tokens": 8,
+        },
+    }
     with pytest.raises(SystemExit) as e:
-        bundles.main(["build", "--bundle", "X", "--arm", "A", "--lineage-json", '{"A": []}',
-                      "--runs", str(tmp_path / "runs"), "--corpora", str(tmp_path / "corpora"),
-                      "--base-model", str(repo_root / "models/tiny-arith"), "--bundle-json", json.dumps(cfg),
-                      "--out", str(tmp_path / "bundles/X")])
+        bundles.main(
+            [
+                "build",
+                "--bundle",
+                "X",
+                "--arm",
+                "A",
+                "--lineage-json",
+                '{"A": []}',
+                "--runs",
+                str(tmp_path / "runs"),
+                "--corpora",
+                str(tmp_path / "corpora"),
+                "--base-model",
+                str(repo_root / "models/tiny-arith"),
+                "--bundle-json",
+                json.dumps(cfg),
+                "--out",
+                str(tmp_path / "bundles/X"),
+            ]
+        )
     assert e.value.code == 1
     assert re.search("check failed, no bundle written: " + message, capsys.readouterr().err)
     assert list((tmp_path / "bundles").iterdir()) == []  # neither the bundle nor its temporary

@@ -6,8 +6,14 @@ from arenaflow import candidates
 
 
 def sample(text, stopped=True):
-    return {"id": "p#0", "prompt_id": "p", "sample": 0, "text": text, "n_tokens": len(text),
-            "stopped": stopped}
+    return {
+        "id": "p#0",
+        "prompt_id": "p",
+        "sample": 0,
+        "text": text,
+        "n_tokens": len(text),
+        "stopped": stopped,
+    }
 
 
 def test_math_verdict_needs_a_loose_correct_answer_that_stopped():

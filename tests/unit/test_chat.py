@@ -42,6 +42,7 @@ CONVERSATIONS = {
 
 # --- render against hand-written strings --------------------------------------------------
 
+
 def test_render_system_user_by_hand():
     msgs = CONVERSATIONS["system+user"]
     assert chat.render(msgs) == (
@@ -67,7 +68,9 @@ def test_render_multi_turn_by_hand():
 
 def test_render_none_content_as_empty_and_unknown_role_as_given():
     assert chat.render([{"role": "user", "content": None}]) == "<|im_start|>user\n<|im_end|>\n"
-    assert chat.render([{"role": "narrator", "content": "x"}]) == "<|im_start|>narrator\nx<|im_end|>\n"
+    assert (
+        chat.render([{"role": "narrator", "content": "x"}]) == "<|im_start|>narrator\nx<|im_end|>\n"
+    )
 
 
 def test_render_of_nothing_is_empty_or_just_the_generation_prompt():
@@ -79,17 +82,21 @@ def test_prompt_messages_omits_an_empty_system_prompt():
     assert chat.prompt_messages(None, "q") == [{"role": "user", "content": "q"}]
     assert chat.prompt_messages("", "q") == [{"role": "user", "content": "q"}]
     assert chat.prompt_messages("S", "q") == [
-        {"role": "system", "content": "S"}, {"role": "user", "content": "q"}]
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "q"},
+    ]
 
 
 # --- the shipped Jinja template is byte-identical to render -------------------------------
+
 
 @pytest.mark.parametrize("gen", [False, True], ids=["no-gen", "gen"])
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
 def test_template_via_transformers_matches_render(name, gen):
     msgs = CONVERSATIONS[name]
-    rendered, _ = render_jinja_template([msgs], chat_template=chat.CHATML_TEMPLATE,
-                                        add_generation_prompt=gen)
+    rendered, _ = render_jinja_template(
+        [msgs], chat_template=chat.CHATML_TEMPLATE, add_generation_prompt=gen
+    )
     assert rendered[0] == chat.render(msgs, add_generation_prompt=gen)
 
 
@@ -112,20 +119,22 @@ def test_tokenizer_apply_chat_template_matches_render(tokenizer, gen):
 
 # --- encode_with_mask ---------------------------------------------------------------------
 
+
 def masked_text(tokenizer, ids, mask) -> str:
     return tokenizer.decode([i for i, m in zip(ids, mask) if m])
 
 
 def test_mask_covers_only_assistant_content_and_its_im_end(tokenizer):
     msgs = chat.prompt_messages("S", "What is 2 + 3?") + [
-        {"role": "assistant", "content": "2 + 3 = 5. The answer is 5."}]
+        {"role": "assistant", "content": "2 + 3 = 5. The answer is 5."}
+    ]
     ids, mask = chat.encode_with_mask(tokenizer, msgs)
     assert len(ids) == len(mask) and set(mask) == {0, 1}
     assert tokenizer.decode(ids) == chat.render(msgs)
     assert masked_text(tokenizer, ids, mask) == "2 + 3 = 5. The answer is 5.<|im_end|>"
     # the supervised span is one contiguous run ending on <|im_end|>; the final "\n" is not in it
     first, last = mask.index(1), len(mask) - 1 - mask[::-1].index(1)
-    assert all(mask[first:last + 1])
+    assert all(mask[first : last + 1])
     assert ids[last] == tokenizer.convert_tokens_to_ids(chat.IM_END)
     assert mask[-1] == 0 and tokenizer.decode(ids[-1:]) == "\n"
     # the "assistant\n" header before the content is not supervised
@@ -160,20 +169,27 @@ def test_no_assistant_turn_means_nothing_supervised(tokenizer):
 
 
 def test_mask_matches_render_with_unknown_roles(tokenizer):
-    msgs = [{"role": "narrator", "content": "x"}, {"role": "assistant", "content": "y"},
-            {"role": "tool", "content": "z"}]
+    msgs = [
+        {"role": "narrator", "content": "x"},
+        {"role": "assistant", "content": "y"},
+        {"role": "tool", "content": "z"},
+    ]
     ids, mask = chat.encode_with_mask(tokenizer, msgs)
     assert tokenizer.decode(ids) == chat.render(msgs)
     assert masked_text(tokenizer, ids, mask) == "y<|im_end|>"
 
 
 def test_batched_masks_across_batch_boundaries_cover_exactly_each_assistant_turn(tokenizer):
-    convs = [[{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"Réponse {i} 日本" * (i % 3)}]
-             for i in range(10)] + [CONVERSATIONS["multi-turn"], CONVERSATIONS["system+user"]]
+    convs = [
+        [
+            {"role": "user", "content": f"q{i}"},
+            {"role": "assistant", "content": f"Réponse {i} 日本" * (i % 3)},
+        ]
+        for i in range(10)
+    ] + [CONVERSATIONS["multi-turn"], CONVERSATIONS["system+user"]]
     got = list(chat.encode_many_with_mask(tokenizer, convs, batch_size=3))
     assert len(got) == len(convs)
     for msgs, (ids, mask) in zip(convs, got):
         assert tokenizer.decode(ids) == chat.render(msgs)
         want = "".join(f"{m['content'] or ''}<|im_end|>" for m in msgs if m["role"] == "assistant")
         assert masked_text(tokenizer, ids, mask) == want
-

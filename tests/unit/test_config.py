@@ -56,6 +56,7 @@ def resolve(cfg, repo_root):
 
 # --- the shipped config -------------------------------------------------------------------
 
+
 def test_shipped_config_resolves_every_arm_file(resolved, repo_root):
     stems = {p.stem for p in (repo_root / "config" / "arms").glob("*.yaml")}
     doses = {"dose-a0p5", "dose-a1p5", "dose-a2"}  # dose.yaml's alpha: [0.5, 1.5, 2.0]
@@ -67,12 +68,19 @@ def test_shipped_config_resolves_every_arm_file(resolved, repo_root):
         if arm in nominees:
             assert a["kind"] == "nominee" and a["file"] == CONFIG_FILE
             continue
-        where = ("continual", arm.split("-", 1)[1]) if arm in continual else ("arms", "dose" if arm in doses else arm)
+        where = (
+            ("continual", arm.split("-", 1)[1])
+            if arm in continual
+            else ("arms", "dose" if arm in doses else arm)
+        )
         assert Path(a["file"]) == repo_root / "config" / where[0] / f"{where[1]}.yaml"
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "config" / "arms").glob("*.yaml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    sorted((Path(__file__).resolve().parents[2] / "config" / "arms").glob("*.yaml")),
+    ids=lambda p: p.name,
+)
 def test_every_arm_file_validates_against_the_arm_schema(path, repo_root):
     schema = yaml.safe_load((repo_root / "workflow" / "schemas" / "arm.schema.yaml").read_text())
     jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(path.read_text()))
@@ -107,17 +115,55 @@ def test_arm_hyper_overrides_train_defaults_and_keeps_the_rest(resolved, raw_cfg
 # The defaults the code used before arm.schema.yaml held them (train/loop.py DEFAULTS, budget.py's
 # .get(..., 1), config.py's objective 'sft'), and config.yaml's train_defaults as a minimal arm
 # resolved to before issue 18.
-CODE_DEFAULTS = {"objective": "sft", "beta": 0.1, "nll_weight": 0.0, "simpo_gamma": 0.5, "packing": False,
-                 "max_steps": None, "lm_head_lr": None, "checkpoint_every": 0,
-                 "zero3_persistence_threshold": 100000, "length_bucketing": True,
-                 "zero3_leaf_modules": "auto", "fused_lora": True, "fused_kernels": True,
-                 "nproc": 1, "nodes": 1, "epochs": 1}
+CODE_DEFAULTS = {
+    "objective": "sft",
+    "beta": 0.1,
+    "nll_weight": 0.0,
+    "simpo_gamma": 0.5,
+    "packing": False,
+    "max_steps": None,
+    "lm_head_lr": None,
+    "checkpoint_every": 0,
+    "zero3_persistence_threshold": 100000,
+    "length_bucketing": True,
+    "zero3_leaf_modules": "auto",
+    "fused_lora": True,
+    "fused_kernels": True,
+    "nproc": 1,
+    "nodes": 1,
+    "epochs": 1,
+}
 MINIMAL_ARM_HYPER = {
-    "method": "lora", "lr": 0.001, "weight_decay": 0.0, "warmup_ratio": 0.02, "min_lr_ratio": 0.01,
-    "max_grad_norm": 1.0, "epochs": 1, "micro_batch_size": 16, "grad_accum": 2, "seq_len": 256,
-    "seed": 0, "nproc": 1, "runtime_min": 30, "mem_mb": 4000, "checkpoint_every": 0,
-    "lora": {"r": 8, "alpha": 16, "dropout": 0.0,
-             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}}
+    "method": "lora",
+    "lr": 0.001,
+    "weight_decay": 0.0,
+    "warmup_ratio": 0.02,
+    "min_lr_ratio": 0.01,
+    "max_grad_norm": 1.0,
+    "epochs": 1,
+    "micro_batch_size": 16,
+    "grad_accum": 2,
+    "seq_len": 256,
+    "seed": 0,
+    "nproc": 1,
+    "runtime_min": 30,
+    "mem_mb": 4000,
+    "checkpoint_every": 0,
+    "lora": {
+        "r": 8,
+        "alpha": 16,
+        "dropout": 0.0,
+        "target_modules": [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    },
+}
 
 
 def test_every_hyper_default_the_code_reads_is_the_schemas():
@@ -141,7 +187,10 @@ def test_a_minimal_arm_resolves_to_train_defaults_alone(cfg, arms_copy, repo_roo
     (arms_copy / "M.yaml").write_text("init: base\ncorpus: sft_s1\n")
     res = config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE)
     assert res["arms"]["M"]["hyper"] == MINIMAL_ARM_HYPER  # no schema default is written into it
-    assert config.with_hyper_defaults(res["arms"]["M"]["hyper"]) == {**CODE_DEFAULTS, **MINIMAL_ARM_HYPER}
+    assert config.with_hyper_defaults(res["arms"]["M"]["hyper"]) == {
+        **CODE_DEFAULTS,
+        **MINIMAL_ARM_HYPER,
+    }
 
 
 def test_corpus_defaults_are_filled_from_the_schema(resolved):
@@ -155,12 +204,22 @@ def test_suite_judged_and_budget_defaults_are_filled_from_the_schema(cfg, repo_r
     res = resolve(cfg, repo_root)
     suite = res["evals"]["math"]
     assert {k: suite[k] for k in config.schema_defaults("suite")} == {
-        "replicates": 1, "seed": 0, "batch_size": 256, "engine": "hf"}  # engine: a $ref's default
-    assert suite["regimes"]["served"]["replicates"] == 3 and suite["regimes"]["greedy"]["replicates"] == 1
+        "replicates": 1,
+        "seed": 0,
+        "batch_size": 256,
+        "engine": "hf",
+    }  # engine: a $ref's default
+    assert (
+        suite["regimes"]["served"]["replicates"] == 3
+        and suite["regimes"]["greedy"]["replicates"] == 1
+    )
     assert res["judged"]["B3_vs_R2d"]["replicate"] == 0
-    assert res["budget"] == {"gpu_minutes": 5, "spent_gpu_minutes": 0,
-                             "history": ["runs/*/final/training_evidence.json"],
-                             "estimate": {"row_seconds": 2.0, "decode_step_seconds": 0.05, "overhead_minutes": 1.0}}
+    assert res["budget"] == {
+        "gpu_minutes": 5,
+        "spent_gpu_minutes": 0,
+        "history": ["runs/*/final/training_evidence.json"],
+        "estimate": {"row_seconds": 2.0, "decode_step_seconds": 0.05, "overhead_minutes": 1.0},
+    }
     assert all(a["priority"] == 1 for a in res["arms"].values())  # arm.schema.yaml's default
 
 
@@ -168,9 +227,17 @@ def test_rule_params_get_no_schema_default_written_into_them(resolved):
     # a corpus's engine, a pool, a regime's decoding: filling them would rerun finished jobs
     assert all("engine" not in c for c in resolved["corpora"].values())
     assert "kind" not in resolved["pools"]["math_eval"]
-    assert set(resolved["evals"]["math"]["regimes"]["greedy"]) == {"temperature", "max_new_tokens", "replicates"}
+    assert set(resolved["evals"]["math"]["regimes"]["greedy"]) == {
+        "temperature",
+        "max_new_tokens",
+        "replicates",
+    }
     assert config.decoding_of(resolved["evals"]["math"]["regimes"]["greedy"]) == {
-        "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 48, "repetition_penalty": 1.0}
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_new_tokens": 48,
+        "repetition_penalty": 1.0,
+    }
 
 
 def test_relative_base_path_is_made_absolute_under_repo_root(resolved, repo_root):
@@ -191,6 +258,7 @@ def test_merge_is_deep_for_dicts_and_replaces_lists():
 
 
 # --- errors in arm files ------------------------------------------------------------------
+
 
 def assert_names(err: ConfigError, file: Path | str, key: str):
     msg = str(err)
@@ -279,6 +347,7 @@ def test_empty_arms_dir_is_an_error(cfg, tmp_path, repo_root):
 
 # --- errors in config.yaml ----------------------------------------------------------------
 
+
 def test_corpus_with_k_zero_names_file_and_key(cfg, repo_root):
     cfg["corpora"]["rft_r2"]["k"] = 0
     with pytest.raises(ConfigError) as e:
@@ -306,8 +375,16 @@ def test_unknown_top_level_key_names_file_and_key(cfg, repo_root):
     "mutate, key, bad",
     [
         (lambda c: c["pools"].__setitem__("math.r9", c["pools"]["math_r1"]), "pools", "math.r9"),
-        (lambda c: c["corpora"].__setitem__("rft/r9", dict(c["corpora"]["rft_r1"])), "corpora", "rft/r9"),
-        (lambda c: c["corpora"]["rft_r1"].__setitem__("pool", "../math_r1"), "corpora/rft_r1/pool", "../math_r1"),
+        (
+            lambda c: c["corpora"].__setitem__("rft/r9", dict(c["corpora"]["rft_r1"])),
+            "corpora",
+            "rft/r9",
+        ),
+        (
+            lambda c: c["corpora"]["rft_r1"].__setitem__("pool", "../math_r1"),
+            "corpora/rft_r1/pool",
+            "../math_r1",
+        ),
         (lambda c: c["rounds"]["r3"]["candidates"].append("B/5"), "rounds/r3/candidates/8", "B/5"),
         (lambda c: c["bundles"].__setitem__("B3.f", c["bundles"]["B3f"]), "bundles", "B3.f"),
     ],
@@ -372,11 +449,16 @@ def test_bar_metric_outside_the_enum_names_the_key(cfg, repo_root):
 
 # --- readout regimes and round bars -------------------------------------------------------
 
+
 def test_as_served_regime_takes_the_bundles_decoding(resolved):
     served = resolved["evals"]["math"]["regimes"]["served"]
     s = resolved["bundles"]["B3f"]["serving"]
-    assert (served["temperature"], served["top_p"], served["max_new_tokens"], served["repetition_penalty"]) == \
-        (s["temperature"], s["top_p"], s["max_new_tokens"], s["repetition_penalty"])
+    assert (
+        served["temperature"],
+        served["top_p"],
+        served["max_new_tokens"],
+        served["repetition_penalty"],
+    ) == (s["temperature"], s["top_p"], s["max_new_tokens"], s["repetition_penalty"])
     assert served["replicates"] == 3
     assert resolved["evals"]["math"]["regimes"]["greedy"]["replicates"] == 1  # the suite's default
 
@@ -397,15 +479,41 @@ def test_as_served_with_its_own_decoding_or_an_unknown_bundle_names_the_key(cfg,
     "clause, key, message",
     [
         ({"metric": "t", "op": ">", "value": 1.9}, "bar/2/metric", "replicates >= 2"),
-        ({"metric": "delta", "op": ">=", "noise": {"stat": "mean_abs_delta", "times": -1}},
-         "bar/2/noise", "needs >= 2 replicates"),
-        ({"metric": "loop_rate", "vs": "control", "op": "<=", "value": 2}, "bar/2/vs", "no control"),
+        (
+            {"metric": "delta", "op": ">=", "noise": {"stat": "mean_abs_delta", "times": -1}},
+            "bar/2/noise",
+            "needs >= 2 replicates",
+        ),
+        (
+            {"metric": "loop_rate", "vs": "control", "op": "<=", "value": 2},
+            "bar/2/vs",
+            "no control",
+        ),
         ({"metric": "delta", "vs": "none", "op": ">", "value": 0}, "bar/2/vs", "paired metric"),
-        ({"metric": "delta", "regime": "sampled", "op": ">", "value": 0}, "bar/2/regime", "math/sampled"),
-        ({"metric": "delta", "regime": "served", "op": ">=",
-          "noise": {"stat": "spread", "arm": "Z9"}}, "bar/2/noise/arm", "Z9"),
+        (
+            {"metric": "delta", "regime": "sampled", "op": ">", "value": 0},
+            "bar/2/regime",
+            "math/sampled",
+        ),
+        (
+            {
+                "metric": "delta",
+                "regime": "served",
+                "op": ">=",
+                "noise": {"stat": "spread", "arm": "Z9"},
+            },
+            "bar/2/noise/arm",
+            "Z9",
+        ),
     ],
-    ids=["t-needs-K2", "noise-needs-K2", "control-missing", "paired-vs-none", "unknown-regime", "noise-arm"],
+    ids=[
+        "t-needs-K2",
+        "noise-needs-K2",
+        "control-missing",
+        "paired-vs-none",
+        "unknown-regime",
+        "noise-arm",
+    ],
 )
 def test_a_clause_the_readouts_cannot_answer_names_its_key(cfg, repo_root, clause, key, message):
     cfg["rounds"]["r3"]["bar"].append(clause)
@@ -425,7 +533,12 @@ def test_served_clauses_with_K3_and_a_control_resolve(cfg, repo_root):
     cfg["rounds"]["r3"]["control"] = "R220"
     cfg["rounds"]["r3"]["bar"] += [
         {"metric": "t", "regime": "served", "op": ">", "value": 1.9},
-        {"metric": "delta", "regime": "served", "op": ">=", "noise": {"stat": "mean_abs_delta", "times": -1}},
+        {
+            "metric": "delta",
+            "regime": "served",
+            "op": ">=",
+            "noise": {"stat": "mean_abs_delta", "times": -1},
+        },
         {"metric": "loop_rate", "vs": "control", "op": "<=", "value": 2.0},
         {"metric": "truncation_rate", "op": "<", "value": 5.0},
     ]
@@ -444,14 +557,17 @@ def test_unknown_control_or_incumbent_as_candidate_names_the_key(cfg, repo_root)
     assert_names(e.value, CONFIG_FILE, "rounds/r3/candidates")
 
 
-@pytest.mark.parametrize("change, key, message", [
-    ({"a": "B7"}, "judged/B3_vs_R2d/a", "unknown arm 'B7'"),
-    ({"b": "B3"}, "judged/B3_vs_R2d/b", "compares two arms"),
-    ({"suite": "chat"}, "judged/B3_vs_R2d/suite", "unknown suite 'chat'"),
-    ({"regime": "sampled"}, "judged/B3_vs_R2d/regime", "no regime 'sampled'"),
-    ({"replicate": 3}, "judged/B3_vs_R2d/replicate", "has 3 replicate"),
-    ({"n": 0}, "judged/B3_vs_R2d/n", "minimum"),
-])
+@pytest.mark.parametrize(
+    "change, key, message",
+    [
+        ({"a": "B7"}, "judged/B3_vs_R2d/a", "unknown arm 'B7'"),
+        ({"b": "B3"}, "judged/B3_vs_R2d/b", "compares two arms"),
+        ({"suite": "chat"}, "judged/B3_vs_R2d/suite", "unknown suite 'chat'"),
+        ({"regime": "sampled"}, "judged/B3_vs_R2d/regime", "no regime 'sampled'"),
+        ({"replicate": 3}, "judged/B3_vs_R2d/replicate", "has 3 replicate"),
+        ({"n": 0}, "judged/B3_vs_R2d/n", "minimum"),
+    ],
+)
 def test_a_bad_judged_read_names_the_key(cfg, repo_root, change, key, message):
     cfg["judged"]["B3_vs_R2d"].update(change)
     with pytest.raises(ConfigError, match=message) as e:
@@ -467,10 +583,14 @@ def test_a_judged_read_resolves_its_replicate_and_scores_path(cfg, repo_root):
 
 # --- YAML and path errors name the file and the line (issue 17) ---------------------------
 
+
 def test_a_yaml_syntax_error_in_an_arm_file_names_file_line_and_column(cfg, arms_copy, repo_root):
     (arms_copy / "B3.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: lr: 1.0e-3\n")
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(arms_copy / 'B3.yaml'))}:3:10: YAML syntax error: "
-                                          "mapping values are not allowed here"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{re.escape(str(arms_copy / 'B3.yaml'))}:3:10: YAML syntax error: "
+        "mapping values are not allowed here",
+    ):
         resolve(cfg, repo_root)
 
 
@@ -481,13 +601,24 @@ def test_invalid_utf8_in_an_arm_file_names_the_line(cfg, arms_copy, repo_root):
 
 
 def test_a_yaml_syntax_error_in_config_yaml_names_the_line(tmp_path, repo_root, capsys):
-    text = (repo_root / CONFIG_FILE).read_text().replace("results_dir: results", "results_dir: [results", 1)
+    text = (
+        (repo_root / CONFIG_FILE)
+        .read_text()
+        .replace("results_dir: results", "results_dir: [results", 1)
+    )
     bad = tmp_path / "config.yaml"
     bad.write_text(text)
-    line = text.splitlines().index(next(x for x in text.splitlines() if x.startswith("results_dir"))) + 1
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}:{line + 1}:\d+: YAML syntax error"):
+    line = (
+        text.splitlines().index(next(x for x in text.splitlines() if x.startswith("results_dir")))
+        + 1
+    )
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(str(bad))}:{line + 1}:\d+: YAML syntax error"
+    ):
         config.load_yaml(bad)
-    with pytest.raises(SystemExit, match=rf"arenaflow config error: {re.escape(str(bad))}:{line + 1}:"):
+    with pytest.raises(
+        SystemExit, match=rf"arenaflow config error: {re.escape(str(bad))}:{line + 1}:"
+    ):
         config.main([str(bad)])
 
 
@@ -495,12 +626,21 @@ def test_a_missing_base_model_names_the_file_line_and_key(cfg, repo_root, tmp_pa
     over = tmp_path / "over.yaml"
     over.write_text("# an override\nbase:\n  name: x\n  path: models/no-such-model\n")
     cfg["base"]["path"] = "models/no-such-model"
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(over))}:4: key 'base/path': no model directory "
-                                          rf"{re.escape(str(repo_root / 'models/no-such-model'))} \(a relative path "
-                                          r"is relative to the workflow's root"):
-        config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE,
-                       sources=[repo_root / CONFIG_FILE, over])
-    with pytest.raises(ConfigError, match=rf"^{CONFIG_FILE}: key 'base/path'"):  # no sources: no line
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{re.escape(str(over))}:4: key 'base/path': no model directory "
+        rf"{re.escape(str(repo_root / 'models/no-such-model'))} \(a relative path "
+        r"is relative to the workflow's root",
+    ):
+        config.resolve(
+            cfg,
+            repo_root=repo_root,
+            config_file=CONFIG_FILE,
+            sources=[repo_root / CONFIG_FILE, over],
+        )
+    with pytest.raises(
+        ConfigError, match=rf"^{CONFIG_FILE}: key 'base/path'"
+    ):  # no sources: no line
         resolve(cfg, repo_root)
 
 
@@ -518,5 +658,7 @@ def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
 
     assert pools.build("gsm", pool)[0]["source"] == "data/x.jsonl:1"  # not the install's root
     cfg["pools"]["gsm"] = {"file": "data/y.jsonl"}
-    with pytest.raises(ConfigError, match=r"key 'pools/gsm/file': no such file .*/workflow/data/y\.jsonl"):
+    with pytest.raises(
+        ConfigError, match=r"key 'pools/gsm/file': no such file .*/workflow/data/y\.jsonl"
+    ):
         config.resolve(cfg, repo_root=root)

@@ -51,7 +51,9 @@ def test_shipped_soup_and_dose_line_resolve_to_weights_and_lineage(arms, repo_ro
 
 
 def test_alpha_ids_are_readable_and_an_end_of_the_line_drops_its_zero_weight(arms, repo_root):
-    a = resolve(arms, repo_root, line={"dose": {"from": "base", "to": "B3", "alpha": [-0.5, 1, 0.25]}})["arms"]
+    a = resolve(
+        arms, repo_root, line={"dose": {"from": "base", "to": "B3", "alpha": [-0.5, 1, 0.25]}}
+    )["arms"]
     assert {"line-am0p5", "line-a1", "line-a0p25"} <= set(a)
     assert a["line-a1"]["merge"]["weights"] == {"B3": 1.0}  # base adds nothing
     assert a["line-am0p5"]["merge"]["weights"] == {"B3": -0.5}
@@ -68,11 +70,14 @@ def test_unknown_arm_in_a_merge_names_the_key(arms, repo_root):
 
 
 def test_unknown_dose_end_names_the_key(arms, repo_root):
-    refused(arms, repo_root, "dose", {"dose": {"from": "R2x", "to": "B3", "alpha": 0.5}}, "dose/from")
+    refused(
+        arms, repo_root, "dose", {"dose": {"from": "R2x", "to": "B3", "alpha": 0.5}}, "dose/from"
+    )
 
 
-@pytest.mark.parametrize("of, key", [({"B3": "half"}, "merge/of/B3"), ({"B3": None}, "merge/of/B3"),
-                                     ({}, "merge/of")])
+@pytest.mark.parametrize(
+    "of, key", [({"B3": "half"}, "merge/of/B3"), ({"B3": None}, "merge/of/B3"), ({}, "merge/of")]
+)
 def test_weights_must_be_numbers(arms, repo_root, of, key):
     refused(arms, repo_root, "soup", {"merge": {"of": of}}, key)
 
@@ -93,8 +98,13 @@ def test_a_dose_from_an_arm_to_itself_is_refused(arms, repo_root):
 
 
 def test_a_file_of_two_kinds_is_refused(arms, repo_root):
-    msg = refused(arms, repo_root, "soup", {"init": "R2d", "corpus": "rft_r3", "merge": {"of": {"B3": 1}}},
-                  "exactly one of")
+    msg = refused(
+        arms,
+        repo_root,
+        "soup",
+        {"init": "R2d", "corpus": "rft_r3", "merge": {"of": {"B3": 1}}},
+        "exactly one of",
+    )
     assert "merge" in msg and "trained" in msg
 
 
@@ -109,7 +119,9 @@ def test_a_merge_cycle_names_the_file_and_key_closing_it(arms, repo_root):
 def test_merging_a_full_arm_with_a_lora_arm_is_refused(arms, repo_root):
     full = {"init": "base", "corpus": "sft_s1", "hyper": {"method": "full"}}
     (arms / "F1.yaml").write_text(yaml.safe_dump(full))
-    msg = refused(arms, repo_root, "soup", {"merge": {"of": {"B3": 0.5, "F1": 0.5}}}, "different methods")
+    msg = refused(
+        arms, repo_root, "soup", {"merge": {"of": {"B3": 0.5, "F1": 0.5}}}, "different methods"
+    )
     assert "F1 is full" in msg and "B3 is lora" in msg
 
 

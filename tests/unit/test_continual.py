@@ -31,15 +31,32 @@ def test_the_template_makes_each_round_continue_the_last_ones_nominee(cfg, repo_
     r4, r5 = res["rounds"]["r4"], res["rounds"]["r5"]
     assert (r4["incumbent"], r5["incumbent"]) == ("r3-nominee", "r4-nominee")
     assert r4["candidates"] == ["r4-hi", "r4-lo"] and r4["bar"] == res["rounds"]["r3"]["bar"]
-    assert res["corpora"]["r5-corpus"]["policy"] == "r4-nominee" and res["corpora"]["r5-corpus"]["pool"] == "r5-pool"
-    assert res["arms"]["r5-lo"]["init"] == "r4-nominee" and res["arms"]["r5-lo"]["hyper"]["lr"] == 5.0e-4
+    assert (
+        res["corpora"]["r5-corpus"]["policy"] == "r4-nominee"
+        and res["corpora"]["r5-corpus"]["pool"] == "r5-pool"
+    )
+    assert (
+        res["arms"]["r5-lo"]["init"] == "r4-nominee"
+        and res["arms"]["r5-lo"]["hyper"]["lr"] == 5.0e-4
+    )
     # a fresh slice each round: another seed, and no prompt of any earlier training pool
     assert (res["pools"]["r4-pool"]["seed"], res["pools"]["r5-pool"]["seed"]) == (41, 42)
-    assert res["pools"]["r5-pool"]["exclude"] == ["math_r1", "math_r2", "math_r3", "sft_s1", "r4-pool"]
+    assert res["pools"]["r5-pool"]["exclude"] == [
+        "math_r1",
+        "math_r2",
+        "math_r3",
+        "sft_s1",
+        "r4-pool",
+    ]
     # the nominee is one of the round's arms, so its lineage holds them all until the round is judged
     nominee = res["arms"]["r3-nominee"]
-    assert nominee["kind"] == "nominee" and set(nominee["parents"]) == {"R2d", *res["rounds"]["r3"]["candidates"]}
-    assert "r3-nominee" in res["arms"]["r4-lo"]["lineage"] and "B3" in res["arms"]["r4-lo"]["lineage"]
+    assert nominee["kind"] == "nominee" and set(nominee["parents"]) == {
+        "R2d",
+        *res["rounds"]["r3"]["candidates"],
+    }
+    assert (
+        "r3-nominee" in res["arms"]["r4-lo"]["lineage"] and "B3" in res["arms"]["r4-lo"]["lineage"]
+    )
 
 
 def test_a_nominee_reference_may_name_any_round_by_hand(cfg, repo_root, tmp_path):
@@ -49,19 +66,34 @@ def test_a_nominee_reference_may_name_any_round_by_hand(cfg, repo_root, tmp_path
     cfg["arms_dir"] = str(arms)
     cfg["corpora"]["rft_c1"] = {"pool": "math_r3", "policy": {"nominee": "r3"}}
     res = resolve(cfg, repo_root)
-    assert res["arms"]["C1"]["init"] == "r3-nominee" and res["corpora"]["rft_c1"]["policy"] == "r3-nominee"
+    assert (
+        res["arms"]["C1"]["init"] == "r3-nominee"
+        and res["corpora"]["rft_c1"]["policy"] == "r3-nominee"
+    )
 
 
-@pytest.mark.parametrize("edit, key", [
-    (lambda c: c["continual"].__setitem__("afer", "r3"), "continual"),                     # a typo'd key
-    (lambda c: c["continual"].__setitem__("after", "r9"), "continual/after"),              # no such round
-    (lambda c: c["continual"].__setitem__("rounds", 0), "continual/rounds"),
-    (lambda c: c["continual"]["pool"].__setitem__("n", "many"), "continual/pool/n"),
-    (lambda c: c["continual"].__setitem__("stop", {"after_kept": 2}), "continual/stop"),
-    (lambda c: c["corpora"]["rft_r3"].__setitem__("policy", {"nominee": "r9"}), "corpora/rft_r3/policy"),
-    (lambda c: c["corpora"]["rft_r3"].__setitem__("policy", {"nomine": "r2"}), "corpora/rft_r3/policy"),
-    (lambda c: c["rounds"].__setitem__("r4", copy.deepcopy(c["rounds"]["r3"])), "continual"),  # r4 taken
-])
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda c: c["continual"].__setitem__("afer", "r3"), "continual"),  # a typo'd key
+        (lambda c: c["continual"].__setitem__("after", "r9"), "continual/after"),  # no such round
+        (lambda c: c["continual"].__setitem__("rounds", 0), "continual/rounds"),
+        (lambda c: c["continual"]["pool"].__setitem__("n", "many"), "continual/pool/n"),
+        (lambda c: c["continual"].__setitem__("stop", {"after_kept": 2}), "continual/stop"),
+        (
+            lambda c: c["corpora"]["rft_r3"].__setitem__("policy", {"nominee": "r9"}),
+            "corpora/rft_r3/policy",
+        ),
+        (
+            lambda c: c["corpora"]["rft_r3"].__setitem__("policy", {"nomine": "r2"}),
+            "corpora/rft_r3/policy",
+        ),
+        (
+            lambda c: c["rounds"].__setitem__("r4", copy.deepcopy(c["rounds"]["r3"])),
+            "continual",
+        ),  # r4 taken
+    ],
+)
 def test_a_template_typo_fails_before_any_job_naming_the_key(cfg, repo_root, edit, key):
     edit(cfg)
     with pytest.raises(ConfigError) as e:
@@ -96,7 +128,9 @@ def test_stop_after_m_rounds_in_a_row_that_kept_their_incumbent():
     stop = {"after_kept_rounds": 2}
     assert continual.stop_reason(ROUNDS, 2, [True, False], stop, never) is None
     assert "r5, r6" in continual.stop_reason(ROUNDS, 3, [False, True, True], stop, never)
-    assert continual.stop_reason(ROUNDS, 3, [True, True, True], {}, never) is None  # no rule, no stop
+    assert (
+        continual.stop_reason(ROUNDS, 3, [True, True, True], {}, never) is None
+    )  # no rule, no stop
 
 
 def test_the_budget_stops_a_round_it_cannot_pay_for():
@@ -121,10 +155,23 @@ def sealed_nomination(root, promoted_by_bar: bool):
     """r3 judged B3 against R2d; B3 clears the bar or not."""
     compare = root / "compare.json"
     compare.write_text("{}")
-    verdict = {"arm": "B3", "delta": 1.0 if promoted_by_bar else -1.0, "clears": promoted_by_bar,
-               "accuracy": 50.0, "ref_accuracy": 49.0, "wins": 3, "losses": 2, "p_value": 1.0, "clauses": []}
-    rec = {"round": "r3", "incumbent": "R2d", "candidates": [verdict],
-           "promoted": "B3" if promoted_by_bar else "R2d"}
+    verdict = {
+        "arm": "B3",
+        "delta": 1.0 if promoted_by_bar else -1.0,
+        "clears": promoted_by_bar,
+        "accuracy": 50.0,
+        "ref_accuracy": 49.0,
+        "wins": 3,
+        "losses": 2,
+        "p_value": 1.0,
+        "clauses": [],
+    }
+    rec = {
+        "round": "r3",
+        "incumbent": "R2d",
+        "candidates": [verdict],
+        "promoted": "B3" if promoted_by_bar else "R2d",
+    }
     path = root / "nominations/r3.json"
     path.parent.mkdir(parents=True)
     io.write_json(path, nominate.seal(rec, ["compare.json"]))
@@ -132,16 +179,21 @@ def sealed_nomination(root, promoted_by_bar: bool):
 
 
 @pytest.mark.parametrize("clears", [False, True], ids=["kept", "promoted"])
-def test_the_next_round_continues_the_incumbent_when_nobody_is_promoted(tmp_path, monkeypatch, clears):
+def test_the_next_round_continues_the_incumbent_when_nobody_is_promoted(
+    tmp_path, monkeypatch, clears
+):
     monkeypatch.chdir(tmp_path)  # a nomination names its judged files relative to the results dir
     run_dir(tmp_path, "R2d", b"incumbent weights")
     run_dir(tmp_path, "B3", b"candidate weights")
     nom = sealed_nomination(tmp_path, clears)
     out = tmp_path / "runs/r3-nominee/final"
-    continual.main(["nominee", "--round", "r3", "--nomination", str(nom), "--runs", "runs", "--out", str(out)])
+    continual.main(
+        ["nominee", "--round", "r3", "--nomination", str(nom), "--runs", "runs", "--out", str(out)]
+    )
     served = "B3" if clears else "R2d"
-    assert (out / "adapter_model.safetensors").read_bytes() == \
-        (tmp_path / "runs" / served / "final/adapter_model.safetensors").read_bytes()
+    assert (out / "adapter_model.safetensors").read_bytes() == (
+        tmp_path / "runs" / served / "final/adapter_model.safetensors"
+    ).read_bytes()
     alias = json.loads((out / "nominee.json").read_text())
     assert (alias["arm"], alias["kept"]) == (served, not clears)
     assert not (out / "training_evidence.json").exists()  # the budget counts each training once
@@ -156,5 +208,7 @@ def test_a_nominee_is_refused_from_an_edited_nomination(tmp_path, monkeypatch):
     rec = json.loads(nom.read_text())
     nom.write_text(json.dumps({**rec, "promoted": "B3"}))  # a hand edit
     with pytest.raises(nominate.SealError, match="edited after it was sealed|do not"):
-        continual.write_nominee("r3", str(nom), tmp_path / "runs", tmp_path / "runs/r3-nominee/final")
+        continual.write_nominee(
+            "r3", str(nom), tmp_path / "runs", tmp_path / "runs/r3-nominee/final"
+        )
     assert not (tmp_path / "runs/r3-nominee").exists()

@@ -17,6 +17,7 @@ SYSTEM = "You are a careful math tutor."
 
 # --- pass@k -------------------------------------------------------------------------------
 
+
 def brute_force_pass_at_k(n: int, c: int, k: int) -> Fraction:
     """Fraction of k-subsets of n samples (the first c correct) holding at least one correct."""
     subsets = list(itertools.combinations(range(n), k))
@@ -34,7 +35,9 @@ def test_pass_at_k_matches_closed_form_and_brute_force(n):
 
 def test_pass_at_k_closed_form_for_larger_n():
     for n, c, k in [(100, 3, 10), (64, 0, 8), (64, 64, 8), (200, 57, 100), (50, 1, 1)]:
-        assert corpora.pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), rel=1e-12)
+        assert corpora.pass_at_k(n, c, k) == pytest.approx(
+            1 - comb(n - c, k) / comb(n, k), rel=1e-12
+        )
 
 
 def test_pass_at_1_is_the_fraction_correct():
@@ -49,6 +52,7 @@ def test_pass_at_k_rejects_impossible_arguments(n, c, k):
 
 
 # --- pick ---------------------------------------------------------------------------------
+
 
 def _v(sample: int, chars: int) -> dict:
     return {"id": f"p#{sample}", "sample": sample, "chars": chars}
@@ -93,33 +97,48 @@ def test_pick_does_not_depend_on_input_order():
 # --- select -------------------------------------------------------------------------------
 
 POOL = [
-    {"id": "p0", "prompt": "Ann has 3 apples and gets 4 more. How many apples now?", "gold": "7",
-     "category": "add", "reference": "3 + 4 = 7. The answer is 7."},
-    {"id": "p1", "prompt": "Ben has 5 pens and gets 7 more. How many pens now?", "gold": "12",
-     "category": "add", "reference": "5 + 7 = 12. The answer is 12."},
-    {"id": "p2", "prompt": "Cal buys 1 bag with 5 cups each. How many cups in all?", "gold": "5",
-     "category": "mul", "reference": "1 * 5 = 5. The answer is 5."},
+    {
+        "id": "p0",
+        "prompt": "Ann has 3 apples and gets 4 more. How many apples now?",
+        "gold": "7",
+        "category": "add",
+        "reference": "3 + 4 = 7. The answer is 7.",
+    },
+    {
+        "id": "p1",
+        "prompt": "Ben has 5 pens and gets 7 more. How many pens now?",
+        "gold": "12",
+        "category": "add",
+        "reference": "5 + 7 = 12. The answer is 12.",
+    },
+    {
+        "id": "p2",
+        "prompt": "Cal buys 1 bag with 5 cups each. How many cups in all?",
+        "gold": "5",
+        "category": "mul",
+        "reference": "1 * 5 = 5. The answer is 5.",
+    },
 ]
 
 # (text, stopped) per sample; comments say whether candidates.verdict calls it `correct`
 SAMPLES = {
     "p0": [
-        ("The answer is 7.", True),                    # correct, 16 chars
-        ("The answer is 8.", True),                    # wrong
-        ("3 + 4 = 7. The answer is 7.", True),         # correct, 27 chars
-        ("3 + 4 = 7. So the answer is 7", False),      # right answer, did not stop: not correct
+        ("The answer is 7.", True),  # correct, 16 chars
+        ("The answer is 8.", True),  # wrong
+        ("3 + 4 = 7. The answer is 7.", True),  # correct, 27 chars
+        ("3 + 4 = 7. So the answer is 7", False),  # right answer, did not stop: not correct
     ],
     "p1": [
-        ("The answer is 12.\ufffd", True),             # U+FFFD: not correct
-        ("   ", True),                                 # empty
-        ("The answer is 13.", True),                   # wrong
-        ("The answer is 12.", False),                  # did not stop
+        ("The answer is 12.\ufffd", True),  # U+FFFD: not correct
+        ("   ", True),  # empty
+        ("The answer is 13.", True),  # wrong
+        ("The answer is 12.", False),  # did not stop
     ],
     "p2": [
-        ("1 * 5 = 5. The answer is 5.", True),         # correct, 27
-        ("The answer is 5.", True),                    # correct, 16
+        ("1 * 5 = 5. The answer is 5.", True),  # correct, 27
+        ("The answer is 5.", True),  # correct, 16
         ("We have 1 bag of 5, so 5 cups. The answer is 5.", True),  # correct, 48
-        ("5", True),                                   # correct, 1
+        ("5", True),  # correct, 1
     ],
 }
 
@@ -128,8 +147,16 @@ def fake_samples() -> list[dict]:
     rows = []
     for pid, items in SAMPLES.items():
         for j, (text, stopped) in enumerate(items):
-            rows.append({"id": f"{pid}#{j}", "prompt_id": pid, "sample": j, "text": text,
-                         "n_tokens": len(text), "stopped": stopped})
+            rows.append(
+                {
+                    "id": f"{pid}#{j}",
+                    "prompt_id": pid,
+                    "sample": j,
+                    "text": text,
+                    "n_tokens": len(text),
+                    "stopped": stopped,
+                }
+            )
     return rows
 
 
@@ -246,21 +273,25 @@ def test_reference_uses_the_worked_solution():
 
 # --- tokenize -----------------------------------------------------------------------------
 
+
 def test_tokenize_masks_only_assistant_content_and_im_end(tokenizer):
     rows, _ = corpora.reference(POOL)
     arrays, tstats = corpora.tokenize(rows, tokenizer, SYSTEM)
     ids, mask, off = arrays["input_ids"], arrays["loss_mask"], arrays["offsets"]
     assert off[0] == 0 and off[-1] == len(ids) == len(mask) and len(off) == len(rows) + 1
     for i, r in enumerate(rows):
-        seg_ids, seg_mask = ids[off[i]:off[i + 1]], mask[off[i]:off[i + 1]]
+        seg_ids, seg_mask = ids[off[i] : off[i + 1]], mask[off[i] : off[i + 1]]
         msgs = chat.prompt_messages(SYSTEM, r["prompt"]) + [
-            {"role": "assistant", "content": r["completion"]}]
+            {"role": "assistant", "content": r["completion"]}
+        ]
         assert tokenizer.decode(seg_ids.tolist()) == chat.render(msgs)
         supervised = tokenizer.decode(seg_ids[seg_mask == 1].tolist())
         assert supervised == r["completion"] + "<|im_end|>"
     assert tstats["tokens"] == len(ids)
     assert tstats["supervised_tokens"] == int(mask.sum())
-    assert tstats["mean_completion_chars"] == pytest.approx(np.mean([len(r["completion"]) for r in rows]))
+    assert tstats["mean_completion_chars"] == pytest.approx(
+        np.mean([len(r["completion"]) for r in rows])
+    )
 
 
 def test_tokenize_without_system_prompt_has_no_system_turn(tokenizer):

@@ -17,9 +17,13 @@ def tok():
 def test_rows_sharing_a_prompt_with_an_eval_item_are_dropped_and_named(tmp_path, tok):
     rows = pools.generate(20, 4, "train", {"add": 1, "mul": 1}, "t")
     leak = {"id": "eval-7", "prompt": rows[3]["prompt"]}
-    stats = corpora.build(tmp_path / "c", rows, tok, "", {}, eval_items=[leak, {"id": "e2", "prompt": "unrelated"}])
+    stats = corpora.build(
+        tmp_path / "c", rows, tok, "", {}, eval_items=[leak, {"id": "e2", "prompt": "unrelated"}]
+    )
     rec = json.loads((tmp_path / "c/stats.json").read_text())["decontamination"]
-    assert rec["dropped"] == 1 and rec["dropped_ids"] == [{"id": rows[3]["id"], "eval_id": "eval-7"}]
+    assert rec["dropped"] == 1 and rec["dropped_ids"] == [
+        {"id": rows[3]["id"], "eval_id": "eval-7"}
+    ]
     assert stats["rows"] == 19
     kept = [json.loads(x)["id"] for x in (tmp_path / "c/rows.jsonl").read_text().splitlines()]
     assert rows[3]["id"] not in kept
@@ -49,6 +53,12 @@ def test_reference_policy_names_a_row_without_a_reference(tmp_path, tok):
 def test_a_group_below_its_minimum_keeps_all_its_rows_and_records_the_shortfall(tmp_path, tok):
     rows = pools.generate(30, 6, "train", {"add": 8, "mul": 1}, "t")
     n_mul = sum(r["category"] == "mul" for r in rows)
-    stats = corpora.build(tmp_path / "c", rows, tok, "", {"coverage": {"row_budget": 12, "min_per_group": {"mul": n_mul + 5}}})
+    stats = corpora.build(
+        tmp_path / "c",
+        rows,
+        tok,
+        "",
+        {"coverage": {"row_budget": 12, "min_per_group": {"mul": n_mul + 5}}},
+    )
     assert stats["coverage"]["per_group"]["mul"] == n_mul
     assert stats["coverage"]["min_shortfall"] == {"mul": 5}

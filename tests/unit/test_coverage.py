@@ -17,9 +17,11 @@ def row(i, group, tokens, prompt=None):
 
 # Two candidate answers for prompts p1 and p3; groups alg (3 prompts), cnt (2), num (1).
 ROWS = [
-    row("p1a", "alg", 100, "p1"), row("p1b", "alg", 40, "p1"),
+    row("p1a", "alg", 100, "p1"),
+    row("p1b", "alg", 40, "p1"),
     row("p2", "alg", 60),
-    row("p3a", "cnt", 90, "p3"), row("p3b", "cnt", 200, "p3"),
+    row("p3a", "cnt", 90, "p3"),
+    row("p3b", "cnt", 200, "p3"),
     row("p4", "cnt", 50),
     row("p5", "num", 300),
     row("p6", "alg", 10),
@@ -40,8 +42,9 @@ def brute_force(rows, objective, feasible):
 def test_row_budget_with_group_minimums_known_optimum():
     # weights alg 1, cnt 2, num 5; 3 rows; at least 1 alg. Best: num (5) + one cnt (2) ... but
     # cnt has two prompts (p3, p4): num + p3 + p4 = 9 breaks "at least 1 alg" -> num + cnt + alg = 8
-    sel = coverage.select(ROWS, row_budget=3, min_per_group={"alg": 1},
-                          weights={"alg": 1, "cnt": 2, "num": 5})
+    sel = coverage.select(
+        ROWS, row_budget=3, min_per_group={"alg": 1}, weights={"alg": 1, "cnt": 2, "num": 5}
+    )
     assert sel.status == "Optimal"
     assert sel.objective == pytest.approx(8.0)
     assert sel.per_group == {"alg": 1, "cnt": 1, "num": 1}
@@ -91,15 +94,21 @@ def test_matches_brute_force_on_a_random_case():
     import random
 
     rng = random.Random(0)
-    rows = [row(f"r{i}", rng.choice("abc"), rng.randint(5, 60), f"p{rng.randint(0, 7)}") for i in range(12)]
+    rows = [
+        row(f"r{i}", rng.choice("abc"), rng.randint(5, 60), f"p{rng.randint(0, 7)}")
+        for i in range(12)
+    ]
     w = {"a": 1.0, "b": 1.7, "c": 0.6}
     mins = {"b": 1}
     sel = coverage.select(rows, token_budget=120, min_per_group=mins, weights=w)
 
     def feasible(combo):
         prompts = [r["prompt_id"] for r in combo]
-        return (len(set(prompts)) == len(prompts) and sum(r["tokens"] for r in combo) <= 120
-                and sum(r["group"] == "b" for r in combo) >= 1)
+        return (
+            len(set(prompts)) == len(prompts)
+            and sum(r["tokens"] for r in combo) <= 120
+            and sum(r["group"] == "b" for r in combo) >= 1
+        )
 
     best = brute_force(rows, lambda c: sum(w[r["group"]] for r in c), feasible)
     assert sel.objective == pytest.approx(best)
@@ -108,14 +117,32 @@ def test_matches_brute_force_on_a_random_case():
     assert sum(w[r["group"]] for r in chosen) == pytest.approx(best)
 
 
-@pytest.mark.parametrize("kwargs, reason", [
-    ({"row_budget": 3, "min_per_group": {"num": 2}}, r"group 'num' needs at least 2 rows but only 1 prompts"),
-    ({"row_budget": 2, "min_per_group": {"alg": 2, "cnt": 1}}, r"minimums sum to 3 rows, over the row budget 2"),
-    ({"token_budget": 100, "min_per_group": {"num": 1}}, r"need at least 300 tokens, over the token budget 100"),
-    ({"row_budget": 3, "min_per_group": {"geo": 1}}, r"group 'geo' needs at least 1 rows but only 0 prompts"),
-    ({"row_budget": 3, "min_per_group": {"alg": 2}, "max_per_group": {"alg": 1}}, r"minimum 2 exceeds maximum 1"),
-    ({"token_budget": 320, "min_per_group": {"cnt": 1, "num": 1}}, r"need at least 350 tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        (
+            {"row_budget": 3, "min_per_group": {"num": 2}},
+            r"group 'num' needs at least 2 rows but only 1 prompts",
+        ),
+        (
+            {"row_budget": 2, "min_per_group": {"alg": 2, "cnt": 1}},
+            r"minimums sum to 3 rows, over the row budget 2",
+        ),
+        (
+            {"token_budget": 100, "min_per_group": {"num": 1}},
+            r"need at least 300 tokens, over the token budget 100",
+        ),
+        (
+            {"row_budget": 3, "min_per_group": {"geo": 1}},
+            r"group 'geo' needs at least 1 rows but only 0 prompts",
+        ),
+        (
+            {"row_budget": 3, "min_per_group": {"alg": 2}, "max_per_group": {"alg": 1}},
+            r"minimum 2 exceeds maximum 1",
+        ),
+        ({"token_budget": 320, "min_per_group": {"cnt": 1, "num": 1}}, r"need at least 350 tokens"),
+    ],
+)
 def test_infeasible_problems_raise_with_the_reason(kwargs, reason):
     with pytest.raises(CoverageError, match=reason):
         coverage.select(ROWS, **kwargs)
@@ -125,7 +152,9 @@ def test_infeasibility_only_the_solver_sees_is_reported():
     # one prompt with a candidate in each of two groups: each minimum alone is satisfiable, but
     # at most one row per prompt makes both together impossible
     rows = [row("q1x", "x", 10, "q1"), row("q1y", "y", 10, "q1"), row("q2", "x", 10)]
-    with pytest.raises(CoverageError, match=r"CBC status Infeasible: no subset keeps at most one row per prompt"):
+    with pytest.raises(
+        CoverageError, match=r"CBC status Infeasible: no subset keeps at most one row per prompt"
+    ):
         coverage.select(rows, row_budget=5, min_per_group={"x": 2, "y": 1, "z": 0})
 
 

@@ -22,15 +22,30 @@ from arenaflow import chat, decode, models, sampling, tinymodel
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 VOCAB = 384
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
 
 
 def random_llama(device: str, zero_head: bool = False) -> LlamaForCausalLM:
     """Two layers with grouped-query attention (4 heads over 2 KV heads), float32 weights."""
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     model = LlamaForCausalLM(cfg).to(device).eval()
     if zero_head:  # every next token uniform over the vocabulary
         model.lm_head.weight.data.zero_()
@@ -52,16 +67,26 @@ def until_stop(row: list[int], stops: list[int]) -> list[int]:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_greedy_equals_transformers_generate_on_ragged_prompts(device, penalty):
-    if penalty != 1.0 and "prompt_ignore_length" not in inspect.getsource(GenerationMixin._get_logits_processor):
-        pytest.skip("this transformers' generate() penalises left padding as seen tokens (5.24's does not)")
+    if penalty != 1.0 and "prompt_ignore_length" not in inspect.getsource(
+        GenerationMixin._get_logits_processor
+    ):
+        pytest.skip(
+            "this transformers' generate() penalises left padding as seen tokens (5.24's does not)"
+        )
     model = random_llama(device)
     rng = np.random.default_rng(1)
     rows = [rng.integers(3, VOCAB, n).tolist() for n in (5, 17, 9, 30, 1, 12)]
     ids, mask = left_padded(rows, 0, device)
     stops = [1, 2]
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=40, repetition_penalty=penalty)
-    want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, eos_token_id=stops,
-                          pad_token_id=0, **dec.generate_kwargs())[:, ids.shape[1]:].tolist()
+    want = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=40,
+        eos_token_id=stops,
+        pad_token_id=0,
+        **dec.generate_kwargs(),
+    )[:, ids.shape[1] :].tolist()
     got = decode.StaticDecoder(model, *ids.shape, 40, dec, stops, 0).run(ids, mask)
     assert [until_stop(r, stops) for r in got] == [until_stop(r, stops) for r in want]
 
@@ -80,7 +105,9 @@ def test_samples_follow_the_temperature_and_top_p_distribution(device):
     expected /= expected.sum()
     n = 20_000  # enough to tell temperature 0.7 from 0.65 (p ~ 1e-9) on this flat model
     torch.manual_seed(3)
-    draws = decode.StaticDecoder(model, n, 5, 1, dec, [-1], 0).run(prompt.repeat(n, 1), torch.ones(n, 5, device=device))
+    draws = decode.StaticDecoder(model, n, 5, 1, dec, [-1], 0).run(
+        prompt.repeat(n, 1), torch.ones(n, 5, device=device)
+    )
     counts = np.bincount([r[0] for r in draws], minlength=VOCAB)
     assert counts[expected == 0].sum() == 0  # nothing outside the nucleus
     big = expected * n >= 5
@@ -99,7 +126,9 @@ def test_each_step_draws_fresh_noise(device):
     dec = sampling.Decoding(temperature=1.0, max_new_tokens=33)
     torch.manual_seed(0)
     ids = torch.full((64, 4), 7, device=device)
-    out = np.array(decode.StaticDecoder(model, 64, 4, 33, dec, [-1], 0).run(ids, torch.ones_like(ids)))
+    out = np.array(
+        decode.StaticDecoder(model, 64, 4, 33, dec, [-1], 0).run(ids, torch.ones_like(ids))
+    )
     assert out.shape == (64, 33)
     repeats = (out[:, 1:] == out[:, :-1]).mean()
     assert repeats < 5 / VOCAB, repeats
@@ -128,9 +157,15 @@ def policy():
 
 def test_static_engine_gives_generate_s_greedy_texts_on_the_embedded_model(policy):
     model, tok = policy
-    prompts = [chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, q), True) for q in (
-        "Ann has 23 apples and gets 15 more. How many apples now?", "What is 7 times 8?",
-        "Cal had 81 coins and gave away 27. How many coins are left?", "Half of 90?")]
+    prompts = [
+        chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, q), True)
+        for q in (
+            "Ann has 23 apples and gets 15 more. How many apples now?",
+            "What is 7 times 8?",
+            "Cal had 81 coins and gave away 27. How many coins are left?",
+            "Half of 90?",
+        )
+    ]
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=48)
     hf = sampling.generate(model, tok, prompts, dec, batch_size=3)
     static = sampling.generate(model, tok, prompts, dec, batch_size=3, engine="static")
@@ -140,9 +175,13 @@ def test_static_engine_gives_generate_s_greedy_texts_on_the_embedded_model(polic
 
 def test_static_engine_samples_are_seeded(policy):
     model, tok = policy
-    prompt = [chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, "What is 7 times 8?"), True)]
+    prompt = [
+        chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, "What is 7 times 8?"), True)
+    ]
     dec = sampling.Decoding(temperature=1.0, max_new_tokens=16)
-    a, b, c = (sampling.generate(model, tok, prompt, dec, k=8, seed=s, engine="static") for s in (4, 4, 5))
+    a, b, c = (
+        sampling.generate(model, tok, prompt, dec, k=8, seed=s, engine="static") for s in (4, 4, 5)
+    )
     assert a == b and a != c
     assert len({s["text"] for s in a[0]}) > 1
 

@@ -16,7 +16,9 @@ EVALS = [{"id": "ev-1", "prompt": text("z", 40)}, {"id": "ev-2", "prompt": EVAL_
 
 
 def test_planted_30_token_overlap_is_dropped_and_recorded():
-    planted = " ".join(["Some", "lead", "in", EVAL_ITEM.split(" ", 10)[-1].upper()])  # e10..e49: 40 tokens
+    planted = " ".join(
+        ["Some", "lead", "in", EVAL_ITEM.split(" ", 10)[-1].upper()]
+    )  # e10..e49: 40 tokens
     train = [
         {"id": "t-1", "prompt": text("a", 60)},
         {"id": "t-2", "prompt": planted},
@@ -24,14 +26,26 @@ def test_planted_30_token_overlap_is_dropped_and_recorded():
     ]
     kept, record = decontam.decontaminate(train, EVALS)
     assert [r["id"] for r in kept] == ["t-1", "t-3"]
-    assert record == {"shingle_tokens": 30, "train_rows": 3, "eval_items": 2, "kept": 2, "dropped": 1,
-                      "dropped_ids": [{"id": "t-2", "eval_id": "ev-2"}]}
+    assert record == {
+        "shingle_tokens": 30,
+        "train_rows": 3,
+        "eval_items": 2,
+        "kept": 2,
+        "dropped": 1,
+        "dropped_ids": [{"id": "t-2", "eval_id": "ev-2"}],
+    }
 
 
 def test_29_shared_tokens_are_not_a_collision_but_30_are():
     toks = EVAL_ITEM.split()
-    near = {"id": "t-near", "prompt": " ".join(["x0", *toks[5:34], "x1", *text("c", 20).split()])}  # 29 shared
-    hit = {"id": "t-hit", "prompt": " ".join(["x0", *toks[5:35], "x1", *text("c", 20).split()])}   # 30 shared
+    near = {
+        "id": "t-near",
+        "prompt": " ".join(["x0", *toks[5:34], "x1", *text("c", 20).split()]),
+    }  # 29 shared
+    hit = {
+        "id": "t-hit",
+        "prompt": " ".join(["x0", *toks[5:35], "x1", *text("c", 20).split()]),
+    }  # 30 shared
     kept, record = decontam.decontaminate([near, hit], EVALS)
     assert [r["id"] for r in kept] == ["t-near"]
     assert record["dropped_ids"] == [{"id": "t-hit", "eval_id": "ev-2"}]
@@ -49,7 +63,10 @@ def test_short_prompts_collide_only_as_exact_duplicates():
     train = [
         {"id": "dup", "prompt": "ann has 23 apples and gets 15 more.  How many apples now?"},
         {"id": "other", "prompt": "Ann has 24 apples and gets 15 more. How many apples now?"},
-        {"id": "longer", "prompt": "Ann has 23 apples and gets 15 more. How many apples now? Explain."},
+        {
+            "id": "longer",
+            "prompt": "Ann has 23 apples and gets 15 more. How many apples now? Explain.",
+        },
     ]
     kept, record = decontam.decontaminate(train, evals)
     assert [r["id"] for r in kept] == ["other", "longer"]
@@ -60,7 +77,9 @@ def test_other_eval_fields_can_be_shingled():
     evals = [{"id": "ev-r", "prompt": "short question", "reference": EVAL_ITEM}]
     train = [{"id": "t", "prompt": EVAL_ITEM}]
     assert decontam.decontaminate(train, evals)[1]["dropped"] == 0
-    assert decontam.decontaminate(train, evals, eval_fields=("prompt", "reference"))[1]["dropped"] == 1
+    assert (
+        decontam.decontaminate(train, evals, eval_fields=("prompt", "reference"))[1]["dropped"] == 1
+    )
 
 
 def test_first_colliding_eval_item_in_text_order_is_named():
@@ -77,11 +96,17 @@ def test_nothing_to_drop():
 
 def test_cli(tmp_path):
     train, evals = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"id": "t-1", "prompt": EVAL_ITEM}, {"id": "t-2", "prompt": text("k", 40)}]))
+    train.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [{"id": "t-1", "prompt": EVAL_ITEM}, {"id": "t-2", "prompt": text("k", 40)}]
+        )
+    )
     evals.write_text("".join(json.dumps(r) + "\n" for r in EVALS))
     out, rec = tmp_path / "kept.jsonl", tmp_path / "record.json"
-    decontam.main(["--train", str(train), "--eval", str(evals), "--out", str(out), "--record", str(rec)])
+    decontam.main(
+        ["--train", str(train), "--eval", str(evals), "--out", str(out), "--record", str(rec)]
+    )
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["t-2"]
     record = json.loads(rec.read_text())
     assert record["dropped"] == 1 and record["dropped_ids"] == [{"id": "t-1", "eval_id": "ev-2"}]

@@ -15,6 +15,7 @@ def words(n: int, prefix: str = "w") -> str:
 
 # --- rep_ratio ------------------------------------------------------------------------------
 
+
 def test_rep_ratio_of_distinct_words_is_zero():
     assert dg.rep_ratio(words(50)) == 0.0
 
@@ -64,15 +65,16 @@ def test_loop_threshold_is_the_seeds_scorer_predicate():
 def test_loop_at_exactly_a_quarter_counts():
     # L distinct tokens then the first m again: L + m - 5 grams, m - 5 repeats
     toks = words(10).split()
-    quarter = " ".join(toks[:9] + toks[:8])    # 17 tokens, 12 grams, 3 repeats: exactly 0.25
+    quarter = " ".join(toks[:9] + toks[:8])  # 17 tokens, 12 grams, 3 repeats: exactly 0.25
     assert dg.rep_ratio(quarter) == 0.25
     assert dg.is_loop(quarter)
-    below = " ".join(toks[:10] + toks[:8])     # 18 tokens, 13 grams, 3 repeats
+    below = " ".join(toks[:10] + toks[:8])  # 18 tokens, 13 grams, 3 repeats
     assert dg.rep_ratio(below) == pytest.approx(3 / 13)
     assert not dg.is_loop(below)
 
 
 # --- ngram_unique_fraction ------------------------------------------------------------------
+
 
 def test_unique_fraction_of_distinct_words_is_one():
     assert dg.ngram_unique_fraction(words(100)) == 1.0
@@ -105,9 +107,15 @@ def test_unique_fraction_args_must_be_positive():
 
 # --- flags ------------------------------------------------------------------------------------
 
+
 def test_flags_of_a_clean_stopped_answer_are_all_false():
     assert dg.flags("The answer is 42. It took three steps to get there.", stopped=True) == {
-        "empty": False, "loop": False, "low_unique": False, "truncated": False, "fffd": False}
+        "empty": False,
+        "loop": False,
+        "low_unique": False,
+        "truncated": False,
+        "fffd": False,
+    }
 
 
 def test_flags_each_condition():
@@ -125,7 +133,7 @@ def test_the_two_filters_disagree_on_a_mild_repeat():
     # then 20 repeated tokens
     toks = words(40).split()
     text = " ".join(toks + toks[:20])
-    assert dg.rep_ratio(text) == pytest.approx(15 / 55)   # 60 tokens, 55 grams, 15 repeat
+    assert dg.rep_ratio(text) == pytest.approx(15 / 55)  # 60 tokens, 55 grams, 15 repeat
     assert dg.ngram_unique_fraction(text) == pytest.approx(10 / 14)  # grams at 0..52: 14, 4 repeat
     f = dg.flags(text, True)
     assert f["loop"] is True and f["low_unique"] is False
@@ -133,8 +141,20 @@ def test_the_two_filters_disagree_on_a_mild_repeat():
 
 def test_cli_prints_flag_rates(tmp_path, capsys):
     p = tmp_path / "samples.jsonl"
-    p.write_text("\n".join(json.dumps(r) for r in [
-        {"text": "fine answer", "stopped": True}, {"text": "", "stopped": False}]) + "\n")
+    p.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [{"text": "fine answer", "stopped": True}, {"text": "", "stopped": False}]
+        )
+        + "\n"
+    )
     dg.main(["--samples", str(p)])
     out = json.loads(capsys.readouterr().out)
-    assert out == {"samples": 2, "empty": 0.5, "loop": 0.0, "low_unique": 0.0, "truncated": 0.5, "fffd": 0.0}
+    assert out == {
+        "samples": 2,
+        "empty": 0.5,
+        "loop": 0.0,
+        "low_unique": 0.0,
+        "truncated": 0.5,
+        "fffd": 0.0,
+    }

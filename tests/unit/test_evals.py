@@ -17,12 +17,16 @@ from arenaflow import evals, io, verify
 
 def frame(correct, prompts=None, cats=None):
     n = len(correct)
-    return pd.DataFrame({
-        "item_id": [f"i{j}" for j in range(n)], "replicate": 0,
-        "category": cats or ["a"] * n,
-        "prompt_sha256": prompts or [f"p{j}" for j in range(n)],
-        "target_sha256": [f"t{j}" for j in range(n)], "correct": correct,
-    })
+    return pd.DataFrame(
+        {
+            "item_id": [f"i{j}" for j in range(n)],
+            "replicate": 0,
+            "category": cats or ["a"] * n,
+            "prompt_sha256": prompts or [f"p{j}" for j in range(n)],
+            "target_sha256": [f"t{j}" for j in range(n)],
+            "correct": correct,
+        }
+    )
 
 
 def test_compare_counts_wins_losses_and_splits_by_category():
@@ -50,11 +54,19 @@ def test_compare_refuses_items_read_out_on_one_side_only():
 @pytest.mark.parametrize("bad", [np.nan, 2])
 def test_compare_refuses_an_outcome_that_is_not_0_or_1_naming_the_readout(bad):
     # issue 16: bool(nan) is True, so a NaN outcome used to count as a correct answer
-    cand, ref = frame([1, bad, 0]).assign(arm="B3", replicate=1), frame([1, 0, 0]).assign(arm="R2d", replicate=1)
-    with pytest.raises(ValueError, match=r"^cmp\.json: candidate B3 readouts \('correct'\): 1 of 3 outcomes are "
-                                         rf"not 0/1, e\.g\. {bad} at item 'i1', replicate 1$"):
+    cand, ref = (
+        frame([1, bad, 0]).assign(arm="B3", replicate=1),
+        frame([1, 0, 0]).assign(arm="R2d", replicate=1),
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^cmp\.json: candidate B3 readouts \('correct'\): 1 of 3 outcomes are "
+        rf"not 0/1, e\.g\. {bad} at item 'i1', replicate 1$",
+    ):
         evals.compare(cand, ref, "cmp.json")
-    with pytest.raises(ValueError, match=r"^cmp\.json: reference B3 readouts \('correct_ref'\): .* item 'i1'"):
+    with pytest.raises(
+        ValueError, match=r"^cmp\.json: reference B3 readouts \('correct_ref'\): .* item 'i1'"
+    ):
         evals.compare(cand.assign(correct=[1, 0, 0]), cand, "cmp.json")
 
 
@@ -62,19 +74,27 @@ def test_compare_and_noise_clis_name_the_readout_file_with_a_nan_outcome(tmp_pat
     good, bad = tmp_path / "A.r0.parquet", tmp_path / "A.r1.parquet"
     evals.write_readout(battery([1, 0, 1]), good, {})
     evals.write_readout(battery([1, np.nan, 1], replicate=1), bad, {})
-    for argv in (["compare", "--cand", str(bad), "--ref", str(good)], ["noise", "--readouts", str(good), str(bad)]):
-        with pytest.raises(ValueError, match=rf"^{bad} \('correct'\): 1 of 3 .* nan at item 'i1', replicate 1$"):
+    for argv in (
+        ["compare", "--cand", str(bad), "--ref", str(good)],
+        ["noise", "--readouts", str(good), str(bad)],
+    ):
+        with pytest.raises(
+            ValueError, match=rf"^{bad} \('correct'\): 1 of 3 .* nan at item 'i1', replicate 1$"
+        ):
             evals.main([*argv, "--out", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
 
 
 def test_noise_refuses_an_outcome_that_is_not_0_or_1():
     df = pd.concat([battery([1, 0, 1], 0), battery([1, 0, 2], 1)], ignore_index=True)
-    with pytest.raises(ValueError, match=r"^n\.json: A readouts \('correct'\): .* 2 at item 'i2', replicate 1$"):
+    with pytest.raises(
+        ValueError, match=r"^n\.json: A readouts \('correct'\): .* 2 at item 'i2', replicate 1$"
+    ):
         evals.noise(df, "n.json")
 
 
 # --- replicates, levels and the noise floor ------------------------------------------------
+
 
 def battery(correct, replicate=0, arm="A", completions=None, stopped=None):
     n = len(correct)
@@ -86,9 +106,9 @@ def battery(correct, replicate=0, arm="A", completions=None, stopped=None):
 
 
 def test_rep_ratio_is_one_minus_distinct_over_all_word_6grams():
-    assert evals.rep_ratio("a b c d e") == 0.0                       # fewer than 6 words
-    assert evals.rep_ratio("a b c d e f g h") == 0.0                  # 3 distinct 6-grams
-    looped = " ".join(["the answer is 3 ."] * 4)                      # 20 words, 15 6-grams, 5 distinct
+    assert evals.rep_ratio("a b c d e") == 0.0  # fewer than 6 words
+    assert evals.rep_ratio("a b c d e f g h") == 0.0  # 3 distinct 6-grams
+    looped = " ".join(["the answer is 3 ."] * 4)  # 20 words, 15 6-grams, 5 distinct
     assert evals.rep_ratio(looped) == pytest.approx(1 - 5 / 15)
     assert evals.rep_ratio(looped) >= evals.LOOP_AT
 
@@ -120,7 +140,9 @@ def test_compare_pools_replicates_and_reports_each_and_the_t_over_replicates():
     assert (res["wins"], res["losses"]) == (wins, losses)
     acc_c = [100 * sum(c) / 8 for c in cand_reps]
     acc_r = [100 * sum(r) / 8 for r in ref_reps]
-    assert [b["delta"] for b in res["by_replicate"]] == pytest.approx(list(np.subtract(acc_c, acc_r)))
+    assert [b["delta"] for b in res["by_replicate"]] == pytest.approx(
+        list(np.subtract(acc_c, acc_r))
+    )
     assert res["t"] == pytest.approx(sps.ttest_rel(acc_c, acc_r).statistic, rel=1e-12)
     assert res["t_df"] == 2
     pooled_c = np.concatenate(cand_reps).astype(float)
@@ -161,14 +183,19 @@ def test_noise_cli_needs_two_replicates_of_one_arm(tmp_path):
 
 # --- real readouts on the embedded tiny model ----------------------------------------------
 
-POOL = [{"id": f"q{i}", "category": c, "prompt": p, "gold": g} for i, (c, p, g) in enumerate([
-    ("add", "Ann has 23 apples and gets 15 more. How many apples now?", "38"),
-    ("sub", "Max had 41 cups and gave away 29. How many cups are left?", "12"),
-    ("mul", "Ben buys 4 bags with 6 cards each. How many cards in all?", "24"),
-    ("add", "Cal has 56 shells and gets 22 more. How many shells now?", "78"),
-    ("sub", "Dee had 81 coins and gave away 27. How many coins are left?", "54"),
-    ("mul", "Eve buys 7 boxes with 3 pens each. How many pens in all?", "21"),
-])]
+POOL = [
+    {"id": f"q{i}", "category": c, "prompt": p, "gold": g}
+    for i, (c, p, g) in enumerate(
+        [
+            ("add", "Ann has 23 apples and gets 15 more. How many apples now?", "38"),
+            ("sub", "Max had 41 cups and gave away 29. How many cups are left?", "12"),
+            ("mul", "Ben buys 4 bags with 6 cards each. How many cards in all?", "24"),
+            ("add", "Cal has 56 shells and gets 22 more. How many shells now?", "78"),
+            ("sub", "Dee had 81 coins and gave away 27. How many coins are left?", "54"),
+            ("mul", "Eve buys 7 boxes with 3 pens each. How many pens in all?", "21"),
+        ]
+    )
+]
 
 
 @pytest.fixture(scope="module")
@@ -180,11 +207,35 @@ def tiny_readout(tmp_path_factory, repo_root):
 
     def run(name, replicate=0, seed=0, regime=sampled, engine="hf"):
         out = d / f"{name}.parquet"
-        evals.main(["readout", "--suite", "math", "--arm", "base", "--pool", str(pool),
-                    "--base-model", str(repo_root / "models/tiny-arith"), "--regime", "served",
-                    "--regime-json", regime, "--replicate", str(replicate), "--seed", str(seed),
-                    "--batch-size", "4", "--system-prompt", "You are a careful math tutor.",
-                    "--engine", engine, "--out", str(out)])
+        evals.main(
+            [
+                "readout",
+                "--suite",
+                "math",
+                "--arm",
+                "base",
+                "--pool",
+                str(pool),
+                "--base-model",
+                str(repo_root / "models/tiny-arith"),
+                "--regime",
+                "served",
+                "--regime-json",
+                regime,
+                "--replicate",
+                str(replicate),
+                "--seed",
+                str(seed),
+                "--batch-size",
+                "4",
+                "--system-prompt",
+                "You are a careful math tutor.",
+                "--engine",
+                engine,
+                "--out",
+                str(out),
+            ]
+        )
         return out
 
     return run
@@ -238,7 +289,10 @@ def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tin
     greedy = json.dumps({"temperature": 0.0, "max_new_tokens": 24})
     hf, static = (tiny_readout(f"g-{e}", regime=greedy, engine=e) for e in ("hf", "static"))
     pd.testing.assert_frame_equal(pd.read_parquet(static), pd.read_parquet(hf))
-    assert (evals.readout_meta(hf)["engine"], evals.readout_meta(static)["engine"]) == ("hf", "static")
+    assert (evals.readout_meta(hf)["engine"], evals.readout_meta(static)["engine"]) == (
+        "hf",
+        "static",
+    )
 
 
 def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdicts(repo_root):
@@ -246,13 +300,19 @@ def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdi
 
     model, tok = models.load_policy(repo_root / "models/tiny-arith", None)
     apples = "Ann has 23 apples and gets 15 more. How many apples now?"
-    pens, cups = ("Ann has 3 pens and gets 4 more. How many pens now?",
-                  "Ben has 5 cups and gets 2 more. How many cups now?")
+    pens, cups = (
+        "Ann has 3 pens and gets 4 more. How many pens now?",
+        "Ben has 5 cups and gets 2 more. How many cups now?",
+    )
     pool = [
         {"id": "math-38", "category": "add", "prompt": apples, "gold": "38"},
         {"id": "math-83", "category": "add", "prompt": apples, "gold": "83"},  # a wrong gold
-        {"id": "if-1", "category": "no_char", "prompt": pens,
-         "constraints": [{"type": "no_digits"}]},
+        {
+            "id": "if-1",
+            "category": "no_char",
+            "prompt": pens,
+            "constraints": [{"type": "no_digits"}],
+        },
         {"id": "open-1", "category": "open", "prompt": cups, "min_chars": 0},
         {"id": "open-long", "category": "open", "prompt": cups, "min_chars": 200},
     ]
@@ -278,7 +338,9 @@ def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdi
 
 def test_compare_splits_the_structural_battery_by_category():
     cats = ["x", "x", "y", "y"]
-    cand = battery([1, 1, 0, 1], completions=["a b", "", "c d e", "f"], stopped=[True, True, False, True])
+    cand = battery(
+        [1, 1, 0, 1], completions=["a b", "", "c d e", "f"], stopped=[True, True, False, True]
+    )
     cand["category"] = cats
     ref = battery([1, 0, 0, 1])
     ref["category"] = cats

@@ -52,21 +52,43 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 PROBES = {
     "test_adapter_bit_flip_before_a_readout": ("a flipped bit in an arm's adapter", "refused"),
     "test_adapter_bit_flip_before_sampling": ("a flipped bit in the policy's adapter", "refused"),
-    "test_init_adapter_bit_flip_before_child_training": ("a flipped bit in the init arm's adapter", "refused"),
+    "test_init_adapter_bit_flip_before_child_training": (
+        "a flipped bit in the init arm's adapter",
+        "refused",
+    ),
     "test_tampered_corpus_before_training": ("a flipped bit in a corpus's sft.npz", "refused"),
     "test_readout_bit_flip_before_compare": ("a flipped bit in a readout's data page", "refused"),
-    "test_readout_rewritten_before_nomination": ("a readout rewritten after it was compared", "refused"),
+    "test_readout_rewritten_before_nomination": (
+        "a readout rewritten after it was compared",
+        "refused",
+    ),
     "test_compare_edited_before_nomination[edited]": ("a compare file edited by hand", "refused"),
-    "test_compare_edited_before_nomination[unsealed]": ("a compare file without its seal", "refused"),
-    "test_ancestor_adapter_bit_flip_before_a_bundle": ("a flipped bit in an ancestor arm's adapter", "refused"),
+    "test_compare_edited_before_nomination[unsealed]": (
+        "a compare file without its seal",
+        "refused",
+    ),
+    "test_ancestor_adapter_bit_flip_before_a_bundle": (
+        "a flipped bit in an ancestor arm's adapter",
+        "refused",
+    ),
     "test_kill_9_while_a_corpus_is_written": ("kill -9 of a corpus build mid-write", "recovered"),
-    "test_kill_9_during_training_resumes_to_the_same_weights": ("kill -9 of a training run", "recovered"),
-    "test_concurrent_writers_leave_one_whole_output": ("three concurrent builds of one corpus", "recovered"),
+    "test_kill_9_during_training_resumes_to_the_same_weights": (
+        "kill -9 of a training run",
+        "recovered",
+    ),
+    "test_concurrent_writers_leave_one_whole_output": (
+        "three concurrent builds of one corpus",
+        "recovered",
+    ),
     "test_read_only_disk": ("a read-only results file system", "recovered"),
     "test_full_disk": ("a full results file system", "recovered"),
 }
-DAG_PROBES = {"test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream":
-              ("a flipped bit in runs/B3/final before its readout, through Snakemake", "refused")}
+DAG_PROBES = {
+    "test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream": (
+        "a flipped bit in runs/B3/final before its readout, through Snakemake",
+        "refused",
+    )
+}
 
 
 def flip_bit(path: Path, offset: int = -1) -> int:
@@ -89,11 +111,21 @@ def arm(tmp_path_factory) -> Path:
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    cfg = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
     run = tmp_path_factory.mktemp("arm") / "runs/A/final"
     get_peft_model(models.load_base(BASE), cfg).save_pretrained(str(run))
-    io.write_json(run / "training_evidence.json", {
-        "arm": "A", "corpus": "c", "base_model": "tiny-arith", "base_revision": "r", "init": "base"})
+    io.write_json(
+        run / "training_evidence.json",
+        {
+            "arm": "A",
+            "corpus": "c",
+            "base_model": "tiny-arith",
+            "base_revision": "r",
+            "init": "base",
+        },
+    )
     manifest.write(run)
     return run
 
@@ -121,18 +153,41 @@ def copy_arm(arm: Path, root: Path, name: str = "A") -> Path:
 
 # --- refused: a consumer never reads what does not verify ---------------------------------
 
+
 def readout_args(pool: Path, adapter: Path, out: Path) -> list[str]:
-    return ["readout", "--suite", "math", "--arm", "A", "--pool", str(pool), "--base-model", str(BASE),
-            "--adapter", str(adapter), "--regime", "greedy", "--batch-size", "4",
-            "--regime-json", json.dumps({"temperature": 0.0, "max_new_tokens": 12}), "--out", str(out)]
+    return [
+        "readout",
+        "--suite",
+        "math",
+        "--arm",
+        "A",
+        "--pool",
+        str(pool),
+        "--base-model",
+        str(BASE),
+        "--adapter",
+        str(adapter),
+        "--regime",
+        "greedy",
+        "--batch-size",
+        "4",
+        "--regime-json",
+        json.dumps({"temperature": 0.0, "max_new_tokens": 12}),
+        "--out",
+        str(out),
+    ]
 
 
 def test_adapter_bit_flip_before_a_readout(arm, pool, tmp_path):
     run = copy_arm(arm, tmp_path)
     offset = flip_bit(run / "adapter_model.safetensors")
-    load_file(run / "adapter_model.safetensors")  # the flip is silent to the loader: only the hash sees it
+    load_file(
+        run / "adapter_model.safetensors"
+    )  # the flip is silent to the loader: only the hash sees it
     out = tmp_path / "readouts/math/A/greedy.r0.parquet"
-    with pytest.raises(manifest.ManifestError, match=r"readout refused .*adapter_model\.safetensors: sha256"):
+    with pytest.raises(
+        manifest.ManifestError, match=r"readout refused .*adapter_model\.safetensors: sha256"
+    ):
         evals.main(readout_args(pool, run, out))
     assert not out.parent.exists() or not any(out.parent.iterdir())
     flip_bit(run / "adapter_model.safetensors", offset)  # restored: the same job now runs
@@ -144,33 +199,90 @@ def test_adapter_bit_flip_before_sampling(arm, pool, tmp_path):
     run = copy_arm(arm, tmp_path)
     flip_bit(run / "adapter_model.safetensors")
     out = tmp_path / "candidates/c/samples.jsonl"
-    params = {"k": 2, "temperature": 0.8, "top_p": 1.0, "max_new_tokens": 12, "seed": 0, "batch_size": 8}
-    with pytest.raises(manifest.ManifestError, match=r"sampling refused .*adapter_model\.safetensors"):
-        candidates.main(["sample", "--pool", str(pool), "--base-model", str(BASE), "--adapter", str(run),
-                         "--params-json", json.dumps(params), "--out", str(out)])
+    params = {
+        "k": 2,
+        "temperature": 0.8,
+        "top_p": 1.0,
+        "max_new_tokens": 12,
+        "seed": 0,
+        "batch_size": 8,
+    }
+    with pytest.raises(
+        manifest.ManifestError, match=r"sampling refused .*adapter_model\.safetensors"
+    ):
+        candidates.main(
+            [
+                "sample",
+                "--pool",
+                str(pool),
+                "--base-model",
+                str(BASE),
+                "--adapter",
+                str(run),
+                "--params-json",
+                json.dumps(params),
+                "--out",
+                str(out),
+            ]
+        )
     assert not out.parent.exists()
 
 
-HYPER = {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-         "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-         "epochs": 1, "micro_batch_size": 4, "grad_accum": 1, "seq_len": 256, "seed": 0, "nproc": 1,
-         "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0}
+HYPER = {
+    "method": "lora",
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+    "lr": 5e-3,
+    "weight_decay": 0.0,
+    "warmup_ratio": 0.0,
+    "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0,
+    "epochs": 1,
+    "micro_batch_size": 4,
+    "grad_accum": 1,
+    "seq_len": 256,
+    "seed": 0,
+    "nproc": 1,
+    "runtime_min": 5,
+    "mem_mb": 1000,
+    "checkpoint_every": 0,
+}
 
 
 def train_cmd(out: Path, corpus: Path, init: str, hyper: dict) -> list[str]:
-    return [sys.executable, "-m", "arenaflow.train", "--arm", out.parent.name, "--params-json",
-            json.dumps(hyper), "--corpus", str(corpus), "--init", init, "--base-model", str(BASE),
-            "--out", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "arenaflow.train",
+        "--arm",
+        out.parent.name,
+        "--params-json",
+        json.dumps(hyper),
+        "--corpus",
+        str(corpus),
+        "--init",
+        init,
+        "--base-model",
+        str(BASE),
+        "--out",
+        str(out),
+    ]
 
 
 def test_init_adapter_bit_flip_before_child_training(arm, corpus, tmp_path):
     init = copy_arm(arm, tmp_path)
     flip_bit(init / "adapter_model.safetensors")
     out = tmp_path / "runs/B/final"
-    proc = subprocess.run(train_cmd(out, corpus, str(init), HYPER), capture_output=True, text=True,
-                          timeout=600, env=ENV)
+    proc = subprocess.run(
+        train_cmd(out, corpus, str(init), HYPER),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
     assert proc.returncode != 0
-    assert re.search(r"training \(init arm\) refused .*A/final/adapter_model\.safetensors: sha256", proc.stderr)
+    assert re.search(
+        r"training \(init arm\) refused .*A/final/adapter_model\.safetensors: sha256", proc.stderr
+    )
     assert not out.parent.exists()  # not even the checkpoints or the live metrics
 
 
@@ -178,23 +290,41 @@ def test_tampered_corpus_before_training(corpus, tmp_path):
     bad = tmp_path / "corpora/c"
     shutil.copytree(corpus, bad)
     flip_bit(bad / "sft.npz", os.path.getsize(bad / "sft.npz") // 2)  # inside the token ids
-    with pytest.raises(manifest.ManifestError, match=r"training \(corpus\) refused .*sft\.npz: sha256"):
+    with pytest.raises(
+        manifest.ManifestError, match=r"training \(corpus\) refused .*sft\.npz: sha256"
+    ):
         data.load_corpus(bad)  # what train.loop.run calls first (tests/unit/test_train.py: the CLI)
 
 
 def write_readout(path: Path, arm: str, correct: list[bool]) -> str:
     n = len(correct)
-    df = pd.DataFrame({
-        "arm": arm, "item_id": [f"i{j}" for j in range(n)], "category": "add",
-        "prompt_sha256": [f"p{j}" for j in range(n)], "target_sha256": [f"t{j}" for j in range(n)],
-        "completion": ["2 + 2 = 4. The answer is 4."] * n, "n_tokens": 12, "stopped": True,
-        "pred": "4", "strict": correct, "correct": correct, "replicate": 0})
+    df = pd.DataFrame(
+        {
+            "arm": arm,
+            "item_id": [f"i{j}" for j in range(n)],
+            "category": "add",
+            "prompt_sha256": [f"p{j}" for j in range(n)],
+            "target_sha256": [f"t{j}" for j in range(n)],
+            "completion": ["2 + 2 = 4. The answer is 4."] * n,
+            "n_tokens": 12,
+            "stopped": True,
+            "pred": "4",
+            "strict": correct,
+            "correct": correct,
+            "replicate": 0,
+        }
+    )
     evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": 0})
     return str(path)
 
 
-ROUND = {"suite": "math", "regime": "greedy", "incumbent": "R2d", "candidates": ["B3"],
-         "bar": [{"metric": "delta", "op": ">", "value": 0.0}]}
+ROUND = {
+    "suite": "math",
+    "regime": "greedy",
+    "incumbent": "R2d",
+    "candidates": ["B3"],
+    "bar": [{"metric": "delta", "op": ">", "value": 0.0}],
+}
 
 
 @pytest.fixture
@@ -202,19 +332,49 @@ def compared(tmp_path) -> dict:
     """A round's bar registered, then two readouts and their compare JSON, as the rules leave
     them."""
     reg = tmp_path / "nominations/r3.bar.json"
-    nominate.main(["register", "--round", "r3", "--round-json", json.dumps(ROUND), "--out", str(reg)])
+    nominate.main(
+        ["register", "--round", "r3", "--round-json", json.dumps(ROUND), "--out", str(reg)]
+    )
     cand = write_readout(tmp_path / "B3.r0.parquet", "B3", [True, True, True, False] * 6)
     ref = write_readout(tmp_path / "R2d.r0.parquet", "R2d", [True, False, False, False] * 6)
     out = tmp_path / "compare/math/greedy/B3__R2d.json"
-    evals.main(["compare", "--suite", "math", "--regime", "greedy", "--cand", cand, "--ref", ref,
-                "--out", str(out)])
+    evals.main(
+        [
+            "compare",
+            "--suite",
+            "math",
+            "--regime",
+            "greedy",
+            "--cand",
+            cand,
+            "--ref",
+            ref,
+            "--out",
+            str(out),
+        ]
+    )
     return {"cand": cand, "ref": ref, "compare": str(out), "reg": str(reg)}
 
 
 def judge(c: dict) -> Path:
     out = Path(c["reg"]).parent / "r3.json"
-    nominate.main(["judge", "--round", "r3", "--round-json", json.dumps(ROUND), "--registration", c["reg"],
-                   "--compare", c["compare"], "--readouts", c["cand"], "--out", str(out)])
+    nominate.main(
+        [
+            "judge",
+            "--round",
+            "r3",
+            "--round-json",
+            json.dumps(ROUND),
+            "--registration",
+            c["reg"],
+            "--compare",
+            c["compare"],
+            "--readouts",
+            c["cand"],
+            "--out",
+            str(out),
+        ]
+    )
     return out
 
 
@@ -222,7 +382,9 @@ def last_byte_of_column(path: str, name: str) -> int:
     import pyarrow.parquet as pq
 
     meta = pq.ParquetFile(path).metadata.row_group(0)
-    col = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == name)
+    col = next(
+        meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == name
+    )
     start = col.dictionary_page_offset or col.data_page_offset
     return start + col.total_compressed_size - 1  # the last page's body, under its CRC
 
@@ -231,7 +393,9 @@ def test_readout_bit_flip_before_compare(compared, tmp_path):
     flip_bit(Path(compared["cand"]), last_byte_of_column(compared["cand"], "correct"))
     out = tmp_path / "compare/again.json"
     with pytest.raises(manifest.ManifestError, match=r"B3\.r0\.parquet: unreadable readout: .*CRC"):
-        evals.main(["compare", "--cand", compared["cand"], "--ref", compared["ref"], "--out", str(out)])
+        evals.main(
+            ["compare", "--cand", compared["cand"], "--ref", compared["ref"], "--out", str(out)]
+        )
     assert not out.exists()
 
 
@@ -239,7 +403,9 @@ def test_readout_rewritten_before_nomination(compared):
     nomination = judge(compared).read_bytes()  # as written: the round is judged
     # a whole, well-formed parquet with fresh checksums: only the sha256 the compare recorded differs
     write_readout(Path(compared["cand"]), "B3", [True] * 24)
-    with pytest.raises(manifest.ManifestError, match=r"B3\.r0\.parquet: sha256 .* recorded in .*B3__R2d\.json"):
+    with pytest.raises(
+        manifest.ManifestError, match=r"B3\.r0\.parquet: sha256 .* recorded in .*B3__R2d\.json"
+    ):
         judge(compared)
     assert (Path(compared["reg"]).parent / "r3.json").read_bytes() == nomination  # not rewritten
 
@@ -265,25 +431,61 @@ def test_ancestor_adapter_bit_flip_before_a_bundle(arm, corpus, tmp_path, capsys
     parent = copy_arm(arm, tmp_path, "P")
     shutil.copytree(corpus, tmp_path / "corpora/c")
     flip_bit(parent / "adapter_model.safetensors")
-    cfg = {"chat_template": "chatml", "system_prompt": "S", "reload_prompts": ["1+1?"],
-           "serving": {"do_sample": False, "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0,
-                       "max_new_tokens": 8}}
+    cfg = {
+        "chat_template": "chatml",
+        "system_prompt": "S",
+        "reload_prompts": ["1+1?"],
+        "serving": {
+            "do_sample": False,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "repetition_penalty": 1.0,
+            "max_new_tokens": 8,
+        },
+    }
     with pytest.raises(SystemExit) as e:
-        bundles.main(["build", "--bundle", "X", "--arm", "A", "--lineage-json", '{"A": ["P"]}',
-                      "--runs", str(tmp_path / "runs"), "--corpora", str(tmp_path / "corpora"),
-                      "--base-model", str(BASE), "--bundle-json", json.dumps(cfg),
-                      "--out", str(tmp_path / "bundles/X")])
+        bundles.main(
+            [
+                "build",
+                "--bundle",
+                "X",
+                "--arm",
+                "A",
+                "--lineage-json",
+                '{"A": ["P"]}',
+                "--runs",
+                str(tmp_path / "runs"),
+                "--corpora",
+                str(tmp_path / "corpora"),
+                "--base-model",
+                str(BASE),
+                "--bundle-json",
+                json.dumps(cfg),
+                "--out",
+                str(tmp_path / "bundles/X"),
+            ]
+        )
     assert e.value.code == 1
-    assert re.search(r"no bundle written: bundle X refused .*P/final/adapter_model\.safetensors",
-                     capsys.readouterr().err)
+    assert re.search(
+        r"no bundle written: bundle X refused .*P/final/adapter_model\.safetensors",
+        capsys.readouterr().err,
+    )
     assert not (tmp_path / "bundles").exists() or not any((tmp_path / "bundles").iterdir())
 
 
 # --- recovered: whole outputs or none, and the rerun completes ----------------------------
 
+
 def start(code: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
@@ -314,20 +516,36 @@ def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
 def test_kill_9_during_training_resumes_to_the_same_weights(corpus, tmp_path):
     hyper = {**HYPER, "checkpoint_every": 1, "max_steps": 6}
     whole = tmp_path / "W/final"
-    subprocess.run(train_cmd(whole, corpus, "base", hyper), check=True, capture_output=True, env=ENV, timeout=600)
+    subprocess.run(
+        train_cmd(whole, corpus, "base", hyper),
+        check=True,
+        capture_output=True,
+        env=ENV,
+        timeout=600,
+    )
     cut = tmp_path / "K/final"
-    proc = subprocess.Popen(train_cmd(cut, corpus, "base", hyper), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    proc = subprocess.Popen(
+        train_cmd(cut, corpus, "base", hyper),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+        start_new_session=True,
+    )
     meta = cut.parent / "checkpoints/fingerprint.json"
     while not meta.exists() and proc.poll() is None:  # kill -9 once a checkpoint is committed
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL and not cut.exists()
-    subprocess.run(train_cmd(cut, corpus, "base", hyper), check=True, capture_output=True, env=ENV, timeout=600)
+    subprocess.run(
+        train_cmd(cut, corpus, "base", hyper), check=True, capture_output=True, env=ENV, timeout=600
+    )
     ev = io.read_json(cut / "training_evidence.json")
     assert ev["resumed_from_step"] >= 1 and ev["optimizer_steps"] == 6
-    a, b = load_file(whole / "adapter_model.safetensors"), load_file(cut / "adapter_model.safetensors")
+    a, b = (
+        load_file(whole / "adapter_model.safetensors"),
+        load_file(cut / "adapter_model.safetensors"),
+    )
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5)
     manifest.verify(cut)
@@ -335,12 +553,16 @@ def test_kill_9_during_training_resumes_to_the_same_weights(corpus, tmp_path):
 
 def corpus_digest(root: Path, seed: int) -> str:
     rows = pools.generate(20, seed, "train", {"add": 1}, "w")
-    return corpora.build(root / f"c{seed}", rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})["digest"]
+    return corpora.build(
+        root / f"c{seed}", rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {}
+    )["digest"]
 
 
 def test_concurrent_writers_leave_one_whole_output(tmp_path):
     out = tmp_path / "corpora/c"
-    whole = {corpus_digest(tmp_path / "alone", s) for s in (1, 2, 3)}  # what each writer alone writes
+    whole = {
+        corpus_digest(tmp_path / "alone", s) for s in (1, 2, 3)
+    }  # what each writer alone writes
     writer = """
         import sys
         from arenaflow import corpora, pools, tinymodel
@@ -351,8 +573,15 @@ def test_concurrent_writers_leave_one_whole_output(tmp_path):
             except OSError as e:  # another writer's directory landed between ours and the path
                 print("lost a race:", e, file=sys.stderr)
     """
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(writer), str(s), str(out)], env=ENV,
-                              stderr=subprocess.PIPE, text=True) for s in (1, 2, 3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(writer), str(s), str(out)],
+            env=ENV,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in (1, 2, 3)
+    ]
     seen = set()
     while any(p.poll() is None for p in procs):  # a reader never sees a mixed directory
         try:
@@ -366,6 +595,7 @@ def test_concurrent_writers_leave_one_whole_output(tmp_path):
 
 # --- disks: a tmpfs in a user and mount namespace of its own (no privileges needed) --------
 
+
 def in_namespace(disk: Path, *scripts: str) -> dict:
     """Run `scripts` (Python, one after the other) with D, a 4 MiB tmpfs mounted on `disk` for
     them alone (the mount ends with the process); the last stdout line is JSON. Skips where
@@ -373,10 +603,17 @@ def in_namespace(disk: Path, *scripts: str) -> dict:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
         pytest.skip("no unprivileged user+mount namespaces here (unshare -rm)")
     disk.mkdir()
-    code = "import json, os, pathlib, subprocess\nD = os.environ['D']\n" + "".join(map(textwrap.dedent, scripts))
+    code = "import json, os, pathlib, subprocess\nD = os.environ['D']\n" + "".join(
+        map(textwrap.dedent, scripts)
+    )
     shell = 'mount -t tmpfs -o size=4m tmpfs "$D" && exec "$0" -c "$1"'
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", shell, sys.executable, code],
-                          capture_output=True, text=True, timeout=300, env={**ENV, "D": str(disk)})
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", shell, sys.executable, code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**ENV, "D": str(disk)},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -411,14 +648,18 @@ WRITERS = """
 
 
 def test_read_only_disk(tmp_path):
-    res = in_namespace(tmp_path / "disk", WRITERS, """
+    res = in_namespace(
+        tmp_path / "disk",
+        WRITERS,
+        """
         subprocess.run(["mount", "-o", "remount,ro", D], check=True)
         failed = [attempt(readout, f"{D}/r.parquet", 20), attempt(corpus, f"{D}/c", 20)]
         during = state()
         subprocess.run(["mount", "-o", "remount,rw", D], check=True)
         rerun = [attempt(readout, f"{D}/r.parquet", 20), attempt(corpus, f"{D}/c", 20)]
         print(json.dumps({"failed": failed, "during": during, "rerun": rerun, "after": state()}))
-    """)
+    """,
+    )
     assert res["failed"] == ["Read-only file system"] * 2
     assert res["during"] == {"tmp": [], "readout_rows": 10, "corpus_rows": 10, "corpus_ok": True}
     assert res["rerun"] == ["ok", "ok"]
@@ -426,7 +667,10 @@ def test_read_only_disk(tmp_path):
 
 
 def test_full_disk(tmp_path):
-    res = in_namespace(tmp_path / "disk", WRITERS, """
+    res = in_namespace(
+        tmp_path / "disk",
+        WRITERS,
+        """
         # fill the disk, then free 16 KiB: the writes below fail midway
         with open(f"{D}/filler", "wb", buffering=0) as f:
             try:
@@ -440,7 +684,8 @@ def test_full_disk(tmp_path):
         os.remove(f"{D}/filler")
         rerun = [attempt(readout, f"{D}/r.parquet", 4000), attempt(corpus, f"{D}/c", 400)]
         print(json.dumps({"failed": failed, "during": during, "rerun": rerun, "after": state()}))
-    """)
+    """,
+    )
     assert all("No space left on device" in f for f in res["failed"]), res["failed"]
     assert res["during"] == {"tmp": [], "readout_rows": 10, "corpus_rows": 10, "corpus_ok": True}
     assert res["rerun"] == ["ok", "ok"]
@@ -448,6 +693,7 @@ def test_full_disk(tmp_path):
 
 
 # --- the count the README gives -------------------------------------------------------------
+
 
 def test_readme_states_the_probe_counts():
     names = {n.split("[")[0] for n in PROBES}
@@ -457,6 +703,8 @@ def test_readme_states_the_probe_counts():
     probes = {**PROBES, **DAG_PROBES}
     refused = sum(o == "refused" for _, o in probes.values())
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())  # lines rewrapped
-    want = (f"{len(probes)} faults injected: {refused} refused, naming the file, with nothing "
-            f"downstream written; {len(probes) - refused} recovered")
+    want = (
+        f"{len(probes)} faults injected: {refused} refused, naming the file, with nothing "
+        f"downstream written; {len(probes) - refused} recovered"
+    )
     assert want in readme, f"README's Reliability section should say: {want}"

@@ -11,15 +11,29 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from arenaflow import fused
 
-CASES = [("cpu", "aot_eager"),
-         pytest.param("cuda", "inductor", marks=[pytest.mark.gpu, pytest.mark.skipif(
-             not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+CASES = [
+    ("cpu", "aot_eager"),
+    pytest.param(
+        "cuda",
+        "inductor",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
 
 
 def llama(device, dtype):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaForCausalLM(cfg).to(device, dtype)
 
 
@@ -41,18 +55,24 @@ def test_fused_model_computes_the_same_loss_and_gradients(device, backend):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = llama(device, dtype)
     plain = [loss_and_grads(model, ids[:, :n]) for n in lengths]
-    assert fused.install(model, backend) == 2 * 2 + 1 + 2  # two norms and an MLP per layer, the final norm
+    assert (
+        fused.install(model, backend) == 2 * 2 + 1 + 2
+    )  # two norms and an MLP per layer, the final norm
     assert fused.install(model, backend) == 7  # idempotent
     for n, (true_loss, true_grads), (plain_loss, plain_grads) in zip(lengths, truth, plain):
         loss, grads = loss_and_grads(model, ids[:, :n])
         if dtype == torch.float32:
             torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
             for name in grads:
-                torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+                torch.testing.assert_close(
+                    grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name
+                )
             continue
         assert abs(loss - true_loss) <= 2 * abs(plain_loss - true_loss) + 1e-3 * abs(true_loss)
         for name in grads:
-            err, plain_err = ((g - true_grads[name]).norm() for g in (grads[name], plain_grads[name]))
+            err, plain_err = (
+                (g - true_grads[name]).norm() for g in (grads[name], plain_grads[name])
+            )
             assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
 
 
@@ -60,6 +80,14 @@ def test_other_formulas_are_left_alone():
     """Gemma's norm multiplies by 1 + weight: not Llama's formula, so not swapped."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    cfg = GemmaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="gelu_pytorch_tanh")
+    cfg = GemmaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        hidden_act="gelu_pytorch_tanh",
+    )
     assert fused.install(GemmaForCausalLM(cfg), "aot_eager") == 0

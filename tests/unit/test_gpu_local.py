@@ -18,7 +18,9 @@ GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
 
 
 def test_the_profile_caps_local_gpus_at_one_and_sets_nothing_else():
-    assert yaml.safe_load((REPO / "profiles/gpu-local/config.yaml").read_text()) == {"resources": ["local_gpus=1"]}
+    assert yaml.safe_load((REPO / "profiles/gpu-local/config.yaml").read_text()) == {
+        "resources": ["local_gpus=1"]
+    }
 
 
 @pytest.mark.parametrize("cap", [None, 8])
@@ -28,10 +30,28 @@ def test_a_dry_run_asks_local_gpus_for_gpu_rules_only(tmp_path, cap):
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
     (arms / "B2.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 3.0e-3, nproc: 2}\n")
-    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", "bundles/B3f", "--cores", "16",
-           "--profile", str(REPO / "profiles/gpu-local"), "--configfile", str(REPO / "config/config.yaml"),
-           str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}",
-           *(["--resources", f"local_gpus={cap}"] if cap else [])]
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        "300",
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "bundles/B3f",
+        "--cores",
+        "16",
+        "--profile",
+        str(REPO / "profiles/gpu-local"),
+        "--configfile",
+        str(REPO / "config/config.yaml"),
+        str(REPO / "tests/e2e/config.yaml"),
+        "--config",
+        f"results_dir={tmp_path / 'r'}",
+        f"arms_dir={arms}",
+        *(["--resources", f"local_gpus={cap}"] if cap else []),
+    ]
     seen = set()
     for rule, block, res in planned_resources(cmd):
         asked = re.search(r"\blocal_gpus=(\d+)", res)
@@ -42,4 +62,6 @@ def test_a_dry_run_asks_local_gpus_for_gpu_rules_only(tmp_path, cap):
         else:
             assert asked is None, (rule, res)
         seen.add(rule)
-    assert set(GPU_RULES) <= seen and {"build_pool", "build_corpus", "compare", "nominate"} <= seen, seen
+    assert (
+        set(GPU_RULES) <= seen and {"build_pool", "build_corpus", "compare", "nominate"} <= seen
+    ), seen

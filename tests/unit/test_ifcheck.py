@@ -32,13 +32,30 @@ CASES = [
     ("a b c d e", {"type": "word_max", "n": 5}, True, ""),
     ("a b c d e f", {"type": "word_max", "n": 5}, False, "word_max: 6 words, expected at most 5"),
     # word_times: case-insensitive whole words; "rivers" and "riverbank" are not "river"
-    ("River, river! The RIVER flows; rivers and a riverbank.",
-     {"type": "word_times", "word": "river", "n": 3}, True, ""),
-    ("The river is wide.", {"type": "word_times", "word": "river", "n": 2}, False,
-     "word_times: 'river' appears 1 time, expected 2"),
-    ("No rivers here.", {"type": "word_times", "word": "river", "n": 1}, False,
-     "word_times: 'river' appears 0 times, expected 1"),
-    ("Ice cream, then ice  cream again.", {"type": "word_times", "word": "ice cream", "n": 2}, True, ""),
+    (
+        "River, river! The RIVER flows; rivers and a riverbank.",
+        {"type": "word_times", "word": "river", "n": 3},
+        True,
+        "",
+    ),
+    (
+        "The river is wide.",
+        {"type": "word_times", "word": "river", "n": 2},
+        False,
+        "word_times: 'river' appears 1 time, expected 2",
+    ),
+    (
+        "No rivers here.",
+        {"type": "word_times", "word": "river", "n": 1},
+        False,
+        "word_times: 'river' appears 0 times, expected 1",
+    ),
+    (
+        "Ice cream, then ice  cream again.",
+        {"type": "word_times", "word": "ice cream", "n": 2},
+        True,
+        "",
+    ),
     # sent: runs of . ! ? before whitespace or the end; 3.5 is no sentence end; ?! is one end
     ("It rained. Did it?! Yes... It cost 3.5 dollars.", {"type": "sent", "n": 4}, True, ""),
     ('He said "stop." Then left.', {"type": "sent", "n": 2}, True, ""),
@@ -57,36 +74,81 @@ CASES = [
     ("See Dr. Who. Then go.", {"type": "sent", "n": 3}, False, "sent: 2 sentences, expected 3"),
     # para: blank lines (whitespace-only lines too) separate paragraphs
     ("First para.\n\nSecond para.\n \n\nThird.", {"type": "para", "n": 3}, True, ""),
-    ("Line one.\nLine two of the same paragraph.", {"type": "para", "n": 2}, False,
-     "para: 1 paragraph, expected 2"),
+    (
+        "Line one.\nLine two of the same paragraph.",
+        {"type": "para", "n": 2},
+        False,
+        "para: 1 paragraph, expected 2",
+    ),
     # bullet: lines starting "* " or "- " (indent allowed); **bold**, ---, -5 are not bullets
-    ("Intro:\n* one\n- two\n  * three\n**bold** line\n---\n-5 degrees", {"type": "bullet", "n": 3}, True, ""),
+    (
+        "Intro:\n* one\n- two\n  * three\n**bold** line\n---\n-5 degrees",
+        {"type": "bullet", "n": 3},
+        True,
+        "",
+    ),
     ("* one\n* two", {"type": "bullet", "n": 3}, False, "bullet: 2 bullets, expected 3"),
     # numbered: lines starting "N. "
-    ("Steps:\n1. mix\n2. bake\n10. eat\n3.5 is not an item", {"type": "numbered", "n": 3}, True, ""),
+    (
+        "Steps:\n1. mix\n2. bake\n10. eat\n3.5 is not an item",
+        {"type": "numbered", "n": 3},
+        True,
+        "",
+    ),
     ("1. only", {"type": "numbered", "n": 2}, False, "numbered: 1 numbered item, expected 2"),
     # contains: every word or phrase, case-insensitively, as whole words
-    ("The Bridge spans the old river.", {"type": "contains", "words": ["bridge", "old river"]}, True, ""),
-    ("Bridges everywhere.", {"type": "contains", "words": ["bridge", "river"]}, False,
-     'contains: missing "bridge" and "river"'),
+    (
+        "The Bridge spans the old river.",
+        {"type": "contains", "words": ["bridge", "old river"]},
+        True,
+        "",
+    ),
+    (
+        "Bridges everywhere.",
+        {"type": "contains", "words": ["bridge", "river"]},
+        False,
+        'contains: missing "bridge" and "river"',
+    ),
     ("A bridge.", {"type": "contains", "words": "bridge"}, True, ""),
     # no_word
     ("Quite fine stuffing.", {"type": "no_word", "words": ["very", "stuff"]}, True, ""),
-    ("Very very good stuff.", {"type": "no_word", "words": ["very", "stuff", "nice"]}, False,
-     "no_word: found 'very' x2, 'stuff' x1"),
+    (
+        "Very very good stuff.",
+        {"type": "no_word", "words": ["very", "stuff", "nice"]},
+        False,
+        "no_word: found 'very' x2, 'stuff' x1",
+    ),
     # no_char / no_digits
     ("No commas here; none at all.", {"type": "no_char", "chars": ","}, True, ""),
-    ("One, two, three.", {"type": "no_char", "chars": ","}, False, "no_char: 2 forbidden characters (',')"),
-    ("Wait; what!", {"type": "no_char", "chars": ";!"}, False, "no_char: 2 forbidden characters ('!;')"),
+    (
+        "One, two, three.",
+        {"type": "no_char", "chars": ","},
+        False,
+        "no_char: 2 forbidden characters (',')",
+    ),
+    (
+        "Wait; what!",
+        {"type": "no_char", "chars": ";!"},
+        False,
+        "no_char: 2 forbidden characters ('!;')",
+    ),
     ("Twenty two apples.", {"type": "no_digits"}, True, ""),
     ("22 apples and 1 pear.", {"type": "no_digits"}, False, "no_digits: 3 digits ('12')"),
     # startswith / endswith: whitespace-stripped response, case-sensitive
     ("  In short, yes.", {"type": "startswith", "phrase": "In short,"}, True, ""),
-    ("in short, yes.", {"type": "startswith", "phrase": "In short,"}, False,
-     "startswith: begins with 'in short,', expected 'In short,'"),
+    (
+        "in short, yes.",
+        {"type": "startswith", "phrase": "In short,"},
+        False,
+        "startswith: begins with 'in short,', expected 'In short,'",
+    ),
     ("All done. That is all.\n", {"type": "endswith", "phrase": "That is all."}, True, ""),
-    ("That is all. Bye.", {"type": "endswith", "phrase": "That is all."}, False,
-     "endswith: ends with 'is all. Bye.', expected 'That is all.'"),
+    (
+        "That is all. Bye.",
+        {"type": "endswith", "phrase": "That is all."},
+        False,
+        "endswith: ends with 'is all. Bye.', expected 'That is all.'",
+    ),
     # is_upper / is_lower: str.isupper / str.islower (digits and punctuation do not count)
     ("HELLO, WORLD 42!", {"type": "is_upper"}, True, ""),
     ("HELLO, World", {"type": "is_upper"}, False, "is_upper: 4 lowercase letters"),
@@ -95,66 +157,163 @@ CASES = [
     ("Hello World", {"type": "is_lower"}, False, "is_lower: 2 uppercase letters"),
     # quoted
     ('  "Wrapped answer."\n', {"type": "quoted"}, True, ""),
-    ('"Half wrapped.', {"type": "quoted"}, False, "quoted: starts with '\"' and ends with '.', expected '\"'"),
+    (
+        '"Half wrapped.',
+        {"type": "quoted"},
+        False,
+        "quoted: starts with '\"' and ends with '.', expected '\"'",
+    ),
     ('"', {"type": "quoted"}, False, "quoted: starts with '\"' and ends with '\"', expected '\"'"),
     # postscript: a line starting with the marker (default P.S.)
     ("Body text.\n\nP.S. See you soon.", {"type": "postscript"}, True, ""),
-    ("Body text, P.S. inline does not count.", {"type": "postscript"}, False,
-     "postscript: no line starts with 'P.S.'"),
+    (
+        "Body text, P.S. inline does not count.",
+        {"type": "postscript"},
+        False,
+        "postscript: no line starts with 'P.S.'",
+    ),
     ("Body.\nP.P.S. more", {"type": "postscript", "marker": "P.P.S."}, True, ""),
     # issue 16: markdown around the marker still starts the line with it
     ("Body text.\n\n**P.S.** See you soon.", {"type": "postscript"}, True, ""),
     ("Body text.\n\n*P.S. See you soon.*", {"type": "postscript"}, True, ""),
     ("Body text.\n\n> P.S. See you soon.", {"type": "postscript"}, True, ""),
     ("Body text.\n> __P.S.__ nested", {"type": "postscript"}, True, ""),
-    ("Body text with **P.S.** inline.", {"type": "postscript"}, False, "postscript: no line starts with 'P.S.'"),
+    (
+        "Body text with **P.S.** inline.",
+        {"type": "postscript"},
+        False,
+        "postscript: no line starts with 'P.S.'",
+    ),
     # placeholders: [non-blank] on one line, at least n
-    ("Dear [name], your order [order id] ships to [address].", {"type": "placeholders", "n": 3}, True, ""),
-    ("Dear [name], [] and [ ] are empty.", {"type": "placeholders", "n": 2}, False,
-     "placeholders: 1 placeholder, expected at least 2"),
+    (
+        "Dear [name], your order [order id] ships to [address].",
+        {"type": "placeholders", "n": 3},
+        True,
+        "",
+    ),
+    (
+        "Dear [name], [] and [ ] are empty.",
+        {"type": "placeholders", "n": 2},
+        False,
+        "placeholders: 1 placeholder, expected at least 2",
+    ),
     # highlights: *x* and **x** with non-blank text, at least n
     ("This is *key* and **also key** but ** ** is not.", {"type": "highlights", "n": 2}, True, ""),
-    ("Only *one* here.", {"type": "highlights", "n": 2}, False,
-     "highlights: 1 highlighted section, expected at least 2"),
+    (
+        "Only *one* here.",
+        {"type": "highlights", "n": 2},
+        False,
+        "highlights: 1 highlighted section, expected at least 2",
+    ),
     # json_keys: a JSON object (optionally in a ``` fence) with every key
-    ('{"title": "T", "year": 1999, "extra": null}', {"type": "json_keys", "keys": ["title", "year"]}, True, ""),
-    ('```json\n{"title": "T", "year": 1999}\n```', {"type": "json_keys", "keys": ["title", "year"]}, True, ""),
-    ('{"title": "T"}', {"type": "json_keys", "keys": ["title", "year", "author"]}, False,
-     'json_keys: missing keys "year" and "author"'),
-    ('["title"]', {"type": "json_keys", "keys": ["title"]}, False,
-     "json_keys: top level is an array, expected an object"),
-    ('Here you go: {"title": "T"}', {"type": "json_keys", "keys": ["title"]}, False,
-     "json_keys: not valid JSON (Expecting value at line 1 column 1)"),
+    (
+        '{"title": "T", "year": 1999, "extra": null}',
+        {"type": "json_keys", "keys": ["title", "year"]},
+        True,
+        "",
+    ),
+    (
+        '```json\n{"title": "T", "year": 1999}\n```',
+        {"type": "json_keys", "keys": ["title", "year"]},
+        True,
+        "",
+    ),
+    (
+        '{"title": "T"}',
+        {"type": "json_keys", "keys": ["title", "year", "author"]},
+        False,
+        'json_keys: missing keys "year" and "author"',
+    ),
+    (
+        '["title"]',
+        {"type": "json_keys", "keys": ["title"]},
+        False,
+        "json_keys: top level is an array, expected an object",
+    ),
+    (
+        'Here you go: {"title": "T"}',
+        {"type": "json_keys", "keys": ["title"]},
+        False,
+        "json_keys: not valid JSON (Expecting value at line 1 column 1)",
+    ),
     # issue 16: the closing fence on the JSON's line, a one-line fence, CRLF line ends
-    ('```json\n{"title": "T",\n "year": 1}```', {"type": "json_keys", "keys": ["title", "year"]}, True, ""),
+    (
+        '```json\n{"title": "T",\n "year": 1}```',
+        {"type": "json_keys", "keys": ["title", "year"]},
+        True,
+        "",
+    ),
     ('```json {"title": "T"} ```', {"type": "json_keys", "keys": ["title"]}, True, ""),
     ('```{"title": "T"}```', {"type": "json_keys", "keys": ["title"]}, True, ""),
-    ('```json\r\n{\r\n  "title": "T"\r\n}\r\n```\r\n', {"type": "json_keys", "keys": ["title"]}, True, ""),
+    (
+        '```json\r\n{\r\n  "title": "T"\r\n}\r\n```\r\n',
+        {"type": "json_keys", "keys": ["title"]},
+        True,
+        "",
+    ),
     # an unclosed fence is not wrapped JSON (a truncated answer), nor is another language's fence
-    ('```json\n{"title": "T"}', {"type": "json_keys", "keys": ["title"]}, False,
-     "json_keys: not valid JSON (Expecting value at line 1 column 1)"),
-    ('```python\n{"title": "T"}\n```', {"type": "json_keys", "keys": ["title"]}, False,
-     "json_keys: not valid JSON (Expecting value at line 1 column 1)"),
+    (
+        '```json\n{"title": "T"}',
+        {"type": "json_keys", "keys": ["title"]},
+        False,
+        "json_keys: not valid JSON (Expecting value at line 1 column 1)",
+    ),
+    (
+        '```python\n{"title": "T"}\n```',
+        {"type": "json_keys", "keys": ["title"]},
+        False,
+        "json_keys: not valid JSON (Expecting value at line 1 column 1)",
+    ),
     # json_array_len
     ("[1, 2, 3]", {"type": "json_array_len", "n": 3}, True, ""),
     ("```json\n[1, 2]```", {"type": "json_array_len", "n": 2}, True, ""),
     ("```json [1, 2, 3]```", {"type": "json_array_len", "n": 3}, True, ""),
     ("```json\r\n[1, 2, 3]\r\n```", {"type": "json_array_len", "n": 3}, True, ""),
-    ('["a", "b"]', {"type": "json_array_len", "n": 3}, False, "json_array_len: 2 items, expected 3"),
-    ('{"a": 1}', {"type": "json_array_len", "n": 1}, False,
-     "json_array_len: top level is an object, expected an array"),
+    (
+        '["a", "b"]',
+        {"type": "json_array_len", "n": 3},
+        False,
+        "json_array_len: 2 items, expected 3",
+    ),
+    (
+        '{"a": 1}',
+        {"type": "json_array_len", "n": 1},
+        False,
+        "json_array_len: top level is an object, expected an array",
+    ),
     # table_rows: body rows after the |---| separator, over every table
-    ("Table:\n| a | b |\n|---|:--:|\n| 1 | 2 |\n| 3 | 4 |\n\nDone.", {"type": "table_rows", "n": 2}, True, ""),
-    ("| a |\n|---|\n| 1 |\n\n| b |\n| --- |\n| 2 |\n| 3 |", {"type": "table_rows", "n": 3}, True, ""),
-    ("| a | b |\n|---|---|\n| 1 | 2 |", {"type": "table_rows", "n": 2}, False,
-     "table_rows: 1 body row, expected 2"),
-    ("| a | b |\n| 1 | 2 |", {"type": "table_rows", "n": 1}, False,
-     "table_rows: no markdown table (a |-row followed by a |---| separator)"),
+    (
+        "Table:\n| a | b |\n|---|:--:|\n| 1 | 2 |\n| 3 | 4 |\n\nDone.",
+        {"type": "table_rows", "n": 2},
+        True,
+        "",
+    ),
+    (
+        "| a |\n|---|\n| 1 |\n\n| b |\n| --- |\n| 2 |\n| 3 |",
+        {"type": "table_rows", "n": 3},
+        True,
+        "",
+    ),
+    (
+        "| a | b |\n|---|---|\n| 1 | 2 |",
+        {"type": "table_rows", "n": 2},
+        False,
+        "table_rows: 1 body row, expected 2",
+    ),
+    (
+        "| a | b |\n| 1 | 2 |",
+        {"type": "table_rows", "n": 1},
+        False,
+        "table_rows: no markdown table (a |-row followed by a |---| separator)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("text, constraint, passes, reason", CASES,
-                         ids=[f"{c[1]['type']}-{'pass' if c[2] else 'fail'}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "text, constraint, passes, reason",
+    CASES,
+    ids=[f"{c[1]['type']}-{'pass' if c[2] else 'fail'}-{i}" for i, c in enumerate(CASES)],
+)
 def test_family(text, constraint, passes, reason):
     assert one(text, **constraint) == (passes, reason)
 
@@ -168,28 +327,36 @@ def test_every_family_has_a_passing_and_a_failing_case():
 def test_multi_constraint_prompt_passes_only_if_every_check_passes():
     text = "* ALPHA\n* BETA"
     both = [{"type": "bullet", "n": 2}, {"type": "is_upper"}]
-    assert ifcheck.check(text, both) == {"passed": True, "checks": [
-        {"type": "bullet", "passed": True, "reason": ""}, {"type": "is_upper", "passed": True, "reason": ""}]}
+    assert ifcheck.check(text, both) == {
+        "passed": True,
+        "checks": [
+            {"type": "bullet", "passed": True, "reason": ""},
+            {"type": "is_upper", "passed": True, "reason": ""},
+        ],
+    }
     r = ifcheck.check(text, [*both, {"type": "word_eq", "n": 5}])
     assert r["passed"] is False
     assert [c["passed"] for c in r["checks"]] == [True, True, False]
     assert r["checks"][2]["reason"] == "word_eq: 4 words, expected 5"
 
 
-@pytest.mark.parametrize("constraint, message", [
-    ({"type": "word_count"}, r"unknown type 'word_count'"),
-    ({"type": "word_eq"}, r"missing param 'n' for word_eq"),
-    ({"type": "word_eq", "n": "40"}, r"param 'n' must be a non-negative integer"),
-    ({"type": "word_eq", "n": -1}, r"param 'n' must be a non-negative integer"),
-    ({"type": "word_eq", "n": True}, r"param 'n' must be a non-negative integer"),
-    ({"type": "word_eq", "n": 4, "N": 4}, r"unexpected param\(s\) \['N'\]"),
-    ({"type": "contains", "words": []}, r"param 'words' must be"),
-    ({"type": "contains", "words": ["ok", ""]}, r"param 'words' must be"),
-    ({"type": "no_char", "chars": ""}, r"param 'chars' must be a non-empty string"),
-    ({"type": "json_keys"}, r"missing param 'keys'"),
-    ({"n": 3}, r"expected a dict with a 'type'"),
-    ("word_eq", r"expected a dict with a 'type'"),
-])
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        ({"type": "word_count"}, r"unknown type 'word_count'"),
+        ({"type": "word_eq"}, r"missing param 'n' for word_eq"),
+        ({"type": "word_eq", "n": "40"}, r"param 'n' must be a non-negative integer"),
+        ({"type": "word_eq", "n": -1}, r"param 'n' must be a non-negative integer"),
+        ({"type": "word_eq", "n": True}, r"param 'n' must be a non-negative integer"),
+        ({"type": "word_eq", "n": 4, "N": 4}, r"unexpected param\(s\) \['N'\]"),
+        ({"type": "contains", "words": []}, r"param 'words' must be"),
+        ({"type": "contains", "words": ["ok", ""]}, r"param 'words' must be"),
+        ({"type": "no_char", "chars": ""}, r"param 'chars' must be a non-empty string"),
+        ({"type": "json_keys"}, r"missing param 'keys'"),
+        ({"n": 3}, r"expected a dict with a 'type'"),
+        ("word_eq", r"expected a dict with a 'type'"),
+    ],
+)
 def test_unknown_or_malformed_constraint_raises_naming_it(constraint, message):
     with pytest.raises(ValueError, match=message) as e:
         ifcheck.check("text", [constraint])
@@ -208,7 +375,10 @@ def test_constraints_must_be_a_non_empty_list():
 
 def test_validate_fills_optional_params_and_lists_single_words():
     assert ifcheck.validate({"type": "postscript"}) == {"type": "postscript", "marker": "P.S."}
-    assert ifcheck.validate({"type": "no_word", "words": "very"}) == {"type": "no_word", "words": ["very"]}
+    assert ifcheck.validate({"type": "no_word", "words": "very"}) == {
+        "type": "no_word",
+        "words": ["very"],
+    }
 
 
 # --- describe ---------------------------------------------------------------------------------
@@ -220,23 +390,46 @@ DESCRIBE = {
     "word_times": ({"word": "light", "n": 3}, 'Use the word "light" exactly 3 times.'),
     "sent": ({"n": 1}, "Answer in exactly 1 sentence."),
     "para": ({"n": 3}, "Write exactly 3 paragraphs, separated by blank lines."),
-    "bullet": ({"n": 4}, 'Include exactly 4 bullet points, each on its own line starting with "* ".'),
-    "numbered": ({"n": 5}, 'Include a numbered list of exactly 5 items, numbered "1.", "2.", and so on.'),
+    "bullet": (
+        {"n": 4},
+        'Include exactly 4 bullet points, each on its own line starting with "* ".',
+    ),
+    "numbered": (
+        {"n": 5},
+        'Include a numbered list of exactly 5 items, numbered "1.", "2.", and so on.',
+    ),
     "contains": ({"words": ["energy", "pattern"]}, 'Include the words "energy" and "pattern".'),
-    "no_word": ({"words": ["very", "really", "just"]}, 'Do not use the words "very", "really" or "just".'),
+    "no_word": (
+        {"words": ["very", "really", "just"]},
+        'Do not use the words "very", "really" or "just".',
+    ),
     "no_char": ({"chars": ","}, "Do not use any commas."),
     "no_digits": ({}, "Do not use any digits; write every number out in words."),
     "startswith": ({"phrase": "In short,"}, 'Begin your answer with the exact words "In short,".'),
-    "endswith": ({"phrase": "The end."}, 'End your answer with the exact phrase "The end.", with nothing after it.'),
+    "endswith": (
+        {"phrase": "The end."},
+        'End your answer with the exact phrase "The end.", with nothing after it.',
+    ),
     "is_upper": ({}, "Write your entire answer in capital letters."),
     "is_lower": ({}, "Write your entire answer in lowercase letters; no capital letters at all."),
     "quoted": ({}, "Wrap your entire answer in double quotation marks."),
     "postscript": ({}, 'At the end, add a postscript on its own line starting with "P.S.".'),
-    "placeholders": ({"n": 2}, "Include at least 2 placeholders in square brackets, such as [name]."),
-    "highlights": ({"n": 2}, "Highlight at least 2 sections with markdown, i.e. *highlighted section*."),
-    "json_keys": ({"keys": ["title", "year"]},
-                  'Answer with a single JSON object with the keys "title" and "year", and nothing outside it.'),
-    "json_array_len": ({"n": 4}, "Answer with a JSON array of exactly 4 items, and nothing outside it."),
+    "placeholders": (
+        {"n": 2},
+        "Include at least 2 placeholders in square brackets, such as [name].",
+    ),
+    "highlights": (
+        {"n": 2},
+        "Highlight at least 2 sections with markdown, i.e. *highlighted section*.",
+    ),
+    "json_keys": (
+        {"keys": ["title", "year"]},
+        'Answer with a single JSON object with the keys "title" and "year", and nothing outside it.',
+    ),
+    "json_array_len": (
+        {"n": 4},
+        "Answer with a JSON array of exactly 4 items, and nothing outside it.",
+    ),
     "table_rows": ({"n": 3}, "Include a markdown table with exactly 3 rows below its header row."),
 }
 
@@ -248,7 +441,10 @@ def test_describe_every_family(family):
 
 
 def test_describe_other_forbidden_characters():
-    assert ifcheck.describe({"type": "no_char", "chars": "#@"}) == 'Do not use any of these characters: "#" or "@".'
+    assert (
+        ifcheck.describe({"type": "no_char", "chars": "#@"})
+        == 'Do not use any of these characters: "#" or "@".'
+    )
 
 
 def test_cli_exit_status_is_the_verdict(capsys, monkeypatch):
@@ -262,6 +458,7 @@ def test_cli_exit_status_is_the_verdict(capsys, monkeypatch):
 
 
 # --- IFEval's checkers (lm-eval) as an independent oracle ----------------------------------
+
 
 @pytest.fixture(scope="module")
 def ifeval():
@@ -285,8 +482,29 @@ def ifeval():
     return mod
 
 
-WORDS = ("the", "garden", "grows", "slowly", "under", "a", "warm", "sky", "and", "every", "morning",
-         "birds", "sing", "over", "quiet", "fields", "while", "children", "walk", "to", "school")
+WORDS = (
+    "the",
+    "garden",
+    "grows",
+    "slowly",
+    "under",
+    "a",
+    "warm",
+    "sky",
+    "and",
+    "every",
+    "morning",
+    "birds",
+    "sing",
+    "over",
+    "quiet",
+    "fields",
+    "while",
+    "children",
+    "walk",
+    "to",
+    "school",
+)
 
 
 def _sentence(rng: random.Random, comma: bool = False) -> str:
@@ -299,8 +517,10 @@ def _sentence(rng: random.Random, comma: bool = False) -> str:
 def _responses(rng: random.Random, k: int = 40):
     """Varied plain-English responses: paragraphs, optional bullets, commas and decorations."""
     for _ in range(k):
-        paras = [" ".join(_sentence(rng, rng.random() < 0.2) for _ in range(rng.randint(1, 3)))
-                 for _ in range(rng.randint(1, 4))]
+        paras = [
+            " ".join(_sentence(rng, rng.random() < 0.2) for _ in range(rng.randint(1, 3)))
+            for _ in range(rng.randint(1, 4))
+        ]
         yield "\n\n".join(paras)
 
 
@@ -327,23 +547,33 @@ def test_oracle_bullets(ifeval, n):
     rng = random.Random(n)
     texts = []
     for text in _responses(rng, 30):
-        bullets = [f"{rng.choice('*-')} {_sentence(rng)}" for _ in range(rng.randint(max(0, n - 2), n + 2))]
+        bullets = [
+            f"{rng.choice('*-')} {_sentence(rng)}" for _ in range(rng.randint(max(0, n - 2), n + 2))
+        ]
         texts.append(text + "\n\n" + "\n".join(bullets) + "\n\n" + _sentence(rng))
-    _agree(lambda t: one(t, type="bullet", n=n)[0], _oracle(ifeval.BulletListChecker, num_bullets=n), texts)
+    _agree(
+        lambda t: one(t, type="bullet", n=n)[0],
+        _oracle(ifeval.BulletListChecker, num_bullets=n),
+        texts,
+    )
 
 
-ENGLISH = ("The weather was cold this morning, so we stayed inside and read books.",
-           "My brother likes to cook pasta for the whole family on Sundays.",
-           "There is a small library near the station where I study after work.",
-           "We walked along the river and watched the boats go by.",
-           "Please remember to close the window before you leave the house.",
-           "The children were very happy when the school holidays began.",
-           "I think this is the best coffee I have had in a long time.",
-           "She wrote a letter to her friend who lives in another country.")
+ENGLISH = (
+    "The weather was cold this morning, so we stayed inside and read books.",
+    "My brother likes to cook pasta for the whole family on Sundays.",
+    "There is a small library near the station where I study after work.",
+    "We walked along the river and watched the boats go by.",
+    "Please remember to close the window before you leave the house.",
+    "The children were very happy when the school holidays began.",
+    "I think this is the best coffee I have had in a long time.",
+    "She wrote a letter to her friend who lives in another country.",
+)
 
 
-@pytest.mark.parametrize("family, cls", [("is_upper", "CapitalLettersEnglishChecker"),
-                                         ("is_lower", "LowercaseLettersEnglishChecker")])
+@pytest.mark.parametrize(
+    "family, cls",
+    [("is_upper", "CapitalLettersEnglishChecker"), ("is_lower", "LowercaseLettersEnglishChecker")],
+)
 def test_oracle_letter_case(ifeval, family, cls):
     from langdetect import detect
 
@@ -368,10 +598,15 @@ def test_oracle_postscript(ifeval):
     # the markdown forms of issue 16 too: IFEval finds the marker anywhere in a line, so on a
     # line of its own it agrees with ours
     rng = random.Random(3)
-    texts = [t + ("\n\n" + rng.choice(POSTSCRIPTS).format(_sentence(rng)) if rng.random() < 0.5 else "")
-             for t in _responses(rng, 60)]
-    _agree(lambda t: one(t, type="postscript")[0],
-           _oracle(ifeval.PostscriptChecker, postscript_marker="P.S."), texts)
+    texts = [
+        t + ("\n\n" + rng.choice(POSTSCRIPTS).format(_sentence(rng)) if rng.random() < 0.5 else "")
+        for t in _responses(rng, 60)
+    ]
+    _agree(
+        lambda t: one(t, type="postscript")[0],
+        _oracle(ifeval.PostscriptChecker, postscript_marker="P.S."),
+        texts,
+    )
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
@@ -384,8 +619,11 @@ def test_oracle_placeholders(ifeval, n):
             i = rng.randrange(len(words))
             words[i] = f"[{words[i].strip('.,')}]"
         texts.append(" ".join(words))
-    _agree(lambda t: one(t, type="placeholders", n=n)[0],
-           _oracle(ifeval.PlaceholderChecker, num_placeholders=n), texts)
+    _agree(
+        lambda t: one(t, type="placeholders", n=n)[0],
+        _oracle(ifeval.PlaceholderChecker, num_placeholders=n),
+        texts,
+    )
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -399,20 +637,34 @@ def test_oracle_highlights(ifeval, n):
             mark = rng.choice(["*", "**"])
             words[i] = f"{mark}{words[i].strip('.,')}{mark}"
         texts.append(" ".join(words))
-    _agree(lambda t: one(t, type="highlights", n=n)[0],
-           _oracle(ifeval.HighlightSectionChecker, num_highlights=n), texts)
+    _agree(
+        lambda t: one(t, type="highlights", n=n)[0],
+        _oracle(ifeval.HighlightSectionChecker, num_highlights=n),
+        texts,
+    )
 
 
 def test_oracle_json(ifeval):
     rng = random.Random(5)
     texts = []
     for i in range(80):
-        obj = {"title": _sentence(rng), "year": rng.randint(1900, 2030), "tags": rng.sample(WORDS, 3)}
+        obj = {
+            "title": _sentence(rng),
+            "year": rng.randint(1900, 2030),
+            "tags": rng.sample(WORDS, 3),
+        }
         text = json.dumps(obj, indent=rng.choice([None, 2]))
         if i % 3 == 0:  # the fence shapes of issue 16: closing backticks on the JSON's line,
             # one-line fences, CRLF line ends
-            text = rng.choice(["```json\n{}\n```", "```json\n{}```", "```json {} ```", "```{}```",
-                               "```JSON\r\n{}\r\n```\r\n"]).format(text.replace("\n", "\r\n"))
+            text = rng.choice(
+                [
+                    "```json\n{}\n```",
+                    "```json\n{}```",
+                    "```json {} ```",
+                    "```{}```",
+                    "```JSON\r\n{}\r\n```\r\n",
+                ]
+            ).format(text.replace("\n", "\r\n"))
         if i % 4 == 1:
             text = text[: rng.randint(1, len(text) - 2)]  # truncated: not JSON
         texts.append(text)
@@ -427,19 +679,29 @@ def test_oracle_paragraphs(ifeval, n):
     for _ in range(30):
         paras = ["Alpha " + _sentence(rng)] + [_sentence(rng) for _ in range(rng.randint(0, n + 1))]
         texts.append(rng.choice(["\n\n", "\n\n\n\n"]).join(paras))
-    _agree(lambda t: one(t, type="para", n=n)[0],
-           _oracle(ifeval.ParagraphFirstWordCheck, num_paragraphs=n, nth_paragraph=1, first_word="alpha"),
-           texts)
+    _agree(
+        lambda t: one(t, type="para", n=n)[0],
+        _oracle(
+            ifeval.ParagraphFirstWordCheck, num_paragraphs=n, nth_paragraph=1, first_word="alpha"
+        ),
+        texts,
+    )
 
 
 @pytest.mark.parametrize("n", [20, 35])
 def test_oracle_word_min_max(ifeval, n):
     # IFEval counts \w+ runs; on words without apostrophes, hyphens or digits that is split()
     texts = list(_responses(random.Random(n)))
-    _agree(lambda t: one(t, type="word_min", n=n)[0],
-           _oracle(ifeval.NumberOfWords, num_words=n, relation="at least"), texts)
-    _agree(lambda t: one(t, type="word_max", n=n)[0],
-           _oracle(ifeval.NumberOfWords, num_words=n + 1, relation="less than"), texts)
+    _agree(
+        lambda t: one(t, type="word_min", n=n)[0],
+        _oracle(ifeval.NumberOfWords, num_words=n, relation="at least"),
+        texts,
+    )
+    _agree(
+        lambda t: one(t, type="word_max", n=n)[0],
+        _oracle(ifeval.NumberOfWords, num_words=n + 1, relation="less than"),
+        texts,
+    )
 
 
 @pytest.mark.parametrize("word, n", [("garden", 1), ("birds", 2)])
@@ -448,17 +710,32 @@ def test_oracle_word_times(ifeval, word, n):
     # match is a substring one; none of WORDS contains another, so here the two coincide.
     rng = random.Random(n)
     texts = [" ".join(_sentence(rng) for _ in range(rng.randint(1, 5))) for _ in range(60)]
-    at_least = _oracle(ifeval.KeywordFrequencyChecker, keyword=word, frequency=n, relation="at least")
-    under = _oracle(ifeval.KeywordFrequencyChecker, keyword=word, frequency=n + 1, relation="less than")
-    _agree(lambda t: one(t, type="word_times", word=word, n=n)[0], lambda t: at_least(t) and under(t), texts)
+    at_least = _oracle(
+        ifeval.KeywordFrequencyChecker, keyword=word, frequency=n, relation="at least"
+    )
+    under = _oracle(
+        ifeval.KeywordFrequencyChecker, keyword=word, frequency=n + 1, relation="less than"
+    )
+    _agree(
+        lambda t: one(t, type="word_times", word=word, n=n)[0],
+        lambda t: at_least(t) and under(t),
+        texts,
+    )
 
 
 def test_oracle_contains_and_no_word(ifeval):
     texts = list(_responses(random.Random(11), 60))
     words = ["garden", "quiet"]
-    _agree(lambda t: one(t, type="contains", words=words)[0], _oracle(ifeval.KeywordChecker, keywords=words), texts)
-    _agree(lambda t: one(t, type="no_word", words=words)[0],
-           _oracle(ifeval.ForbiddenWords, forbidden_words=words), texts)
+    _agree(
+        lambda t: one(t, type="contains", words=words)[0],
+        _oracle(ifeval.KeywordChecker, keywords=words),
+        texts,
+    )
+    _agree(
+        lambda t: one(t, type="no_word", words=words)[0],
+        _oracle(ifeval.ForbiddenWords, forbidden_words=words),
+        texts,
+    )
 
 
 def test_oracle_quoted_and_endswith(ifeval):
@@ -469,24 +746,39 @@ def test_oracle_quoted_and_endswith(ifeval):
         texts.append(f'"{text}"' if r < 0.3 else f"{text} That is all." if r < 0.6 else text)
     _agree(lambda t: one(t, type="quoted")[0], _oracle(ifeval.QuotationChecker), texts)
     plain = [t for t in texts if not t.startswith('"')]  # IFEval strips quotes before comparing
-    _agree(lambda t: one(t, type="endswith", phrase="That is all.")[0],
-           _oracle(ifeval.EndChecker, end_phrase="That is all."), plain)
+    _agree(
+        lambda t: one(t, type="endswith", phrase="That is all.")[0],
+        _oracle(ifeval.EndChecker, end_phrase="That is all."),
+        plain,
+    )
 
 
 # sentences both splitters count alike: titles, initials, e.g./i.e., a.m., U.S. before a
 # lowercase word or before one of IFEval's "starters" (He, It, ...), decimals, ?, ! and "..."
-SENTENCES = ("Dr. Smith reads every morning.", "We saw birds, e.g. crows and owls.",
-             "The U.S. economy grows slowly.", "It costs 3.5 dollars.", "J. R. R. Tolkien wrote many books.",
-             "The meeting starts at 9 a.m. sharp.", "Mrs. Jones met Mr. Brown at the station.",
-             "They moved to the U.S. He liked it there.", "Did it rain?", "What a day!",
-             "Wait... it rained again.", "We bought apples, i.e. the red ones.")
+SENTENCES = (
+    "Dr. Smith reads every morning.",
+    "We saw birds, e.g. crows and owls.",
+    "The U.S. economy grows slowly.",
+    "It costs 3.5 dollars.",
+    "J. R. R. Tolkien wrote many books.",
+    "The meeting starts at 9 a.m. sharp.",
+    "Mrs. Jones met Mr. Brown at the station.",
+    "They moved to the U.S. He liked it there.",
+    "Did it rain?",
+    "What a day!",
+    "Wait... it rained again.",
+    "We bought apples, i.e. the red ones.",
+)
 
 
 def test_oracle_sentences(ifeval):
     from lm_eval.tasks.ifeval import instructions_util
 
     rng = random.Random(17)
-    texts = [rng.choice([" ", "\n", "\n\n"]).join(rng.sample(SENTENCES, rng.randint(1, 5))) for _ in range(80)]
+    texts = [
+        rng.choice([" ", "\n", "\n\n"]).join(rng.sample(SENTENCES, rng.randint(1, 5)))
+        for _ in range(80)
+    ]
     mine = [ifcheck.count_sentences(t) for t in texts]
     theirs = [len(instructions_util.split_into_sentences(t)) for t in texts]
     assert [(t, m, o) for t, m, o in zip(texts, mine, theirs) if m != o] == []
@@ -501,8 +793,11 @@ def test_ifeval_sentence_splitter_is_wrong_on_these_shapes(ifeval):
     are the intended ones."""
     from lm_eval.tasks.ifeval import instructions_util
 
-    for text, want in [("Steps:\n1. Mix the flour.\n2. Bake it.", 2), ("Prof. Lee came.", 1),
-                       ("They moved to the U.S. Then they left.", 2)]:
+    for text, want in [
+        ("Steps:\n1. Mix the flour.\n2. Bake it.", 2),
+        ("Prof. Lee came.", 1),
+        ("They moved to the U.S. Then they left.", 2),
+    ]:
         assert len(instructions_util.split_into_sentences(text)) != want
         assert ifcheck.count_sentences(text) == want
 
@@ -516,7 +811,9 @@ def test_documented_divergences_from_ifeval(ifeval):
     assert _oracle(ifeval.PostscriptChecker, postscript_marker="P.S.")(inline)
     assert not one(inline, type="postscript")[0]
     # IFEval's keyword count is a substring count; ours is whole words
-    assert _oracle(ifeval.KeywordFrequencyChecker, keyword="river", frequency=2, relation="at least")("rivers river")
+    assert _oracle(
+        ifeval.KeywordFrequencyChecker, keyword="river", frequency=2, relation="at least"
+    )("rivers river")
     assert not one("rivers river", type="word_times", word="river", n=2)[0]
     # IFEval's end phrase is case-insensitive; ours is exact
     assert _oracle(ifeval.EndChecker, end_phrase="The end.")("THE END.")

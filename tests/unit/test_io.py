@@ -62,7 +62,10 @@ def test_atomic_dir_replaces_an_existing_dir_wholesale(tmp_path):
     with io.atomic_dir(target) as tmp:
         (tmp / "sub").mkdir()
         (tmp / "sub" / "new.txt").write_text("new")
-    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == ["sub", "sub/new.txt"]
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [
+        "sub",
+        "sub/new.txt",
+    ]
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o755
     assert stat.S_IMODE(os.stat(target / "sub" / "new.txt").st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["corpus"]
@@ -100,5 +103,7 @@ def test_read_jsonl_bad_json_names_path_and_line(tmp_path):
 def test_read_jsonl_non_object_names_path_and_line(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"a": 1}\n[1, 2]\n')
-    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: expected a JSON object, got list"):
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(path))}:2: expected a JSON object, got list"
+    ):
         io.read_jsonl(path)

@@ -22,13 +22,28 @@ def readout(arm: str) -> pd.DataFrame:
         for i in range(k):
             item = f"{cat}-{i}"
             text = "" if arm == "armX" and item in DISCORDANT else f"answer of {arm[-1]} to {item}"
-            recs.append({"arm": arm, "item_id": item, "replicate": 0, "category": cat,
-                         "prompt_sha256": f"p{item}", "target_sha256": f"t{item}", "completion": text,
-                         "n_tokens": len(text), "stopped": True, "correct": bool(i % 2)})
+            recs.append(
+                {
+                    "arm": arm,
+                    "item_id": item,
+                    "replicate": 0,
+                    "category": cat,
+                    "prompt_sha256": f"p{item}",
+                    "target_sha256": f"t{item}",
+                    "completion": text,
+                    "n_tokens": len(text),
+                    "stopped": True,
+                    "correct": bool(i % 2),
+                }
+            )
     return evals.structure(pd.DataFrame(recs))
 
 
-POOL = [{"id": f"{c}-{i}", "prompt": f"question {c}-{i}", "category": c} for c, k in CATS.items() for i in range(k)]
+POOL = [
+    {"id": f"{c}-{i}", "prompt": f"question {c}-{i}", "category": c}
+    for c, k in CATS.items()
+    for i in range(k)
+]
 
 
 def test_the_packet_reads_every_discordant_item_then_concordant_ones_by_category_and_unblinds():
@@ -36,11 +51,18 @@ def test_the_packet_reads_every_discordant_item_then_concordant_ones_by_category
     pairs, key = judged.pack(POOL, a, b, n=20, seed=20261005, where="t")
     assert len(pairs) == 20 and [p["pair"] for p in pairs] == [f"p{i:02d}" for i in range(1, 21)]
     rows = key["pairs"]
-    assert sorted(r["item_id"] for r in rows.values() if r["stratum"] == "structurally discordant") == DISCORDANT
+    assert (
+        sorted(r["item_id"] for r in rows.values() if r["stratum"] == "structurally discordant")
+        == DISCORDANT
+    )
     # 15 concordant over c1 25, c2 20, c3 10 by largest remainder: 6.82, 5.45, 2.73 -> 7, 5, 3
     assert key["concordant_by_category"] == {"c1": 7, "c2": 5, "c3": 3}
     assert len({r["item_id"] for r in rows.values()}) == 20
-    text = {(arm, r["item_id"]): r["completion"] for arm, df in (("armX", a), ("armY", b)) for r in df.to_dict("records")}
+    text = {
+        (arm, r["item_id"]): r["completion"]
+        for arm, df in (("armX", a), ("armY", b))
+        for r in df.to_dict("records")
+    }
     prompt = {r["id"]: r["prompt"] for r in POOL}
     for p in pairs:
         k = rows[p["pair"]]
@@ -54,7 +76,10 @@ def test_the_packet_reads_every_discordant_item_then_concordant_ones_by_category
 def test_the_packet_is_fixed_by_its_seed():
     a, b = readout("armX"), readout("armY")
     assert judged.pack(POOL, a, b, 20, 7, "t") == judged.pack(POOL, a, b, 20, 7, "t")
-    assert judged.pack(POOL, a, b, 20, 7, "t")[1]["pairs"] != judged.pack(POOL, a, b, 20, 8, "t")[1]["pairs"]
+    assert (
+        judged.pack(POOL, a, b, 20, 7, "t")[1]["pairs"]
+        != judged.pack(POOL, a, b, 20, 8, "t")[1]["pairs"]
+    )
 
 
 def test_more_discordant_items_than_pairs_reads_a_sample_of_them():
@@ -77,9 +102,16 @@ def test_pack_refuses_one_arm_twice_and_items_missing_from_the_pool():
 
 
 def key_of(n: int, a_first: list[bool]) -> dict:
-    pairs = {f"p{i:02d}": {"A": "adapter" if f else "parent", "B": "parent" if f else "adapter",
-                           "item_id": f"i{i}", "category": "c", "stratum": "concordant"}
-             for i, f in enumerate(a_first, 1)}
+    pairs = {
+        f"p{i:02d}": {
+            "A": "adapter" if f else "parent",
+            "B": "parent" if f else "adapter",
+            "item_id": f"i{i}",
+            "category": "c",
+            "stratum": "concordant",
+        }
+        for i, f in enumerate(a_first, 1)
+    }
     return {"arms": ["adapter", "parent"], "n": n, "pairs": pairs}
 
 
@@ -99,7 +131,11 @@ def test_a_preference_read_reproduces_seed_002s_judged_read():
             written.append("A" if (w == "adapter") == f else "B")
     scores = pd.DataFrame({"pair": list(key["pairs"]), "verdict": written})
     res = judged.score(key, scores, "scores.csv")
-    assert res["preferred"] == {"adapter": 19, "parent": 13} and res["ties"] == 8 and res["discordant"] == 32
+    assert (
+        res["preferred"] == {"adapter": 19, "parent": 13}
+        and res["ties"] == 8
+        and res["discordant"] == 32
+    )
     assert res["p_value"] == pytest.approx(binomtest(19, 32, 0.5).pvalue, rel=1e-12)
     assert round(res["p_value"], 3) == 0.377
     assert [r["preferred"] for r in res["rows"]] == want
@@ -111,8 +147,10 @@ def test_an_adjudication_reproduces_seed_002s_safety_probe():
     a_first = [i % 2 == 0 for i in range(48)]
     key = key_of(48, a_first)
     adapter, parent = [1] * 45 + [0, 0, 0], [1] * 45 + [1, 0, 0]
-    rows = [{"pair": p, "A": str(x if f else y), "B": str(y if f else x)}
-            for p, f, x, y in zip(key["pairs"], a_first, adapter, parent)]
+    rows = [
+        {"pair": p, "A": str(x if f else y), "B": str(y if f else x)}
+        for p, f, x, y in zip(key["pairs"], a_first, adapter, parent)
+    ]
     res = judged.score(key, pd.DataFrame(rows), "safety.csv")
     assert res["kind"] == "adjudication"
     assert res["positive"] == {"adapter": 45, "parent": 46}
@@ -121,13 +159,25 @@ def test_an_adjudication_reproduces_seed_002s_safety_probe():
     assert [r["pair"] for r in res["rows"] if r["adapter"] != r["parent"]] == ["p46"]
 
 
-@pytest.mark.parametrize("edit, msg", [
-    (lambda d: d.assign(pair=d["pair"].where(d.index != 1, "p99")), r"scores.csv:3: pair 'p99' is not in the key"),
-    (lambda d: d.assign(pair=d["pair"].where(d.index != 2, "p01")), r"scores.csv:4: pair 'p01' is scored twice \(first on line 2\)"),
-    (lambda d: d.iloc[:-2], r"2 pairs are not scored: p03, p04"),
-    (lambda d: d.assign(verdict=d["verdict"].where(d.index != 0, "C")), r"scores.csv:2: verdict 'C'; expected A, B, tie"),
-    (lambda d: d.rename(columns={"verdict": "winner"}), r"columns \['pair', 'winner'\]"),
-])
+@pytest.mark.parametrize(
+    "edit, msg",
+    [
+        (
+            lambda d: d.assign(pair=d["pair"].where(d.index != 1, "p99")),
+            r"scores.csv:3: pair 'p99' is not in the key",
+        ),
+        (
+            lambda d: d.assign(pair=d["pair"].where(d.index != 2, "p01")),
+            r"scores.csv:4: pair 'p01' is scored twice \(first on line 2\)",
+        ),
+        (lambda d: d.iloc[:-2], r"2 pairs are not scored: p03, p04"),
+        (
+            lambda d: d.assign(verdict=d["verdict"].where(d.index != 0, "C")),
+            r"scores.csv:2: verdict 'C'; expected A, B, tie",
+        ),
+        (lambda d: d.rename(columns={"verdict": "winner"}), r"columns \['pair', 'winner'\]"),
+    ],
+)
 def test_bad_scores_are_refused_naming_the_line(edit, msg):
     key = key_of(4, [True, False, True, False])
     scores = pd.DataFrame({"pair": list(key["pairs"]), "verdict": ["A", "B", "tie", "parent"]})
@@ -138,7 +188,11 @@ def test_bad_scores_are_refused_naming_the_line(edit, msg):
 def test_a_side_label_that_is_not_1_or_0_is_refused():
     key = key_of(2, [True, False])
     with pytest.raises(ValueError, match=r"s.csv:3 \(column B\): 'maybe'"):
-        judged.score(key, pd.DataFrame({"pair": ["p01", "p02"], "A": ["1", "0"], "B": ["0", "maybe"]}), "s.csv")
+        judged.score(
+            key,
+            pd.DataFrame({"pair": ["p01", "p02"], "A": ["1", "0"], "B": ["0", "maybe"]}),
+            "s.csv",
+        )
 
 
 def test_the_cli_keeps_the_key_apart_and_refuses_an_edited_packet(tmp_path):
@@ -146,10 +200,23 @@ def test_the_cli_keeps_the_key_apart_and_refuses_an_edited_packet(tmp_path):
     io.write_jsonl(pool, POOL)
     for arm in ("armX", "armY"):
         evals.write_readout(readout(arm), tmp_path / f"{arm}.parquet", {"arm": arm})
-    base = ["pack", "--pool", str(pool), "--a", str(tmp_path / "armX.parquet"), "--b", str(tmp_path / "armY.parquet"),
-            "--n", "10", "--seed", "3"]
+    base = [
+        "pack",
+        "--pool",
+        str(pool),
+        "--a",
+        str(tmp_path / "armX.parquet"),
+        "--b",
+        str(tmp_path / "armY.parquet"),
+        "--n",
+        "10",
+        "--seed",
+        "3",
+    ]
     with pytest.raises(SystemExit, match="inside --out"):
-        judged.main([*base, "--out", str(tmp_path / "read"), "--key", str(tmp_path / "read/key.json")])
+        judged.main(
+            [*base, "--out", str(tmp_path / "read"), "--key", str(tmp_path / "read/key.json")]
+        )
     assert not (tmp_path / "read").exists()
     judged.main([*base, "--out", str(tmp_path / "read"), "--key", str(tmp_path / "key.json")])
     key = io.read_json(tmp_path / "key.json")
@@ -159,8 +226,17 @@ def test_the_cli_keeps_the_key_apart_and_refuses_an_edited_packet(tmp_path):
     scores = tmp_path / "scores.csv"
     scores.write_text("pair,verdict\n" + "".join(f"{p},A\n" for p in key["pairs"]))
     out = tmp_path / "result.json"
-    args = ["score", "--pairs", str(tmp_path / "read/pairs.jsonl"), "--key", str(tmp_path / "key.json"),
-            "--scores", str(scores), "--out", str(out)]
+    args = [
+        "score",
+        "--pairs",
+        str(tmp_path / "read/pairs.jsonl"),
+        "--key",
+        str(tmp_path / "key.json"),
+        "--scores",
+        str(scores),
+        "--out",
+        str(out),
+    ]
     judged.main(args)
     res = io.read_json(out)
     a_arms = [k["A"] for k in key["pairs"].values()]

@@ -24,13 +24,16 @@ from arenaflow import launch
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("nodelist,hosts", [
-    ("gpu07", ["gpu07"]),
-    ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
-    ("a[8-10],login1", ["a8", "a9", "a10", "login1"]),
-    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
-    ("x[009-011],y", ["x009", "x010", "x011", "y"]),
-])
+@pytest.mark.parametrize(
+    "nodelist,hosts",
+    [
+        ("gpu07", ["gpu07"]),
+        ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
+        ("a[8-10],login1", ["a8", "a9", "a10", "login1"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("x[009-011],y", ["x009", "x010", "x011", "y"]),
+    ],
+)
 def test_hostlist_expansion(nodelist, hosts):
     assert launch.expand_hostlist(nodelist) == hosts  # scontrol's, where this machine has it
     assert launch.parse_hostlist(nodelist) == hosts  # the fallback without scontrol
@@ -41,7 +44,10 @@ def test_hostlist_expansion_uses_scontrol_when_it_is_on_path(tmp_path, monkeypat
     fake.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\nprintf "n1\\nn2\\n"\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert launch.expand_hostlist("gpu[01-03]") == ["n1", "n2"]  # what scontrol said, not the parser
+    assert launch.expand_hostlist("gpu[01-03]") == [
+        "n1",
+        "n2",
+    ]  # what scontrol said, not the parser
     assert (tmp_path / "args").read_text().split() == ["show", "hostnames", "gpu[01-03]"]
 
 
@@ -51,12 +57,23 @@ def test_hostlist_expansion_falls_back_to_the_parser_without_scontrol(tmp_path, 
 
 
 def test_each_node_runs_torchrun_with_the_rendezvous_at_the_first_host():
-    env = {"SLURM_JOB_NODELIST": "gpu[12-13]", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_ID": "5773"}
+    env = {
+        "SLURM_JOB_NODELIST": "gpu[12-13]",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_ID": "5773",
+    }
     cmd = launch.torchrun_argv(env, 4, ["-m", "arenaflow.train", "--arm", "B3"])
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
     args = dict(zip(cmd[3:-4:2], cmd[4:-4:2]))
-    assert args == {"--nnodes": "2", "--node_rank": "1", "--nproc_per_node": "4", "--rdzv_backend": "c10d",
-                    "--rdzv_id": "5773", "--rdzv_endpoint": "gpu12:30273"}  # 29500 + 5773 % 1000
+    assert args == {
+        "--nnodes": "2",
+        "--node_rank": "1",
+        "--nproc_per_node": "4",
+        "--rdzv_backend": "c10d",
+        "--rdzv_id": "5773",
+        "--rdzv_endpoint": "gpu12:30273",
+    }  # 29500 + 5773 % 1000
     assert cmd[-4:] == ["-m", "arenaflow.train", "--arm", "B3"]
     assert launch.torchrun_argv({**env, launch.PORT_ENV: "4000"}, 4, [])[-1] == "gpu12:4000"
     with pytest.raises(SystemExit, match="SLURM_NODEID"):
@@ -66,21 +83,43 @@ def test_each_node_runs_torchrun_with_the_rendezvous_at_the_first_host():
 def test_a_two_node_arm_is_one_srun_of_torchruns_and_one_task_per_node(tmp_path):
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
-    (arms / "B1.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 1.0e-3, nproc: 4, nodes: 2}\n")
-    cmd = ["timeout", "-k", "10", "300", sys.executable, "-m", "snakemake", "-n", "-p", "runs/B1/final",
-           "--forceall", "--cores", "1", "--configfile", str(REPO / "config/config.yaml"),
-           str(REPO / "tests/e2e/config.yaml"), "--config", f"results_dir={tmp_path / 'r'}", f"arms_dir={arms}"]
+    (arms / "B1.yaml").write_text(
+        "init: R2d\ncorpus: rft_r3\nhyper: {lr: 1.0e-3, nproc: 4, nodes: 2}\n"
+    )
+    cmd = [
+        "timeout",
+        "-k",
+        "10",
+        "300",
+        sys.executable,
+        "-m",
+        "snakemake",
+        "-n",
+        "-p",
+        "runs/B1/final",
+        "--forceall",
+        "--cores",
+        "1",
+        "--configfile",
+        str(REPO / "config/config.yaml"),
+        str(REPO / "tests/e2e/config.yaml"),
+        "--config",
+        f"results_dir={tmp_path / 'r'}",
+        f"arms_dir={arms}",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    block = out[out.index("wildcards: arm=B1"):]
-    assert ("srun --nodes 2 --ntasks-per-node 1 --kill-on-bad-exit=1 python -m arenaflow.launch "
-            "--nproc-per-node 4 -m arenaflow.train --arm B1") in block
-    res = block[block.index("resources:"):].splitlines()[0]
+    block = out[out.index("wildcards: arm=B1") :]
+    assert (
+        "srun --nodes 2 --ntasks-per-node 1 --kill-on-bad-exit=1 python -m arenaflow.launch "
+        "--nproc-per-node 4 -m arenaflow.train --arm B1"
+    ) in block
+    res = block[block.index("resources:") :].splitlines()[0]
     for kv in ("gres=gpu:4", "nodes=2", "mpi=srun", "tasks=2", "tasks_per_gpu=0"):
         assert kv in res, res
-    single = out[out.index("wildcards: arm=S1"):]
-    res1 = single[single.index("resources:"):].splitlines()[0]
+    single = out[out.index("wildcards: arm=S1") :]
+    res1 = single[single.index("resources:") :].splitlines()[0]
     assert "nodes=1" in res1 and "mpi=" not in res1 and "tasks=" not in res1, res1
     assert "python -m arenaflow.train --arm S1" in single
 
@@ -95,8 +134,14 @@ def sbatch_options(resources: dict, threads: int) -> str:
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
     job = SimpleNamespace(resources=Resources(resources), threads=threads, name="train_arm")
-    params = {"run_uuid": "u", "slurm_logfile": "l", "comment_str": "c", "account": "", "partition": "",
-              "workdir": "/w"}
+    params = {
+        "run_uuid": "u",
+        "slurm_logfile": "l",
+        "comment_str": "c",
+        "account": "",
+        "partition": "",
+        "workdir": "/w",
+    }
     return get_submit_command(job, params) + set_gres_string(job)
 
 
@@ -105,8 +150,10 @@ def test_the_slurm_plugin_turns_the_train_resources_into_one_task_per_node():
     one = sbatch_options({**base, "gres": "gpu:4", "nodes": 1}, threads=4)
     assert "--gres=gpu:4" in one and "--nodes=1" in one and "--cpus-per-task=4" in one
     assert "--ntasks" not in one and "--gpus" not in one  # one task (Slurm's default), no gpu=N
-    two = sbatch_options({**base, "gres": "gpu:4", "nodes": 2, "mpi": "srun", "tasks": 2, "tasks_per_gpu": 0},
-                         threads=4)
+    two = sbatch_options(
+        {**base, "gres": "gpu:4", "nodes": 2, "mpi": "srun", "tasks": 2, "tasks_per_gpu": 0},
+        threads=4,
+    )
     assert "--gres=gpu:4" in two and "--nodes=2" in two and "--ntasks=2" in two
     assert "--ntasks-per-gpu" not in two and "--gpus" not in two
 
@@ -122,23 +169,65 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
     corpus = tmp_path / "c"
     rows = pools.generate(32, 5, "train", {"add": 1, "sub": 1}, "m")
     corpora.build(corpus, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
-    hyper = {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-             "lr": 1e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-             "epochs": 1, "max_steps": 3, "micro_batch_size": 4, "grad_accum": 1, "seq_len": 256, "seed": 0}
+    hyper = {
+        "method": "lora",
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+        "lr": 1e-3,
+        "weight_decay": 0.0,
+        "warmup_ratio": 0.0,
+        "min_lr_ratio": 0.1,
+        "max_grad_norm": 1.0,
+        "epochs": 1,
+        "max_steps": 3,
+        "micro_batch_size": 4,
+        "grad_accum": 1,
+        "seq_len": 256,
+        "seed": 0,
+    }
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def train_args(out, h):
-        return ["-m", "arenaflow.train", "--arm", out.parent.name, "--params-json", json.dumps(h),
-                "--corpus", str(corpus), "--init", "base", "--base-model", str(REPO / "models/tiny-arith"),
-                "--out", str(out)]
+        return [
+            "-m",
+            "arenaflow.train",
+            "--arm",
+            out.parent.name,
+            "--params-json",
+            json.dumps(h),
+            "--corpus",
+            str(corpus),
+            "--init",
+            "base",
+            "--base-model",
+            str(REPO / "models/tiny-arith"),
+            "--out",
+            str(out),
+        ]
 
     two = tmp_path / "N2" / "final"
-    slurm = {"SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "2", "SLURM_JOB_ID": "4242",
-             launch.PORT_ENV: str(29000 + os.getpid() % 1000)}
-    nodes = [subprocess.Popen([sys.executable, "-m", "arenaflow.launch", "--nproc-per-node", "1",
-                               *train_args(two, {**hyper, "nproc": 1, "nodes": 2})],
-                              env={**env, **slurm, "SLURM_NODEID": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    slurm = {
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "4242",
+        launch.PORT_ENV: str(29000 + os.getpid() % 1000),
+    }
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "arenaflow.launch",
+                "--nproc-per-node",
+                "1",
+                *train_args(two, {**hyper, "nproc": 1, "nodes": 2}),
+            ],
+            env={**env, **slurm, "SLURM_NODEID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     try:
         logs = [p.communicate(timeout=600)[0] for p in nodes]
     finally:
@@ -147,12 +236,27 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
                 p.kill()
     assert all(p.returncode == 0 for p in nodes), "\n".join(log[-3000:] for log in logs)
     one = tmp_path / "N1" / "final"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           *train_args(one, {**hyper, "nproc": 2})], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            *train_args(one, {**hyper, "nproc": 2}),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ev = json.loads((two / "training_evidence.json").read_text())
     assert ev["world_size"] == 2 and ev["optimizer_steps"] == 3
-    wa, wb = load_file(one / "adapter_model.safetensors"), load_file(two / "adapter_model.safetensors")
+    wa, wb = (
+        load_file(one / "adapter_model.safetensors"),
+        load_file(two / "adapter_model.safetensors"),
+    )
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)

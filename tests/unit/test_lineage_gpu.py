@@ -54,30 +54,59 @@ def run_dir(tmp_path):
     results = tmp_path / "results"
     bench = results / "bench"
     bench.mkdir(parents=True)
-    (bench / "snakemake.log").write_text("".join(f"{T0 + t:.3f}\t{line}\n" for t, line in SNAKEMAKE))
+    (bench / "snakemake.log").write_text(
+        "".join(f"{T0 + t:.3f}\t{line}\n" for t, line in SNAKEMAKE)
+    )
     events = [
         {"job": "runs/S1/final", "event": "loaded", "t": T0 + 6.0, "process_start": T0 + 1.2},
-        {"job": "runs/S1/final", "event": "end", "t": T0 + 20.0, "process_start": T0 + 1.2,
-         "tokens": 120_000, "seconds": 12.0},
-        {"job": "candidates/rft_r1/samples.jsonl", "event": "loaded", "t": T0 + 10.0, "process_start": T0 + 2.1},
+        {
+            "job": "runs/S1/final",
+            "event": "end",
+            "t": T0 + 20.0,
+            "process_start": T0 + 1.2,
+            "tokens": 120_000,
+            "seconds": 12.0,
+        },
+        {
+            "job": "candidates/rft_r1/samples.jsonl",
+            "event": "loaded",
+            "t": T0 + 10.0,
+            "process_start": T0 + 2.1,
+        },
     ]
     (bench / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     # busy 100 % from 8 s to 20 s, idle before
-    (bench / "gpu_util.tsv").write_text("".join(
-        f"{T0 + i / 2:.3f}\t{100 if 16 <= i <= 40 else 0}\t1000\n" for i in range(0, 70)))
-    (bench / "run.json").write_text(json.dumps({"snakemake_start": T0, "snakemake_end": T0 + 31.0,
-                                                "returncode": 1, "deadline_hit": False}))
+    (bench / "gpu_util.tsv").write_text(
+        "".join(f"{T0 + i / 2:.3f}\t{100 if 16 <= i <= 40 else 0}\t1000\n" for i in range(0, 70))
+    )
+    (bench / "run.json").write_text(
+        json.dumps(
+            {
+                "snakemake_start": T0,
+                "snakemake_end": T0 + 31.0,
+                "returncode": 1,
+                "deadline_hit": False,
+            }
+        )
+    )
     run = results / "runs/S1"
     (run / "final").mkdir(parents=True)
-    steps = [{"step": 1, "elapsed_s": 4.0, "tokens_seen": 20_000}, {"step": 2, "elapsed_s": 4.25, "tokens_seen": 70_000},
-             {"step": 3, "elapsed_s": 4.5, "tokens_seen": 120_000}]
+    steps = [
+        {"step": 1, "elapsed_s": 4.0, "tokens_seen": 20_000},
+        {"step": 2, "elapsed_s": 4.25, "tokens_seen": 70_000},
+        {"step": 3, "elapsed_s": 4.5, "tokens_seen": 120_000},
+    ]
     (run / "final/metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
-    (run / "final/training_evidence.json").write_text(json.dumps({"tokens_seen": 120_000, "wall_time_s": 4.5}))
+    (run / "final/training_evidence.json").write_text(
+        json.dumps({"tokens_seen": 120_000, "wall_time_s": 4.5})
+    )
     log = results / "logs/candidates/rft_r1.sample.log"
     log.parent.mkdir(parents=True)
-    log.write_text("arenaflow: loaded\n"
-                   "sample: 128/2000 prompts x4 | 10000 tok | 1000 tok/s | 10.0s | ETA 146s\n"
-                   "sample: 256/2000 prompts x4 | 30000 tok | 1500 tok/s | 12.0s | ETA 82s\n")
+    log.write_text(
+        "arenaflow: loaded\n"
+        "sample: 128/2000 prompts x4 | 10000 tok | 1000 tok/s | 10.0s | ETA 146s\n"
+        "sample: 256/2000 prompts x4 | 30000 tok | 1500 tok/s | 12.0s | ETA 82s\n"
+    )
     return results
 
 
@@ -87,13 +116,22 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     assert [j["rule"] for j in rep["jobs"]] == ["build_pool", "train_arm", "sample_candidates"]
     assert jobs["build_pool"]["wall_s"] == 1.0 and "startup_s" not in jobs["build_pool"]
     t = jobs["train_arm"]
-    assert t["wall_s"] == 20.0 and t["launch_s"] == pytest.approx(0.2) and t["startup_s"] == pytest.approx(4.8)
+    assert (
+        t["wall_s"] == 20.0
+        and t["launch_s"] == pytest.approx(0.2)
+        and t["startup_s"] == pytest.approx(4.8)
+    )
     assert t["work_s"] == pytest.approx(14.0) and t["tokens_per_s"] == 10_000
     # samples every 0.5 s in (6, 20]: 28, of which 25 busy (8.0 .. 20.0 s)
     assert t["gpu_busy_after_load"] == pytest.approx(25 / 28) and t["gpu_samples"] == 28
     assert t["first_unit_s"] == 4.0 and t["steady_tokens_per_s"] == 200_000  # after the first step
-    assert t["loop_tokens_per_s"] == pytest.approx(120_000 / 4.5, rel=1e-3) and t["tokens_per_step"] == 40_000
-    assert t["step_s_median"] == 0.25 and t["exit_s"] == pytest.approx(1.0)  # Finished 1 s after its end event
+    assert (
+        t["loop_tokens_per_s"] == pytest.approx(120_000 / 4.5, rel=1e-3)
+        and t["tokens_per_step"] == 40_000
+    )
+    assert t["step_s_median"] == 0.25 and t["exit_s"] == pytest.approx(
+        1.0
+    )  # Finished 1 s after its end event
     assert t["gpu_busy_steady"] == 1.0  # samples in (10, 20]: after the first step, all busy
     s = jobs["sample_candidates"]
     assert s["failed"] and s["end"] is None and s["batches"] == 2
@@ -104,22 +142,41 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     tg = rep["targets"]
     assert tg["measured"] and not tg["dag_wall"]["met"]  # incomplete
     assert tg["train_tokens_per_s"]["min_steady"] == 200_000 and tg["train_tokens_per_s"]["met"]
-    assert not tg["gpu_busy_after_load"]["met"]  # incomplete: the failed job's work was never measured
+    assert not tg["gpu_busy_after_load"][
+        "met"
+    ]  # incomplete: the failed job's work was never measured
     assert "whole DAG: 31.0 s wall" in lg.table(rep)
 
 
 def test_critical_chain_walks_back_through_the_job_whose_end_started_the_next():
-    jobs = [{"rule": "a", "wildcards": "", "start": 0.0, "end": 5.0, "wall_s": 5.0},
-            {"rule": "b", "wildcards": "", "start": 0.0, "end": 2.0, "wall_s": 2.0},
-            {"rule": "c", "wildcards": "", "start": 5.3, "end": 20.0, "wall_s": 14.7, "loaded": 9.0,
-             "startup_s": 3.5, "work_s": 10.0, "exit_s": 1.0},
-            {"rule": "d", "wildcards": "x=1", "start": 20.1, "end": 22.0, "wall_s": 1.9},
-            {"rule": "e", "wildcards": "", "start": 2.1, "end": 21.0, "wall_s": 18.9}]
+    jobs = [
+        {"rule": "a", "wildcards": "", "start": 0.0, "end": 5.0, "wall_s": 5.0},
+        {"rule": "b", "wildcards": "", "start": 0.0, "end": 2.0, "wall_s": 2.0},
+        {
+            "rule": "c",
+            "wildcards": "",
+            "start": 5.3,
+            "end": 20.0,
+            "wall_s": 14.7,
+            "loaded": 9.0,
+            "startup_s": 3.5,
+            "work_s": 10.0,
+            "exit_s": 1.0,
+        },
+        {"rule": "d", "wildcards": "x=1", "start": 20.1, "end": 22.0, "wall_s": 1.9},
+        {"rule": "e", "wildcards": "", "start": 2.1, "end": 21.0, "wall_s": 18.9},
+    ]
     chain = lg.critical_chain(jobs)
     assert [r["rule"] for r in chain] == ["a", "c", "d"]
-    assert lg.chain_summary(chain) == {"jobs": ["a[]", "c[]", "d[x=1]"], "span_s": 22.0, "gpu_jobs": 1,
-                                       "gpu_startup_s": 3.5, "gpu_work_s": 10.0, "gpu_exit_s": 1.0,
-                                       "other_jobs_s": 6.9}
+    assert lg.chain_summary(chain) == {
+        "jobs": ["a[]", "c[]", "d[x=1]"],
+        "span_s": 22.0,
+        "gpu_jobs": 1,
+        "gpu_startup_s": 3.5,
+        "gpu_work_s": 10.0,
+        "gpu_exit_s": 1.0,
+        "other_jobs_s": 6.9,
+    }
 
 
 def test_union_of_intervals():
@@ -131,7 +188,10 @@ def test_union_of_intervals():
 def test_no_gpu_samples_means_targets_not_measured(run_dir):
     (run_dir / "bench/gpu_util.tsv").write_text("")
     rep = lg.report(run_dir, {})
-    assert rep["targets"] == {"measured": False, "why": "no GPU utilisation samples (not a GPU run)"}
+    assert rep["targets"] == {
+        "measured": False,
+        "why": "no GPU utilisation samples (not a GPU run)",
+    }
     assert "targets: not measured" in lg.table(rep)
 
 
@@ -142,7 +202,9 @@ def test_jobclock_writes_events_and_a_log_line(tmp_path, monkeypatch, capsys):
     jobclock.done("runs/A/final", tokens=100, seconds=2.0)
     events = lg.read_events(path)
     e = events["runs/A/final"]
-    assert e["process_start"] <= e["loaded"] <= e["end"] and e["tokens"] == 100 and e["seconds"] == 2.0
+    assert (
+        e["process_start"] <= e["loaded"] <= e["end"] and e["tokens"] == 100 and e["seconds"] == 2.0
+    )
     err = capsys.readouterr().err
     assert "runs/A/final: model loaded" in err and "100 tokens in 2.0s, 50 tok/s" in err
     monkeypatch.delenv(jobclock.ENV)
@@ -151,9 +213,18 @@ def test_jobclock_writes_events_and_a_log_line(tmp_path, monkeypatch, capsys):
 
 
 def test_process_start_is_when_the_process_started():
-    out = subprocess.run([sys.executable, "-c", "import time; t = time.time(); from arenaflow import jobclock; "
-                          "print(t - jobclock.PROCESS_START)"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time; t = time.time(); from arenaflow import jobclock; "
+            "print(t - jobclock.PROCESS_START)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert 0.0 <= float(out.stdout) < 10.0
 
 
@@ -162,12 +233,28 @@ def test_smoke_run_on_cpu(tmp_path):
     """The whole script on the tiny model, to the first comparison (every kind of GPU job, the
     fewest jobs): each GPU job reports its start-up and tokens."""
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "benchmarks/lineage_gpu.py", "--smoke", "--results", str(tmp_path / "r"),
-                           "--target", "compare/math/greedy/R220__S1.json", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/lineage_gpu.py",
+            "--smoke",
+            "--results",
+            str(tmp_path / "r"),
+            "--target",
+            "compare/math/greedy/R220__S1.json",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rep = json.loads(out.read_text())
-    assert rep["summary"]["complete"] and rep["summary"]["jobs_done"] == rep["summary"]["jobs_total"]
+    assert (
+        rep["summary"]["complete"] and rep["summary"]["jobs_done"] == rep["summary"]["jobs_total"]
+    )
     gpu = [j for j in rep["jobs"] if j.get("gpu")]
     assert {j["rule"] for j in gpu} == {"sample_candidates", "train_arm", "readout"}
     assert all(j["startup_s"] > 0 and j["tokens"] > 0 for j in gpu)

@@ -25,8 +25,10 @@ def outdir(tmp_path):
 def test_write_lists_every_file_with_sha256_and_size(outdir):
     rec = manifest.write(outdir, params={"k": 4})
     assert set(rec["files"]) == {"a.txt", "sub/b.bin", "c.json"}
-    assert rec["files"]["sub/b.bin"] == {"sha256": hashlib.sha256(bytes(range(256))).hexdigest(),
-                                         "bytes": 256}
+    assert rec["files"]["sub/b.bin"] == {
+        "sha256": hashlib.sha256(bytes(range(256))).hexdigest(),
+        "bytes": 256,
+    }
     assert rec["files"]["a.txt"]["sha256"] == hashlib.sha256(b"alpha\n").hexdigest()
     assert rec["params"] == {"k": 4}
     assert json.loads((outdir / "manifest.json").read_text())["files"] == rec["files"]
@@ -34,8 +36,10 @@ def test_write_lists_every_file_with_sha256_and_size(outdir):
 
 def test_digest_is_sha256_of_sorted_relpath_tab_sha_lines(outdir):
     rec = manifest.write(outdir)
-    lines = "".join(f"{rel}\t{hashlib.sha256((outdir / rel).read_bytes()).hexdigest()}\n"
-                    for rel in sorted(["a.txt", "c.json", "sub/b.bin"]))
+    lines = "".join(
+        f"{rel}\t{hashlib.sha256((outdir / rel).read_bytes()).hexdigest()}\n"
+        for rel in sorted(["a.txt", "c.json", "sub/b.bin"])
+    )
     assert rec["digest"] == hashlib.sha256(lines.encode()).hexdigest()
 
 
@@ -117,8 +121,13 @@ def test_sha256_file_matches_hashlib_across_chunks(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "arenaflow.manifest", *map(str, args)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "arenaflow.manifest", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_cli_verify_exits_0_on_intact_and_1_on_tampered_dir(outdir):

@@ -16,21 +16,33 @@ BAR = [
 
 
 def comparison(delta: float, wins: int, losses: int, p: float = 0.5, acc: float = 50.0) -> dict:
-    return {"delta": delta, "wins": wins, "losses": losses, "wins_minus_losses": wins - losses,
-            "p_value": p, "accuracy": acc, "ci95": [delta - 5, delta + 5]}
+    return {
+        "delta": delta,
+        "wins": wins,
+        "losses": losses,
+        "wins_minus_losses": wins - losses,
+        "p_value": p,
+        "accuracy": acc,
+        "ci95": [delta - 5, delta + 5],
+    }
 
 
 def round_(candidates, bar=BAR, incumbent="R2d") -> dict:
-    return {"suite": "math", "regime": "greedy", "incumbent": incumbent,
-            "candidates": list(candidates), "bar": bar}
+    return {
+        "suite": "math",
+        "regime": "greedy",
+        "incumbent": incumbent,
+        "candidates": list(candidates),
+        "bar": bar,
+    }
 
 
 def test_of_two_that_clear_the_larger_delta_is_promoted():
     comps = {
-        "B1": comparison(2.0, 10, 4),   # clears
-        "B2": comparison(-1.0, 3, 6),   # fails delta
-        "B3": comparison(3.5, 15, 4),   # clears, larger delta
-        "B4": comparison(5.0, 5, 3),    # larger delta but W-L = 2 < 3
+        "B1": comparison(2.0, 10, 4),  # clears
+        "B2": comparison(-1.0, 3, 6),  # fails delta
+        "B3": comparison(3.5, 15, 4),  # clears, larger delta
+        "B4": comparison(5.0, 5, 3),  # larger delta but W-L = 2 < 3
     }
     out = nominate.nominate("r3", round_(comps), comps)
     assert out["promoted"] == "B3"
@@ -60,10 +72,26 @@ def test_each_clause_records_its_number_observed_value_threshold_and_verdict():
     assert v["arm"] == "B1"
     common = {"suite": "math", "regime": "greedy", "vs": "incumbent", "against": "R2d"}
     assert v["clauses"] == [
-        {"clause": 1, "metric": "delta", "op": ">", "value": 0.0, **common,
-         "threshold": 0.0, "observed": 1.0, "holds": True},
-        {"clause": 2, "metric": "wins_minus_losses", "op": ">=", "value": 3, **common,
-         "threshold": 3, "observed": 2, "holds": False},
+        {
+            "clause": 1,
+            "metric": "delta",
+            "op": ">",
+            "value": 0.0,
+            **common,
+            "threshold": 0.0,
+            "observed": 1.0,
+            "holds": True,
+        },
+        {
+            "clause": 2,
+            "metric": "wins_minus_losses",
+            "op": ">=",
+            "value": 3,
+            **common,
+            "threshold": 3,
+            "observed": 2,
+            "holds": False,
+        },
     ]
     assert v["failed"] == [2]
     assert (v["delta"], v["wins"], v["losses"]) == (1.0, 6, 4)
@@ -72,12 +100,20 @@ def test_each_clause_records_its_number_observed_value_threshold_and_verdict():
 
 @pytest.mark.parametrize(
     "op, observed, value, holds",
-    [(">", 0.0, 0.0, False), (">=", 0.0, 0.0, True), ("<", 0.05, 0.05, False),
-     ("<=", 0.05, 0.05, True), ("<", 0.04, 0.05, True), (">", -1.0, 0.0, False)],
+    [
+        (">", 0.0, 0.0, False),
+        (">=", 0.0, 0.0, True),
+        ("<", 0.05, 0.05, False),
+        ("<=", 0.05, 0.05, True),
+        ("<", 0.04, 0.05, True),
+        (">", -1.0, 0.0, False),
+    ],
 )
 def test_clause_operators_at_the_boundary(op, observed, value, holds):
     rnd = round_(["B1"], bar=[{"metric": "p_value", "op": op, "value": value}])
-    v = nominate.judge("B1", rnd, {("math", "greedy", "B1", "R2d"): comparison(1.0, 5, 1, p=observed)})
+    v = nominate.judge(
+        "B1", rnd, {("math", "greedy", "B1", "R2d"): comparison(1.0, 5, 1, p=observed)}
+    )
     assert v["clauses"][0]["holds"] is holds
     assert v["clears"] is holds
 
@@ -85,7 +121,12 @@ def test_clause_operators_at_the_boundary(op, observed, value, holds):
 def test_output_records_round_bar_and_its_sha256():
     comps = {"B1": comparison(2.0, 10, 4)}
     out = nominate.nominate("r3", round_(comps), comps)
-    assert (out["round"], out["suite"], out["regime"], out["incumbent"]) == ("r3", "math", "greedy", "R2d")
+    assert (out["round"], out["suite"], out["regime"], out["incumbent"]) == (
+        "r3",
+        "math",
+        "greedy",
+        "R2d",
+    )
     assert out["bar"] == BAR
     assert out["bar_sha256"] == nominate.bar_sha256(bar.resolve(round_(comps)))
     assert re.fullmatch(r"[0-9a-f]{64}", out["bar_sha256"])
@@ -114,7 +155,9 @@ def test_nothing_clears_keeps_the_incumbent_and_says_which_clause_each_failed():
     out = nominate.nominate("r3", round_(comps), comps)
     assert out["promoted"] == "R2d"
     assert [v["failed"] for v in out["candidates"]] == [[1, 2], [2]]
-    assert "B2 fails clause 2: wins_minus_losses vs R2d on math/greedy = 2 >= 3 fails" in out["reason"]
+    assert (
+        "B2 fails clause 2: wins_minus_losses vs R2d on math/greedy = 2 >= 3 fails" in out["reason"]
+    )
 
 
 def test_an_undefined_number_never_holds():
@@ -128,39 +171,70 @@ def test_an_undefined_number_never_holds():
 
 def test_bar_sha256_covers_the_resolved_meaning_not_just_the_clauses():
     a = round_(["B1"])
-    b = {**a, "incumbent": "R220"}           # same clauses, another incumbent
-    c = {**a, "regime": "served"}            # same clauses, read in another regime
+    b = {**a, "incumbent": "R220"}  # same clauses, another incumbent
+    c = {**a, "regime": "served"}  # same clauses, read in another regime
     shas = {nominate.bar_sha256(bar.resolve(r)) for r in (a, b, c)}
     assert len(shas) == 3
 
 
 # --- clauses against a control, against the noise floor, on levels ------------------------
 
+
 def with_levels(delta, wins, losses, cand: dict, ref: dict, **extra) -> dict:
     lv = dict.fromkeys(bar.LEVELS, 0.0)
-    return {**comparison(delta, wins, losses), "levels": {"cand": {**lv, **cand}, "ref": {**lv, **ref}}, **extra}
+    return {
+        **comparison(delta, wins, losses),
+        "levels": {"cand": {**lv, **cand}, "ref": {**lv, **ref}},
+        **extra,
+    }
 
 
 FINAL_BLOCKS = [  # docs/lineages.md#000-the-pre-registered-bar, clauses (1)-(3); (4) is a human read
     {"suite": "chat", "regime": "served", "metric": "words_t", "op": ">", "value": 1.9},
-    {"suite": "chat", "regime": "served", "metric": "loop_rate", "vs": "control", "op": "<=", "value": 2.0},
-    {"suite": "chat", "regime": "served", "metric": "empty_rate", "vs": "control", "op": "<=", "value": 2.0},
-    {"suite": "math", "regime": "served", "metric": "delta", "op": ">=",
-     "noise": {"stat": "mean_abs_delta", "times": -1}},
+    {
+        "suite": "chat",
+        "regime": "served",
+        "metric": "loop_rate",
+        "vs": "control",
+        "op": "<=",
+        "value": 2.0,
+    },
+    {
+        "suite": "chat",
+        "regime": "served",
+        "metric": "empty_rate",
+        "vs": "control",
+        "op": "<=",
+        "value": 2.0,
+    },
+    {
+        "suite": "math",
+        "regime": "served",
+        "metric": "delta",
+        "op": ">=",
+        "noise": {"stat": "mean_abs_delta", "times": -1},
+    },
     {"metric": "truncation_rate", "op": "<", "value": 5.0},
 ]
 
 
 def final_round(candidates=("finR", "finC")) -> dict:
-    return {"suite": "math", "regime": "served", "incumbent": "B3f", "control": "B3f",
-            "candidates": list(candidates), "bar": FINAL_BLOCKS}
+    return {
+        "suite": "math",
+        "regime": "served",
+        "incumbent": "B3f",
+        "control": "B3f",
+        "candidates": list(candidates),
+        "bar": FINAL_BLOCKS,
+    }
 
 
 def final_comparisons(fin_r_loop=4.40) -> tuple[dict, dict]:
     comps = {
         # finR: length t = +2.33, but loop rate 0.00% -> 4.40% (lineage 000: "failed bar (2) by 2.4 pt")
-        ("chat", "served", "finR", "B3f"): with_levels(0.5, 10, 8, {"loop_rate": fin_r_loop}, {"loop_rate": 0.0},
-                                                      words_t=2.33),
+        ("chat", "served", "finR", "B3f"): with_levels(
+            0.5, 10, 8, {"loop_rate": fin_r_loop}, {"loop_rate": 0.0}, words_t=2.33
+        ),
         ("math", "served", "finR", "B3f"): with_levels(-1.31, 20, 26, {"truncation_rate": 1.3}, {}),
         ("chat", "served", "finC", "B3f"): with_levels(0.0, 5, 5, {}, {}, words_t=-0.8),
         ("math", "served", "finC", "B3f"): with_levels(0.65, 22, 19, {"truncation_rate": 1.0}, {}),
@@ -210,20 +284,38 @@ def test_final_blocks_bar_is_valid_config_and_lists_what_it_reads(repo_root):
 
     raw = yaml.safe_load((repo_root / "config/config.yaml").read_text())
     cfg = copy.deepcopy(raw)
-    cfg["evals"]["chat"] = {"pool": "math_eval", "regimes": {"served": {"as_served": "B3f", "replicates": 3}}}
+    cfg["evals"]["chat"] = {
+        "pool": "math_eval",
+        "regimes": {"served": {"as_served": "B3f", "replicates": 3}},
+    }
     bar_ = [{k: v for k, v in c.items()} for c in FINAL_BLOCKS]
-    cfg["rounds"]["fin"] = {"suite": "math", "regime": "served", "incumbent": "B3", "control": "R2d",
-                            "candidates": ["B1", "B2"], "bar": bar_}
+    cfg["rounds"]["fin"] = {
+        "suite": "math",
+        "regime": "served",
+        "incumbent": "B3",
+        "control": "R2d",
+        "candidates": ["B1", "B2"],
+        "bar": bar_,
+    }
     res = config.resolve(cfg, repo_root=repo_root)
-    need = bar.requirements(res["rounds"]["fin"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"])
+    need = bar.requirements(
+        res["rounds"]["fin"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"]
+    )
     assert need["compare"] == [
-        "compare/math/served/B1__B3.json", "compare/chat/served/B1__B3.json",
+        "compare/math/served/B1__B3.json",
+        "compare/chat/served/B1__B3.json",
         "compare/chat/served/B1__R2d.json",
-        "compare/math/served/B2__B3.json", "compare/chat/served/B2__B3.json",
-        "compare/chat/served/B2__R2d.json"]
+        "compare/math/served/B2__B3.json",
+        "compare/chat/served/B2__B3.json",
+        "compare/chat/served/B2__R2d.json",
+    ]
     assert need["noise"] == ["noise/math/served/B3.json"]
-    assert need["readouts"] == [f"readouts/{s}/{a}/served.r{k}.parquet"
-                                for a in ("B1", "B2") for s in ("math", "chat") for k in range(3)]
+    assert need["readouts"] == [
+        f"readouts/{s}/{a}/served.r{k}.parquet"
+        for a in ("B1", "B2")
+        for s in ("math", "chat")
+        for k in range(3)
+    ]
 
 
 def test_shipped_round_r3_reads_a_greedy_comparison_per_candidate(repo_root):
@@ -231,33 +323,69 @@ def test_shipped_round_r3_reads_a_greedy_comparison_per_candidate(repo_root):
 
     from arenaflow import config
 
-    res = config.resolve(yaml.safe_load((repo_root / "config/config.yaml").read_text()), repo_root=repo_root)
-    need = bar.requirements(res["rounds"]["r3"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"])
-    cands = ("B1", "B2", "B3", "B4", "soup", "dose-a0p5", "dose-a1p5", "dose-a2")  # the sweep, then merges
-    assert need == {"compare": [f"compare/math/greedy/{a}__R2d.json" for a in cands],
-                    "noise": [],
-                    "readouts": [f"readouts/math/{a}/greedy.r0.parquet" for a in cands]}
+    res = config.resolve(
+        yaml.safe_load((repo_root / "config/config.yaml").read_text()), repo_root=repo_root
+    )
+    need = bar.requirements(
+        res["rounds"]["r3"], lambda s, r: res["evals"][s]["regimes"][r]["replicates"]
+    )
+    cands = (
+        "B1",
+        "B2",
+        "B3",
+        "B4",
+        "soup",
+        "dose-a0p5",
+        "dose-a1p5",
+        "dose-a2",
+    )  # the sweep, then merges
+    assert need == {
+        "compare": [f"compare/math/greedy/{a}__R2d.json" for a in cands],
+        "noise": [],
+        "readouts": [f"readouts/math/{a}/greedy.r0.parquet" for a in cands],
+    }
 
 
 def test_a_readouts_levels_are_exactly_the_level_metrics_a_bar_can_name():
     import pandas as pd
 
-    df = pd.DataFrame({"correct": [True, False], "truncated": [False, False], "empty": [False, True],
-                       "loop": [False, False], "fffd": [False, False], "n_words": [3, 0], "n_tokens": [4, 1]})
+    df = pd.DataFrame(
+        {
+            "correct": [True, False],
+            "truncated": [False, False],
+            "empty": [False, True],
+            "loop": [False, False],
+            "fffd": [False, False],
+            "n_words": [3, 0],
+            "n_tokens": [4, 1],
+        }
+    )
     assert tuple(evals.levels(df)) == bar.LEVELS
 
 
 # --- registration: the bar is written before the readouts it judges ------------------------
 
+
 def write_readout(path, arm, correct, replicate=0):
     import pandas as pd
 
     n = len(correct)
-    df = pd.DataFrame({
-        "arm": arm, "item_id": [f"i{j}" for j in range(n)], "category": "add",
-        "prompt_sha256": [f"p{j}" for j in range(n)], "target_sha256": [f"t{j}" for j in range(n)],
-        "completion": ["2 + 2 = 4. The answer is 4."] * n, "n_tokens": 12, "stopped": True,
-        "pred": "4", "strict": correct, "correct": correct, "replicate": replicate})
+    df = pd.DataFrame(
+        {
+            "arm": arm,
+            "item_id": [f"i{j}" for j in range(n)],
+            "category": "add",
+            "prompt_sha256": [f"p{j}" for j in range(n)],
+            "target_sha256": [f"t{j}" for j in range(n)],
+            "completion": ["2 + 2 = 4. The answer is 4."] * n,
+            "n_tokens": 12,
+            "stopped": True,
+            "pred": "4",
+            "strict": correct,
+            "correct": correct,
+            "replicate": replicate,
+        }
+    )
     evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": replicate})
     return str(path)
 
@@ -270,24 +398,65 @@ class Round:
         self.reg = str(tmp_path / "nominations/r3.bar.json")
 
     def register(self, rnd=None):
-        nominate.main(["register", "--round", "r3", "--round-json", json.dumps(rnd or self.rnd), "--out", self.reg])
+        nominate.main(
+            [
+                "register",
+                "--round",
+                "r3",
+                "--round-json",
+                json.dumps(rnd or self.rnd),
+                "--out",
+                self.reg,
+            ]
+        )
 
     def score(self):
         d = self.dir
-        ref = write_readout(d / "R2d.r0.parquet", "R2d", [True, False, False, True, False, False] * 4)
+        ref = write_readout(
+            d / "R2d.r0.parquet", "R2d", [True, False, False, True, False, False] * 4
+        )
         self.readouts, self.compare = [], []
-        for arm, correct in {"B1": [True, True, False, True, False, False] * 4,
-                             "B3": [True, True, True, True, False, False] * 4}.items():
+        for arm, correct in {
+            "B1": [True, True, False, True, False, False] * 4,
+            "B3": [True, True, True, True, False, False] * 4,
+        }.items():
             self.readouts.append(write_readout(d / f"{arm}.r0.parquet", arm, correct))
             self.compare.append(str(d / f"compare/math/greedy/{arm}__R2d.json"))
-            evals.main(["compare", "--suite", "math", "--regime", "greedy", "--cand", self.readouts[-1],
-                        "--ref", ref, "--out", self.compare[-1]])
+            evals.main(
+                [
+                    "compare",
+                    "--suite",
+                    "math",
+                    "--regime",
+                    "greedy",
+                    "--cand",
+                    self.readouts[-1],
+                    "--ref",
+                    ref,
+                    "--out",
+                    self.compare[-1],
+                ]
+            )
 
     def judge(self, rnd=None):
         out = self.dir / "nominations/r3.json"
-        nominate.main(["judge", "--round", "r3", "--round-json", json.dumps(rnd or self.rnd),
-                       "--registration", self.reg, "--compare", *self.compare,
-                       "--readouts", *self.readouts, "--out", str(out)])
+        nominate.main(
+            [
+                "judge",
+                "--round",
+                "r3",
+                "--round-json",
+                json.dumps(rnd or self.rnd),
+                "--registration",
+                self.reg,
+                "--compare",
+                *self.compare,
+                "--readouts",
+                *self.readouts,
+                "--out",
+                str(out),
+            ]
+        )
         return io.read_json(out)
 
 
@@ -329,10 +498,15 @@ def test_a_bar_edited_after_scoring_is_refused_and_nothing_is_rewritten(tmp_path
     looser = {**r.rnd, "bar": LOOSER}
     refused(r.judge, looser)  # the config changed, the registration did not
     err = capsys.readouterr().err
-    assert "not the bar registered" in err and "a new round id is the honest way to change a bar" in err
+    assert (
+        "not the bar registered" in err
+        and "a new round id is the honest way to change a bar" in err
+    )
     refused(r.register, looser)  # what Snakemake's params trigger does: register again
     err = capsys.readouterr().err
-    assert "round r3: refused" in err and "retire: [{bar_sha256:" in err and "registry/r3.jsonl" in err
+    assert (
+        "round r3: refused" in err and "retire: [{bar_sha256:" in err and "registry/r3.jsonl" in err
+    )
     assert snapshot(r) == before  # registration, registry and nomination untouched
 
 
@@ -382,7 +556,11 @@ def test_an_explicit_retirement_is_recorded_and_registers_the_new_bar(tmp_path, 
     old_sha = io.read_json(r.reg)["bar_sha256"]
     wrong = {**r.rnd, "bar": LOOSER, "retire": [{"bar_sha256": "0" * 16, "reason": "typo"}]}
     refused(r.register, wrong)  # a retirement names the registration it retires
-    retired = {**r.rnd, "bar": LOOSER, "retire": [{"bar_sha256": old_sha[:12], "reason": "W-L of 3 was a typo"}]}
+    retired = {
+        **r.rnd,
+        "bar": LOOSER,
+        "retire": [{"bar_sha256": old_sha[:12], "reason": "W-L of 3 was a typo"}],
+    }
     r.register(retired)
     events = io.read_jsonl(tmp_path / "nominations/registry/r3.jsonl")
     assert [e["event"] for e in events] == ["registered", "retired", "registered"]
@@ -403,7 +581,9 @@ def test_the_dag_check_reads_the_registry_or_a_bar_json_from_before_it(tmp_path)
     assert nominate.registered(noms, "r3") == (None, str(noms / "registry/r3.jsonl"))
     r.register()
     nominate.check_bar("r3", r.rnd, *nominate.registered(noms, "r3"))
-    with pytest.raises(nominate.RegistrationError, match="registered for r3 at .*/registry/r3.jsonl"):
+    with pytest.raises(
+        nominate.RegistrationError, match="registered for r3 at .*/registry/r3.jsonl"
+    ):
         nominate.check_bar("r3", {**r.rnd, "bar": LOOSER}, *nominate.registered(noms, "r3"))
     (noms / "registry/r3.jsonl").unlink()  # results from before the registry: the .bar.json counts
     with pytest.raises(nominate.RegistrationError, match="r3.bar.json"):
@@ -432,6 +612,7 @@ def test_a_hand_edited_registration_file_is_refused(tmp_path, capsys):
 
 # --- the seal -----------------------------------------------------------------------------
 
+
 def test_a_nomination_is_sealed_with_the_sha256_of_what_it_judged(tmp_path):
     from arenaflow import manifest
 
@@ -446,13 +627,18 @@ def test_a_nomination_is_sealed_with_the_sha256_of_what_it_judged(tmp_path):
     nominate.main(["verify", str(tmp_path / "nominations/r3.json"), "--root", "/"])
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda n: n.update(promoted="B1"), "edited after it was sealed"),
-    (lambda n: n["candidates"][0].update(delta=99.0), "edited after it was sealed"),
-    (lambda n: n.pop("digest"), "not sealed"),
-    (lambda n: n.update(promoted="B1", digest=nominate.digest({**n, "promoted": "B1"})),
-     "promotes 'B1', which its own verdicts do not"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda n: n.update(promoted="B1"), "edited after it was sealed"),
+        (lambda n: n["candidates"][0].update(delta=99.0), "edited after it was sealed"),
+        (lambda n: n.pop("digest"), "not sealed"),
+        (
+            lambda n: n.update(promoted="B1", digest=nominate.digest({**n, "promoted": "B1"})),
+            "promotes 'B1', which its own verdicts do not",
+        ),
+    ],
+)
 def test_a_hand_edited_nomination_is_refused(tmp_path, capsys, edit, message):
     r = Round(tmp_path)
     r.register()
@@ -490,10 +676,27 @@ def test_a_bundle_is_not_built_from_a_hand_edited_nomination(tmp_path, capsys, r
     path = tmp_path / "nominations/r3.json"
     io.write_json(path, {**nom, "promoted": "B1"})
     with pytest.raises(SystemExit) as e:
-        bundles.main(["build", "--bundle", "B3f", "--nomination", str(path), "--lineage-json", "{}",
-                      "--runs", str(tmp_path / "runs"), "--corpora", str(tmp_path / "corpora"),
-                      "--base-model", str(repo_root / "models/tiny-arith"), "--bundle-json", "{}",
-                      "--out", str(tmp_path / "bundles/B3f")])
+        bundles.main(
+            [
+                "build",
+                "--bundle",
+                "B3f",
+                "--nomination",
+                str(path),
+                "--lineage-json",
+                "{}",
+                "--runs",
+                str(tmp_path / "runs"),
+                "--corpora",
+                str(tmp_path / "corpora"),
+                "--base-model",
+                str(repo_root / "models/tiny-arith"),
+                "--bundle-json",
+                "{}",
+                "--out",
+                str(tmp_path / "bundles/B3f"),
+            ]
+        )
     assert e.value.code == 1
     assert "check failed, no bundle written: " in capsys.readouterr().err
     assert not (tmp_path / "bundles").exists()
@@ -503,8 +706,8 @@ def test_refusal_uses_recorded_times_not_mtimes(tmp_path, capsys):
     import os
 
     r = Round(tmp_path)
-    r.score()          # scored first ...
-    r.register()       # ... registered after
+    r.score()  # scored first ...
+    r.register()  # ... registered after
     for p in r.readouts:  # a later `touch` makes every readout look newer; the record does not move
         os.utime(p, (2e9, 2e9))
     with pytest.raises(SystemExit):

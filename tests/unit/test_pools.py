@@ -24,8 +24,12 @@ def key_of(row: dict) -> tuple:
 
 def expected_gold(key: tuple) -> int:
     cat, *n = key
-    return {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-            "two_step": lambda a, b, c: a + b - c}[cat](*n)
+    return {
+        "add": lambda a, b: a + b,
+        "sub": lambda a, b: a - b,
+        "mul": lambda a, b: a * b,
+        "two_step": lambda a, b, c: a + b - c,
+    }[cat](*n)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +43,9 @@ def eval_rows():
 
 
 def test_same_seed_gives_identical_rows(train_rows):
-    assert pools.generate(300, seed=12, split="train", categories=ALL, prefix="math_r1") == train_rows
+    assert (
+        pools.generate(300, seed=12, split="train", categories=ALL, prefix="math_r1") == train_rows
+    )
 
 
 def test_different_seeds_give_different_rows(train_rows):
@@ -54,11 +60,15 @@ def test_every_row_belongs_to_its_split(train_rows, eval_rows):
 
 
 def test_train_and_eval_pools_never_share_a_problem(train_rows, eval_rows):
-    more_train = pools.generate(300, seed=99, split="train", categories=ALL, prefix="t")  # eval's seed
+    more_train = pools.generate(
+        300, seed=99, split="train", categories=ALL, prefix="t"
+    )  # eval's seed
     train_keys = {key_of(r) for r in train_rows + more_train}
     eval_keys = {key_of(r) for r in eval_rows}
     assert train_keys.isdisjoint(eval_keys)
-    assert {r["prompt"] for r in train_rows + more_train}.isdisjoint({r["prompt"] for r in eval_rows})
+    assert {r["prompt"] for r in train_rows + more_train}.isdisjoint(
+        {r["prompt"] for r in eval_rows}
+    )
 
 
 def test_split_of_partitions_about_one_key_in_five():
@@ -68,11 +78,18 @@ def test_split_of_partitions_about_one_key_in_five():
 
 
 def test_split_of_does_not_depend_on_the_process_hash_seed():
-    code = ("from arenaflow import pools; print(''.join(pools.split_of(('two_step', a, 7, 3))[0] "
-            "for a in range(10, 50)))")
+    code = (
+        "from arenaflow import pools; print(''.join(pools.split_of(('two_step', a, 7, 3))[0] "
+        "for a in range(10, 50)))"
+    )
     outs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
         for seed in ("1", "2")
     }
     here = "".join(pools.split_of(("two_step", a, 7, 3))[0] for a in range(10, 50))
@@ -113,7 +130,9 @@ def test_answers_are_positive(train_rows, eval_rows):
 def test_category_weights_restrict_the_categories():
     rows = pools.generate(40, seed=1, split="train", categories={"mul": 1.0}, prefix="m")
     assert {r["category"] for r in rows} == {"mul"}
-    rows = pools.generate(200, seed=1, split="train", categories={"add": 1.0, "sub": 1.0}, prefix="m")
+    rows = pools.generate(
+        200, seed=1, split="train", categories={"add": 1.0, "sub": 1.0}, prefix="m"
+    )
     assert {r["category"] for r in rows} == {"add", "sub"}
 
 
@@ -133,7 +152,9 @@ def test_generated_rows_validate(train_rows):
 
 
 def _rows():
-    return [{"id": f"p-{i}", "prompt": f"q{i}", "gold": str(i), "category": "add"} for i in range(4)]
+    return [
+        {"id": f"p-{i}", "prompt": f"q{i}", "gold": str(i), "category": "add"} for i in range(4)
+    ]
 
 
 def test_validate_rows_names_path_line_for_missing_id():
@@ -146,7 +167,9 @@ def test_validate_rows_names_path_line_for_missing_id():
 def test_validate_rows_names_both_lines_for_duplicate_id():
     rows = _rows()
     rows[3]["id"] = "p-1"
-    with pytest.raises(ValueError, match=r"^pools/x\.jsonl:4: duplicate id 'p-1' \(first on line 2\)"):
+    with pytest.raises(
+        ValueError, match=r"^pools/x\.jsonl:4: duplicate id 'p-1' \(first on line 2\)"
+    ):
         pools.validate_rows(rows, "pools/x.jsonl")
 
 
@@ -173,10 +196,13 @@ def test_build_uses_pool_id_as_prefix_and_params():
 
 # --- exclude: a pool drawn fresh of other pools' prompts ---------------------------------
 
+
 def test_a_pool_excluding_its_twin_shares_no_prompt_and_still_has_n_rows(train_rows):
     # same seed and categories: every candidate the twin kept comes first and is skipped
     exclude = pools.Excluded(r["prompt"] for r in train_rows)
-    rows = pools.generate(300, seed=12, split="train", categories=ALL, prefix="math_r2", exclude=exclude)
+    rows = pools.generate(
+        300, seed=12, split="train", categories=ALL, prefix="math_r2", exclude=exclude
+    )
     assert len(rows) == 300
     assert {r["prompt"] for r in rows}.isdisjoint({r["prompt"] for r in train_rows})
     assert exclude.skipped >= 300
@@ -187,8 +213,12 @@ def test_a_pool_excluding_its_twin_shares_no_prompt_and_still_has_n_rows(train_r
 
 def test_excluding_nothing_builds_the_pool_as_before(train_rows):
     exclude = pools.Excluded()
-    assert pools.generate(300, seed=12, split="train", categories=ALL, prefix="math_r1",
-                          exclude=exclude) == train_rows
+    assert (
+        pools.generate(
+            300, seed=12, split="train", categories=ALL, prefix="math_r1", exclude=exclude
+        )
+        == train_rows
+    )
     assert exclude.skipped == 0
 
 
@@ -196,7 +226,10 @@ def test_excluding_a_pool_with_no_shared_prompt_changes_nothing(train_rows):
     other = pools.generate(300, seed=13, split="train", categories=ALL, prefix="x")
     assert {r["prompt"] for r in other}.isdisjoint({r["prompt"] for r in train_rows})
     exclude = pools.Excluded(r["prompt"] for r in train_rows)
-    assert pools.generate(300, seed=13, split="train", categories=ALL, prefix="x", exclude=exclude) == other
+    assert (
+        pools.generate(300, seed=13, split="train", categories=ALL, prefix="x", exclude=exclude)
+        == other
+    )
     assert exclude.skipped == 0
 
 
@@ -221,7 +254,10 @@ def test_exclusion_that_exhausts_the_problems_fails():
     mul = {"mul": 1.0}
     every = pools.generate(60, seed=0, split="train", categories=mul, prefix="m")
     exclude = pools.Excluded(r["prompt"] for r in every)
-    with pytest.raises(ValueError, match=r"could only draw \d+ of 300 distinct train problems \(\d+ skipped as excluded\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"could only draw \d+ of 300 distinct train problems \(\d+ skipped as excluded\)",
+    ):
         pools.generate(300, seed=0, split="train", categories=mul, prefix="m", exclude=exclude)
 
 
@@ -232,15 +268,27 @@ def test_check_exclude_accepts_a_chain_of_rounds():
 
 def test_check_exclude_names_unknown_and_self():
     problems = pools.check_exclude({"r1": {"exclude": ["r1", "r9"]}, "r2": {}})
-    assert problems == [("pools/r1/exclude", "pool 'r1' cannot exclude itself"),
-                        ("pools/r1/exclude", "unknown pool 'r9'; known: ['r1', 'r2']")]
+    assert problems == [
+        ("pools/r1/exclude", "pool 'r1' cannot exclude itself"),
+        ("pools/r1/exclude", "unknown pool 'r9'; known: ['r1', 'r2']"),
+    ]
 
 
-@pytest.mark.parametrize("cfg, cycle", [
-    ({"a": {"exclude": ["b"]}, "b": {"exclude": ["a"]}}, ["a", "b"]),
-    ({"a": {"exclude": ["b"]}, "b": {"exclude": ["c"]}, "c": {"exclude": ["a"]}, "d": {"exclude": ["a"]}},
-     ["a", "b", "c"]),
-])
+@pytest.mark.parametrize(
+    "cfg, cycle",
+    [
+        ({"a": {"exclude": ["b"]}, "b": {"exclude": ["a"]}}, ["a", "b"]),
+        (
+            {
+                "a": {"exclude": ["b"]},
+                "b": {"exclude": ["c"]},
+                "c": {"exclude": ["a"]},
+                "d": {"exclude": ["a"]},
+            },
+            ["a", "b", "c"],
+        ),
+    ],
+)
 def test_check_exclude_names_a_cycle_in_exclude_order(cfg, cycle):
     [(key, msg)] = pools.check_exclude(cfg)
     start = key.removeprefix("pools/").removesuffix("/exclude")

@@ -16,21 +16,42 @@ import yaml
 from arenaflow import ifcheck, ifpool, pools, verify
 
 GSM8K = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
-                 "clips in May. How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 "
-               "clips altogether in April and May.\n#### 72"},
-    {"question": "A house costs $1,200 a month. What does it cost for 10 months?",
-     "answer": "1,200 * 10 = <<1200*10=12000>>12,000\n#### 12,000"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+        "clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 "
+        "clips altogether in April and May.\n#### 72",
+    },
+    {
+        "question": "A house costs $1,200 a month. What does it cost for 10 months?",
+        "answer": "1,200 * 10 = <<1200*10=12000>>12,000\n#### 12,000",
+    },
 ]
 MATH = [
-    {"problem": "What is $\\sin 60^\\circ$?", "solution": "It is $\\boxed{\\frac{\\sqrt{3}}{2}}$.",
-     "level": "Level 2", "type": "Precalculus"},
-    {"problem": "How many ways to order 3 books?", "solution": "$3! = \\boxed{6}$", "level": "Level 1",
-     "type": "Counting & Probability"},
-    {"problem": "Solve $x+1=3$.", "solution": "First \\boxed{1} is wrong; $x = \\boxed{2}$.",
-     "level": "Level 1", "type": "Algebra"},
-    {"problem": "What is 7 mod 3?", "solution": "\\boxed{1}", "level": "Level 1", "type": "Number Theory"},
+    {
+        "problem": "What is $\\sin 60^\\circ$?",
+        "solution": "It is $\\boxed{\\frac{\\sqrt{3}}{2}}$.",
+        "level": "Level 2",
+        "type": "Precalculus",
+    },
+    {
+        "problem": "How many ways to order 3 books?",
+        "solution": "$3! = \\boxed{6}$",
+        "level": "Level 1",
+        "type": "Counting & Probability",
+    },
+    {
+        "problem": "Solve $x+1=3$.",
+        "solution": "First \\boxed{1} is wrong; $x = \\boxed{2}$.",
+        "level": "Level 1",
+        "type": "Algebra",
+    },
+    {
+        "problem": "What is 7 mod 3?",
+        "solution": "\\boxed{1}",
+        "level": "Level 1",
+        "type": "Number Theory",
+    },
     {"problem": "Area?", "solution": "\\boxed{4\\pi}", "level": "Level 3", "type": "Geometry"},
 ]
 
@@ -50,9 +71,18 @@ def build(params, pool="imp"):
 # --- synthetic math stays byte-identical -------------------------------------------------
 
 GOLDEN = {  # sha256 of pools/{pool}.jsonl as written before imports existed (commit ac1a289)
-    "sft_s1": ({"n": 400, "seed": 11, "split": "train"}, "e868687250ec1589348da4478757e57fc7fedcec0e15bd1e19f92585ab0aa8cb"),
-    "math_r1": ({"n": 300, "seed": 12, "split": "train"}, "a674d8138750b76433bde35a2770d2cc8857ce6720b618d5e5101bef810636e0"),
-    "math_eval": ({"n": 300, "seed": 99, "split": "eval"}, "efb634492a0e685573873ac560d6d2120a4338039dae1d4bd99232709a72523e"),
+    "sft_s1": (
+        {"n": 400, "seed": 11, "split": "train"},
+        "e868687250ec1589348da4478757e57fc7fedcec0e15bd1e19f92585ab0aa8cb",
+    ),
+    "math_r1": (
+        {"n": 300, "seed": 12, "split": "train"},
+        "a674d8138750b76433bde35a2770d2cc8857ce6720b618d5e5101bef810636e0",
+    ),
+    "math_eval": (
+        {"n": 300, "seed": 99, "split": "eval"},
+        "efb634492a0e685573873ac560d6d2120a4338039dae1d4bd99232709a72523e",
+    ),
 }
 
 
@@ -67,6 +97,7 @@ def test_synthetic_pools_are_byte_identical_to_before(pool, tmp_path):
 
 
 # --- GSM8K and MATH imports --------------------------------------------------------------
+
 
 def test_gsm8k_jsonl_import(tmp_path):
     f = write_jsonl(tmp_path / "gsm8k.jsonl", GSM8K, blank_after=1)
@@ -93,8 +124,13 @@ def test_math_import_categories_gold_and_metadata(tmp_path):
 
 
 def test_math_type_outside_the_known_subjects_is_slugged(tmp_path):
-    f = write_jsonl(tmp_path / "m.jsonl", [{"problem": "p", "solution": "\\boxed{1}", "type": "Linear Algebra!"},
-                                           {"problem": "q", "solution": "\\boxed{2}"}])
+    f = write_jsonl(
+        tmp_path / "m.jsonl",
+        [
+            {"problem": "p", "solution": "\\boxed{1}", "type": "Linear Algebra!"},
+            {"problem": "q", "solution": "\\boxed{2}"},
+        ],
+    )
     assert [r["category"] for r in build({"file": str(f)})] == ["linear_algebra", "math"]
 
 
@@ -127,18 +163,36 @@ def test_relative_file_is_relative_to_the_repo_root(tmp_path):
     write_jsonl(tmp_path / "data" / "g.jsonl", GSM8K)
     rows = pools.build("imp", {"file": "data/g.jsonl"}, root=tmp_path)
     assert rows[0]["source"] == "data/g.jsonl:1"
-    with pytest.raises(ValueError, match=r"^data/g\.jsonl: no such file \(.*/data/g\.jsonl; a relative path is relative to the workflow's root\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data/g\.jsonl: no such file \(.*/data/g\.jsonl; a relative path is relative to the workflow's root\)",
+    ):
         pools.build("imp", {"file": "data/g.jsonl"})
     # the CLI (the pool rule) takes the root arenaflow.config puts beside a relative file
     out = tmp_path / "pools/imp.jsonl"
-    subprocess.run([sys.executable, "-m", "arenaflow.pools", "--pool", "imp", "--out", str(out), "--params-json",
-                    json.dumps({"file": "data/g.jsonl", "root": str(tmp_path)})], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.pools",
+            "--pool",
+            "imp",
+            "--out",
+            str(out),
+            "--params-json",
+            json.dumps({"file": "data/g.jsonl", "root": str(tmp_path)}),
+        ],
+        check=True,
+        capture_output=True,
+    )
     assert json.loads(out.read_text().splitlines()[0])["source"] == "data/g.jsonl:1"
 
 
 def test_invalid_utf8_in_an_import_names_file_and_line(tmp_path):
     bad = tmp_path / "g.jsonl"
-    bad.write_bytes(json.dumps(GSM8K[0]).encode() + b'\n{"question": "caf\xe9?", "answer": "#### 1"}\n')
+    bad.write_bytes(
+        json.dumps(GSM8K[0]).encode() + b'\n{"question": "caf\xe9?", "answer": "#### 1"}\n'
+    )
     with pytest.raises(ValueError, match=rf"^{bad}:2: not valid UTF-8 \(byte 0xe9 at column 18\)"):
         build({"file": str(bad)})
 
@@ -156,15 +210,31 @@ def test_seeded_sample_of_n_rows_in_file_order(tmp_path):
 
 # --- bad rows fail with file:line and the reason -----------------------------------------
 
-@pytest.mark.parametrize("rows, line, reason", [
-    ([GSM8K[0], {"question": "q", "answer": "no marker"}], 2, r"missing gold: 'answer' has no '#### N' line"),
-    ([GSM8K[0], {"question": "q", "answer": "work ####  "}], 2, r"missing gold: nothing after '####'"),
-    ([GSM8K[0], {"question": "q"}], 2, r"missing gold: missing or empty 'answer'"),
-    ([GSM8K[0], {"question": "", "answer": "#### 1"}], 2, r"missing or empty 'question'"),
-    ([{**GSM8K[0], "id": "a"}, {**GSM8K[1], "id": "a"}], 2, r"duplicate id 'a' \(first on line 1\)"),
-    ([{**GSM8K[0], "id": "a"}, GSM8K[1]], 2, r"missing id \(the file has an 'id' column\)"),
-    ([{**GSM8K[0], "id": "a/b"}], 1, r"id 'a/b' has characters outside"),
-])
+
+@pytest.mark.parametrize(
+    "rows, line, reason",
+    [
+        (
+            [GSM8K[0], {"question": "q", "answer": "no marker"}],
+            2,
+            r"missing gold: 'answer' has no '#### N' line",
+        ),
+        (
+            [GSM8K[0], {"question": "q", "answer": "work ####  "}],
+            2,
+            r"missing gold: nothing after '####'",
+        ),
+        ([GSM8K[0], {"question": "q"}], 2, r"missing gold: missing or empty 'answer'"),
+        ([GSM8K[0], {"question": "", "answer": "#### 1"}], 2, r"missing or empty 'question'"),
+        (
+            [{**GSM8K[0], "id": "a"}, {**GSM8K[1], "id": "a"}],
+            2,
+            r"duplicate id 'a' \(first on line 1\)",
+        ),
+        ([{**GSM8K[0], "id": "a"}, GSM8K[1]], 2, r"missing id \(the file has an 'id' column\)"),
+        ([{**GSM8K[0], "id": "a/b"}], 1, r"id 'a/b' has characters outside"),
+    ],
+)
 def test_bad_gsm8k_rows_name_file_and_line(tmp_path, rows, line, reason):
     f = write_jsonl(tmp_path / "g.jsonl", rows)
     with pytest.raises(ValueError, match=rf"^{f}:{line}: {reason}"):
@@ -173,7 +243,9 @@ def test_bad_gsm8k_rows_name_file_and_line(tmp_path, rows, line, reason):
 
 def test_bad_math_row_names_file_and_line(tmp_path):
     f = write_jsonl(tmp_path / "m.jsonl", [MATH[0], {"problem": "p", "solution": "no box"}])
-    with pytest.raises(ValueError, match=rf"^{f}:2: missing gold: 'solution' has no non-empty \\boxed"):
+    with pytest.raises(
+        ValueError, match=rf"^{f}:2: missing gold: 'solution' has no non-empty \\boxed"
+    ):
         build({"file": str(f)})
 
 
@@ -204,12 +276,17 @@ def test_unreadable_files(tmp_path):
 
 # --- open and ifeval imports ---------------------------------------------------------------
 
+
 def test_open_import_carries_min_chars_and_category(tmp_path):
-    f = write_jsonl(tmp_path / "open.jsonl", [{"prompt": "Tell me about tides."},
-                                              {"prompt": "Write a poem.", "category": "writing"}])
+    f = write_jsonl(
+        tmp_path / "open.jsonl",
+        [{"prompt": "Tell me about tides."}, {"prompt": "Write a poem.", "category": "writing"}],
+    )
     rows = build({"kind": "open", "file": str(f), "min_chars": 1500})
     assert [(r["id"], r["category"], r["min_chars"]) for r in rows] == [
-        ("imp-00001", "open", 1500), ("imp-00002", "writing", 1500)]
+        ("imp-00001", "open", 1500),
+        ("imp-00002", "writing", 1500),
+    ]
     assert "gold" not in rows[0]
     f2 = write_jsonl(tmp_path / "open2.jsonl", [{"prompt": "ok"}, {"prompt": "  "}])
     with pytest.raises(ValueError, match=rf"^{f2}:2: missing or empty 'prompt'"):
@@ -217,47 +294,78 @@ def test_open_import_carries_min_chars_and_category(tmp_path):
 
 
 def test_ifeval_import_validates_constraints(tmp_path):
-    good = {"id": "if-1", "prompt": "Describe tides in 40 words.", "constraints": [{"type": "word_eq", "n": 40}]}
+    good = {
+        "id": "if-1",
+        "prompt": "Describe tides in 40 words.",
+        "constraints": [{"type": "word_eq", "n": 40}],
+    }
     rows = build({"kind": "ifeval", "file": str(write_jsonl(tmp_path / "a.jsonl", [good]))})
-    assert rows == [{"id": "if-1", "prompt": good["prompt"], "constraints": good["constraints"],
-                     "category": "word_eq", "source": f"{tmp_path / 'a.jsonl'}:1"}]
+    assert rows == [
+        {
+            "id": "if-1",
+            "prompt": good["prompt"],
+            "constraints": good["constraints"],
+            "category": "word_eq",
+            "source": f"{tmp_path / 'a.jsonl'}:1",
+        }
+    ]
     for bad, reason in [
         ({"type": "word_eq"}, r"unparsable constraint: constraint .* missing param 'n'"),
-        ({"type": "word_count", "n": 3}, r"unparsable constraint: constraint .* unknown type 'word_count'"),
+        (
+            {"type": "word_count", "n": 3},
+            r"unparsable constraint: constraint .* unknown type 'word_count'",
+        ),
     ]:
         f = write_jsonl(tmp_path / "b.jsonl", [good, {**good, "id": "if-2", "constraints": [bad]}])
         with pytest.raises(ValueError, match=rf"^{f}:2: {reason}"):
             build({"kind": "ifeval", "file": str(f)})
     f = write_jsonl(tmp_path / "c.jsonl", [{**good, "constraints": []}])
-    with pytest.raises(ValueError, match=rf"^{f}:1: unparsable constraint: 'constraints' must be a non-empty list"):
+    with pytest.raises(
+        ValueError, match=rf"^{f}:1: unparsable constraint: 'constraints' must be a non-empty list"
+    ):
         build({"kind": "ifeval", "file": str(f)})
 
 
 def test_ifeval_parquet_constraints_as_json_strings(tmp_path):
     f = tmp_path / "if.parquet"
-    pd.DataFrame([{"prompt": "p", "constraints": json.dumps([{"type": "is_upper"}])},
-                  {"prompt": "q", "constraints": "[{bad"}]).to_parquet(f)
-    with pytest.raises(ValueError, match=rf"^{f}:2: unparsable constraint: 'constraints' is not valid JSON"):
+    pd.DataFrame(
+        [
+            {"prompt": "p", "constraints": json.dumps([{"type": "is_upper"}])},
+            {"prompt": "q", "constraints": "[{bad"},
+        ]
+    ).to_parquet(f)
+    with pytest.raises(
+        ValueError, match=rf"^{f}:2: unparsable constraint: 'constraints' is not valid JSON"
+    ):
         build({"kind": "ifeval", "file": str(f)})
 
 
 def test_validate_rows_checks_constraints_of_ifeval_pools():
-    rows = [{"id": "a", "prompt": "p", "category": "quoted", "constraints": [{"type": "quoted"}]},
-            {"id": "b", "prompt": "p", "category": "x", "constraints": [{"type": "quoted", "n": 1}]}]
-    with pytest.raises(ValueError, match=r"^pools/x\.jsonl:2: unparsable constraint: .*unexpected param"):
+    rows = [
+        {"id": "a", "prompt": "p", "category": "quoted", "constraints": [{"type": "quoted"}]},
+        {"id": "b", "prompt": "p", "category": "x", "constraints": [{"type": "quoted", "n": 1}]},
+    ]
+    with pytest.raises(
+        ValueError, match=r"^pools/x\.jsonl:2: unparsable constraint: .*unexpected param"
+    ):
         pools.validate_rows(rows, "pools/x.jsonl", kind="ifeval")
 
 
 # --- the instruction-following generator -------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def if_train():
-    return pools.build("if_train", {"kind": "ifeval", "n": 600, "seed": 1, "split": "train", "max_constraints": 3})
+    return pools.build(
+        "if_train", {"kind": "ifeval", "n": 600, "seed": 1, "split": "train", "max_constraints": 3}
+    )
 
 
 @pytest.fixture(scope="module")
 def if_eval():
-    return pools.build("if_eval", {"kind": "ifeval", "n": 300, "seed": 2, "split": "eval", "max_constraints": 3})
+    return pools.build(
+        "if_eval", {"kind": "ifeval", "n": 300, "seed": 2, "split": "eval", "max_constraints": 3}
+    )
 
 
 def subject_of(row):
@@ -291,7 +399,9 @@ def test_subjects_and_values_are_disjoint_between_splits(if_train, if_eval):
 
 
 def test_the_partition_does_not_depend_on_the_seed(if_eval):
-    other = pools.build("e", {"kind": "ifeval", "n": 300, "seed": 77, "split": "eval", "max_constraints": 3})
+    other = pools.build(
+        "e", {"kind": "ifeval", "n": 300, "seed": 77, "split": "eval", "max_constraints": 3}
+    )
     subjects, values = ifpool.split_values("eval")
     assert {subject_of(r) for r in if_eval + other} <= set(subjects)
     for key, vals in values_of(if_eval + other).items():
@@ -337,8 +447,17 @@ def test_primary_families_are_balanced(if_train):
 
 
 def test_constraint_families_restrict_the_pool():
-    rows = pools.build("p", {"kind": "ifeval", "n": 40, "seed": 0, "split": "train",
-                             "constraint_families": ["word_eq", "no_char"], "max_constraints": 2})
+    rows = pools.build(
+        "p",
+        {
+            "kind": "ifeval",
+            "n": 40,
+            "seed": 0,
+            "split": "train",
+            "constraint_families": ["word_eq", "no_char"],
+            "max_constraints": 2,
+        },
+    )
     assert {c["type"] for r in rows for c in r["constraints"]} <= {"word_eq", "no_char"}
     assert rows[0]["id"] == "p-00000"
     with pytest.raises(ValueError, match="unknown constraint families"):
@@ -376,13 +495,28 @@ def test_unknown_kind_and_open_without_file():
 def test_cli_runs_as_the_pools_rule_does(tmp_path, repo_root):
     out = tmp_path / "pools" / "if_small.jsonl"
     params = {"kind": "ifeval", "n": 5, "seed": 3, "split": "eval"}
-    subprocess.run([sys.executable, "-m", "arenaflow.pools", "--pool", "if_small", "--params-json",
-                    json.dumps(params), "--out", str(out)], check=True, cwd=tmp_path, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.pools",
+            "--pool",
+            "if_small",
+            "--params-json",
+            json.dumps(params),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=tmp_path,
+        capture_output=True,
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == pools.build("if_small", params)
 
 
 # --- exclude: imports and ifeval pools drawn fresh of other pools' prompts -----------------
+
 
 def excluding(rows_or_prompts):
     return pools.Excluded(r if isinstance(r, str) else r["prompt"] for r in rows_or_prompts)
@@ -390,10 +524,17 @@ def excluding(rows_or_prompts):
 
 def test_import_drops_the_rows_an_excluded_pool_holds(tmp_path):
     f = write_jsonl(tmp_path / "math.jsonl", MATH)
-    earlier = [MATH[1]["problem"], "  " + MATH[3]["problem"].replace(" ", "\n  ") + " "]  # re-wrapped
+    earlier = [
+        MATH[1]["problem"],
+        "  " + MATH[3]["problem"].replace(" ", "\n  ") + " ",
+    ]  # re-wrapped
     exclude = excluding(earlier)
     rows = pools.build("imp", {"file": str(f)}, exclude=exclude)
-    assert [r["id"] for r in rows] == ["imp-00001", "imp-00003", "imp-00005"]  # ids keep their lines
+    assert [r["id"] for r in rows] == [
+        "imp-00001",
+        "imp-00003",
+        "imp-00005",
+    ]  # ids keep their lines
     assert exclude.skipped == 2
 
 
@@ -406,16 +547,31 @@ def test_import_samples_n_from_the_rows_left(tmp_path):
 
 def test_import_with_fewer_than_n_left_names_the_pool(tmp_path):
     f = write_jsonl(tmp_path / "math.jsonl", MATH)
-    with pytest.raises(ValueError, match=r"^pool imp_r2: .*math\.jsonl has 5 rows, but only 3 are left "
-                                         r"after dropping 2 whose prompt an excluded pool has; need 4"):
-        pools.build("imp_r2", {"file": str(f), "n": 4}, exclude=excluding([MATH[0]["problem"], MATH[4]["problem"]]))
-    with pytest.raises(ValueError, match=r"^pool imp_r2: .* only 0 are left .*; need 1"):  # no n: any
-        pools.build("imp_r2", {"file": str(f)}, exclude=excluding(MATH[i]["problem"] for i in range(5)))
+    with pytest.raises(
+        ValueError,
+        match=r"^pool imp_r2: .*math\.jsonl has 5 rows, but only 3 are left "
+        r"after dropping 2 whose prompt an excluded pool has; need 4",
+    ):
+        pools.build(
+            "imp_r2",
+            {"file": str(f), "n": 4},
+            exclude=excluding([MATH[0]["problem"], MATH[4]["problem"]]),
+        )
+    with pytest.raises(
+        ValueError, match=r"^pool imp_r2: .* only 0 are left .*; need 1"
+    ):  # no n: any
+        pools.build(
+            "imp_r2", {"file": str(f)}, exclude=excluding(MATH[i]["problem"] for i in range(5))
+        )
 
 
 def test_open_import_drops_excluded_prompts(tmp_path):
-    f = write_jsonl(tmp_path / "open.jsonl", [{"prompt": f"Write about {s}."} for s in ("tea", "owls", "maps")])
-    rows = pools.build("o", {"kind": "open", "file": str(f)}, exclude=excluding(["Write about owls."]))
+    f = write_jsonl(
+        tmp_path / "open.jsonl", [{"prompt": f"Write about {s}."} for s in ("tea", "owls", "maps")]
+    )
+    rows = pools.build(
+        "o", {"kind": "open", "file": str(f)}, exclude=excluding(["Write about owls."])
+    )
     assert [r["prompt"] for r in rows] == ["Write about tea.", "Write about maps."]
 
 
@@ -423,7 +579,9 @@ def test_ifeval_pool_excluding_its_twin_draws_on_along_its_sequence():
     params = {"kind": "ifeval", "n": 40, "seed": 3, "split": "train", "max_constraints": 2}
     first = pools.build("if_r1", params)
     longer = ifpool.generate(n=120, seed=3, split="train", prefix="if_r2", max_constraints=2)
-    assert [r["prompt"] for r in longer[:40]] == [r["prompt"] for r in first]  # what skipping relies on
+    assert [r["prompt"] for r in longer[:40]] == [
+        r["prompt"] for r in first
+    ]  # what skipping relies on
     exclude = excluding(first)
     rows = pools.build("if_r2", params, exclude=exclude)
     assert [r["prompt"] for r in rows] == [r["prompt"] for r in longer[40:80]]
@@ -437,11 +595,32 @@ def test_ifeval_pool_excluding_nothing_is_unchanged(if_eval):
 
 
 def run_cli(tmp_path, pool, params, *exclude):
-    proc = subprocess.run([sys.executable, "-m", "arenaflow.pools", "--pool", pool, "--params-json",
-                           json.dumps(params), "--exclude", *exclude, "--out", f"pools/{pool}.jsonl"],
-                          cwd=tmp_path, capture_output=True, text=True)
-    rows = [json.loads(line) for line in (tmp_path / "pools" / f"{pool}.jsonl").read_text().splitlines()] \
-        if proc.returncode == 0 else None
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.pools",
+            "--pool",
+            pool,
+            "--params-json",
+            json.dumps(params),
+            "--exclude",
+            *exclude,
+            "--out",
+            f"pools/{pool}.jsonl",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    rows = (
+        [
+            json.loads(line)
+            for line in (tmp_path / "pools" / f"{pool}.jsonl").read_text().splitlines()
+        ]
+        if proc.returncode == 0
+        else None
+    )
     return proc, rows
 
 
@@ -455,8 +634,13 @@ def test_cli_excludes_earlier_rounds_as_the_pools_rule_does(tmp_path):
     assert len(r2) == 30 and {r["prompt"] for r in r2}.isdisjoint({r["prompt"] for r in r1})
     skipped = int(proc.stdout.split("; ")[1].split()[0])
     assert skipped >= 30 and "(30 prompts of 1 excluded pools)" in proc.stdout
-    proc, r3 = run_cli(tmp_path, "math_r3", {**base, "exclude": ["math_r1", "math_r2"]},
-                       "pools/math_r1.jsonl", "pools/math_r2.jsonl")
+    proc, r3 = run_cli(
+        tmp_path,
+        "math_r3",
+        {**base, "exclude": ["math_r1", "math_r2"]},
+        "pools/math_r1.jsonl",
+        "pools/math_r2.jsonl",
+    )
     assert proc.returncode == 0, proc.stderr
     assert {r["prompt"] for r in r3}.isdisjoint({r["prompt"] for r in r1 + r2})
 

@@ -10,45 +10,103 @@ from arenaflow import io, nominate, roundreport
 
 pytest.importorskip("matplotlib")
 
-RND = {"suite": "math", "regime": "greedy", "incumbent": "R2d", "candidates": ["B1", "B2", "B3", "B4"],
-       "bar": [{"metric": "delta", "op": ">", "value": 0.0, "note": "accuracy points"},
-               {"metric": "wins_minus_losses", "op": ">=", "value": 3}]}
-ARMS = {"S1": {"init": "base", "policy": "reference", "lr": 1e-3},
-        "R220": {"init": "S1", "policy": "S1", "lr": 1e-3},
-        "R2d": {"init": "R220", "policy": "R220", "lr": 1e-3},
-        "B1": {"init": "R2d", "policy": "R2d", "lr": 1e-5}, "B2": {"init": "R2d", "policy": "R2d", "lr": 5e-6},
-        "B3": {"init": "R2d", "policy": "R2d", "lr": 2e-5}, "B4": {"init": "R2d", "policy": "R2d", "lr": 5e-5}}
-SWEEP = {"B2": (0.75, 9, 6), "B1": (1.00, 20, 14), "B3": (1.83, 22, 11), "B4": (-1.00, 10, 16)}  # docs/lineages.md#000-the-lr-sweep
+RND = {
+    "suite": "math",
+    "regime": "greedy",
+    "incumbent": "R2d",
+    "candidates": ["B1", "B2", "B3", "B4"],
+    "bar": [
+        {"metric": "delta", "op": ">", "value": 0.0, "note": "accuracy points"},
+        {"metric": "wins_minus_losses", "op": ">=", "value": 3},
+    ],
+}
+ARMS = {
+    "S1": {"init": "base", "policy": "reference", "lr": 1e-3},
+    "R220": {"init": "S1", "policy": "S1", "lr": 1e-3},
+    "R2d": {"init": "R220", "policy": "R220", "lr": 1e-3},
+    "B1": {"init": "R2d", "policy": "R2d", "lr": 1e-5},
+    "B2": {"init": "R2d", "policy": "R2d", "lr": 5e-6},
+    "B3": {"init": "R2d", "policy": "R2d", "lr": 2e-5},
+    "B4": {"init": "R2d", "policy": "R2d", "lr": 5e-5},
+}
+SWEEP = {
+    "B2": (0.75, 9, 6),
+    "B1": (1.00, 20, 14),
+    "B3": (1.83, 22, 11),
+    "B4": (-1.00, 10, 16),
+}  # docs/lineages.md#000-the-lr-sweep
 
 
 def test_round_report_writes_every_page_file(tmp_path):
     compares, paths = {}, []
     for regime, scale in (("greedy", 1.0), ("served", 0.1)):
         for arm, (d, w, l) in SWEEP.items():
-            c = {"suite": "math", "regime": regime, "cand": arm, "ref": "R2d", "delta": d * scale,
-                 "wins": w, "losses": l, "p_value": 0.5, "ci95": [d * scale - 2, d * scale + 2],
-                 "wins_minus_losses": w - l, "accuracy": 90.0, "t": None}
+            c = {
+                "suite": "math",
+                "regime": regime,
+                "cand": arm,
+                "ref": "R2d",
+                "delta": d * scale,
+                "wins": w,
+                "losses": l,
+                "p_value": 0.5,
+                "ci95": [d * scale - 2, d * scale + 2],
+                "wins_minus_losses": w - l,
+                "accuracy": 90.0,
+                "t": None,
+            }
             p = tmp_path / f"compare/math/{regime}/{arm}__R2d.json"
             io.write_json(p, c)
             paths.append(str(p))
             if regime == "greedy":
                 compares[arm] = c
     noise = tmp_path / "noise/math/served/R2d.json"
-    io.write_json(noise, {"suite": "math", "regime": "served", "arm": "R2d", "k": 3,
-                          "replicate_accuracies": [84.31, 83.01, 80.39], "spread": 3.92,
-                          "mean_abs_delta": 2.61, "max_abs_t": 1.91})
+    io.write_json(
+        noise,
+        {
+            "suite": "math",
+            "regime": "served",
+            "arm": "R2d",
+            "k": 3,
+            "replicate_accuracies": [84.31, 83.01, 80.39],
+            "spread": 3.92,
+            "mean_abs_delta": 2.61,
+            "max_abs_t": 1.91,
+        },
+    )
     nom = nominate.nominate("r3", RND, compares)
     io.write_json(tmp_path / "r3.json", {**nom, "registration": {"readouts_checked": 4}})
     io.write_json(tmp_path / "r3.bar.json", nominate.register("r3", RND))
     runs = []
     for arm in ("R2d", "B1", "B3"):
-        io.write_jsonl(tmp_path / f"runs/{arm}/final/metrics.jsonl",
-                       [{"step": s, "loss": 1.0 / s} for s in range(1, 6)])
+        io.write_jsonl(
+            tmp_path / f"runs/{arm}/final/metrics.jsonl",
+            [{"step": s, "loss": 1.0 / s} for s in range(1, 6)],
+        )
         runs.append(str(tmp_path / f"runs/{arm}/final"))
     out = tmp_path / "reports/r3"
-    roundreport.main(["--round", "r3", "--round-json", json.dumps(RND), "--arms-json", json.dumps(ARMS),
-                      "--nomination", str(tmp_path / "r3.json"), "--registration", str(tmp_path / "r3.bar.json"),
-                      "--compare", *paths, "--noise", str(noise), "--runs", *runs, "--out-dir", str(out)])
+    roundreport.main(
+        [
+            "--round",
+            "r3",
+            "--round-json",
+            json.dumps(RND),
+            "--arms-json",
+            json.dumps(ARMS),
+            "--nomination",
+            str(tmp_path / "r3.json"),
+            "--registration",
+            str(tmp_path / "r3.bar.json"),
+            "--compare",
+            *paths,
+            "--noise",
+            str(noise),
+            "--runs",
+            *runs,
+            "--out-dir",
+            str(out),
+        ]
+    )
     for name in ("dose_response", "merges", "wins_losses", "noise_floor", "loss_curves", "lineage"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     page = (out / "nomination.html").read_text()
@@ -63,7 +121,9 @@ def test_sweep_is_ordered_by_learning_rate():
 def test_pages_without_noise_or_metrics_say_so(tmp_path, monkeypatch):
     said = {}
     empty = roundreport._empty
-    monkeypatch.setattr(roundreport, "_empty", lambda path, msg: (said.setdefault(path.name, msg), empty(path, msg)))
+    monkeypatch.setattr(
+        roundreport, "_empty", lambda path, msg: (said.setdefault(path.name, msg), empty(path, msg))
+    )
     roundreport.noise_floor(tmp_path / "n.png", {})
     roundreport.loss_curves(tmp_path / "l.png", {"B1": tmp_path / "missing"}, "R2d")
     assert "no noise floor was measured" in said["n.png"] and "K >= 2" in said["n.png"]
@@ -72,17 +132,26 @@ def test_pages_without_noise_or_metrics_say_so(tmp_path, monkeypatch):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-MERGED = {"soup": {"init": "B3", "weights": {"B3": 0.5, "B2": 0.5}},
-          **{f"dose-a{x}": {"init": "R2d", "weights": {"R2d": 1 - a, "B3": a},
-                            "dose": {"from": "R2d", "to": "B3", "alpha": a}}
-             for x, a in (("0p5", 0.5), ("1p5", 1.5), ("2", 2.0))}}
+MERGED = {
+    "soup": {"init": "B3", "weights": {"B3": 0.5, "B2": 0.5}},
+    **{
+        f"dose-a{x}": {
+            "init": "R2d",
+            "weights": {"R2d": 1 - a, "B3": a},
+            "dose": {"from": "R2d", "to": "B3", "alpha": a},
+        }
+        for x, a in (("0p5", 0.5), ("1p5", 1.5), ("2", 2.0))
+    },
+}
 
 
 def test_dose_line_runs_from_its_from_to_its_to_along_alpha():
     rnd = {**RND, "candidates": ["B3", "dose-a2", "dose-a0p5", "dose-a1p5"]}
     lines = roundreport.dose_lines(rnd, {**ARMS, **MERGED})
     # R2d is the incumbent (alpha 0) and B3 a candidate (alpha 1): both ends are on the line
-    assert lines == {("R2d", "B3"): {0.0: "R2d", 0.5: "dose-a0p5", 1.0: "B3", 1.5: "dose-a1p5", 2.0: "dose-a2"}}
+    assert lines == {
+        ("R2d", "B3"): {0.0: "R2d", 0.5: "dose-a0p5", 1.0: "B3", 1.5: "dose-a1p5", 2.0: "dose-a2"}
+    }
     alone = roundreport.dose_lines({**RND, "candidates": ["dose-a2"]}, {**ARMS, **MERGED})
     assert alone == {("R2d", "B3"): {0.0: "R2d", 2.0: "dose-a2"}}  # B3 is not read by that round
 
@@ -91,12 +160,21 @@ def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatc
     arms = {**ARMS, **MERGED}
     cands = ["soup", "B1", "dose-a0p5", "B2"]
     assert roundreport.sweep_order(cands, arms) == ["B2", "B1", "soup", "dose-a0p5"]
-    compares = {("greedy", a): {"delta": d, "ci95": [d - 1, d + 1]}
-                for a, d in (("B2", 0.5), ("B3", 1.0), ("soup", 0.8), ("dose-a0p5", 0.4))}
+    compares = {
+        ("greedy", a): {"delta": d, "ci95": [d - 1, d + 1]}
+        for a, d in (("B2", 0.5), ("B3", 1.0), ("soup", 0.8), ("dose-a0p5", 0.4))
+    }
     drawn = []
-    monkeypatch.setattr(roundreport, "_save", lambda plt, fig, path: drawn.append(
-        [tuple(map(tuple, line.get_xydata())) for ax in fig.axes for line in ax.get_lines()]))
-    roundreport.merges(tmp_path / "m.png", {**RND, "candidates": ["B2", "B3", "soup", "dose-a0p5"]}, arms, compares)
+    monkeypatch.setattr(
+        roundreport,
+        "_save",
+        lambda plt, fig, path: drawn.append(
+            [tuple(map(tuple, line.get_xydata())) for ax in fig.axes for line in ax.get_lines()]
+        ),
+    )
+    roundreport.merges(
+        tmp_path / "m.png", {**RND, "candidates": ["B2", "B3", "soup", "dose-a0p5"]}, arms, compares
+    )
     # the dose line: R2d (0) -> dose-a0p5 (0.4) -> B3 (1.0), along alpha 0, 0.5, 1
     assert ((0.0, 0.0), (0.5, 0.4), (1.0, 1.0)) in drawn[0]
     # the soup beside its parents: B3, B2, soup at x 0, 1, 2
@@ -106,7 +184,11 @@ def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatc
     roundreport.lineage(tmp_path / "l.png", {**RND, "candidates": ["B3", "soup"]}, arms, "soup")
     ax = figs[0].axes[0]
     boxes = {t.get_text(): t.get_position() for t in ax.texts if t.get_text()}
-    dotted = {(a.xyann, a.xy) for a in ax.texts if not a.get_text() and a.arrow_patch.get_linestyle() == ":"}
+    dotted = {
+        (a.xyann, a.xy)
+        for a in ax.texts
+        if not a.get_text() and a.arrow_patch.get_linestyle() == ":"
+    }
     # B2 is drawn although the round reads only B3 and soup: it is merged into the soup
     assert {(boxes["B3"], boxes["soup"]), (boxes["B2"], boxes["soup"])} == dotted
     said = {}

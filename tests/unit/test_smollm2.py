@@ -39,26 +39,58 @@ def smol_nopad(smol, strip_pad):
 def trained(smol_nopad, tmp_path_factory, train_arm):
     root = tmp_path_factory.mktemp("lineage")
     rows = pools.generate(8, 1, "train", {"add": 1}, "s")
-    train_arm(root, smol_nopad, rows, SYSTEM, corpus_id="ref", lr=1e-4, max_steps=1,
-              micro_batch_size=4, timeout=900, threads=2)
+    train_arm(
+        root,
+        smol_nopad,
+        rows,
+        SYSTEM,
+        corpus_id="ref",
+        lr=1e-4,
+        max_steps=1,
+        micro_batch_size=4,
+        timeout=900,
+        threads=2,
+    )
     return root
 
 
 def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
     smol = smol_nopad
     out = trained / "bundles/S"
-    cfg = {"chat_template": "chatml", "system_prompt": SYSTEM,
-           "serving": {"max_input_tokens": 2048, "max_new_tokens": 64, "do_sample": False,
-                       "temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0},
-           "reload_prompts": ["Reply with one word: what colour is a clear daytime sky?"]}
-    args = argparse.Namespace(bundle="S", arm="A", nomination=None, lineage_json=json.dumps({"A": []}),
-                              runs=str(trained / "runs"), corpora=str(trained / "corpora"), compare=[],
-                              base_model=str(smol), bundle_json=json.dumps(cfg), chat_template=None, out=str(out))
+    cfg = {
+        "chat_template": "chatml",
+        "system_prompt": SYSTEM,
+        "serving": {
+            "max_input_tokens": 2048,
+            "max_new_tokens": 64,
+            "do_sample": False,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "repetition_penalty": 1.0,
+        },
+        "reload_prompts": ["Reply with one word: what colour is a clear daytime sky?"],
+    }
+    args = argparse.Namespace(
+        bundle="S",
+        arm="A",
+        nomination=None,
+        lineage_json=json.dumps({"A": []}),
+        runs=str(trained / "runs"),
+        corpora=str(trained / "corpora"),
+        compare=[],
+        base_model=str(smol),
+        bundle_json=json.dumps(cfg),
+        chat_template=None,
+        out=str(out),
+    )
     bundles.build(args)
     checks = json.loads((out / "checks.json").read_text())
     assert {k: v["verdict"] for k, v in checks.items()} == {
-        "template_compiles": "PASS", "template_matches_renderer": "PASS",
-        "reload": "RELOAD_CHECK_PASS", "evidence": "PASS"}
+        "template_compiles": "PASS",
+        "template_matches_renderer": "PASS",
+        "reload": "RELOAD_CHECK_PASS",
+        "evidence": "PASS",
+    }
     reload = json.loads((out / "reload_check.json").read_text())
     assert reload["outputs"][0]["output"].strip()
     manifest.verify(out)
@@ -75,7 +107,9 @@ def test_smollm2_native_template_is_not_byte_identical_to_the_renderer(smol):
         bundles.check_template_matches(tok)
 
 
-def test_a_smollm2_bundle_gets_a_template_that_passes_the_checks_on_its_real_tokenizer(smol_nopad, tmp_path):
+def test_a_smollm2_bundle_gets_a_template_that_passes_the_checks_on_its_real_tokenizer(
+    smol_nopad, tmp_path
+):
     """The tokenizer files a bundle ships (bundles.save_tokenizer), reloaded as a server would:
     SmolLM2's tokenizer class and specials, arenaflow's template, which renders byte-identically
     where SmolLM2's own adds a default system prompt."""
@@ -84,18 +118,32 @@ def test_a_smollm2_bundle_gets_a_template_that_passes_the_checks_on_its_real_tok
     assert bundles.check_template_compiles(reloaded.chat_template)["verdict"] == "PASS"
     assert bundles.check_template_matches(reloaded)["verdict"] == "PASS"
     user_only = [{"role": "user", "content": "Hi"}]
-    assert "SmolLM" in models.load_tokenizer(smol_nopad).apply_chat_template(user_only, tokenize=False)
+    assert "SmolLM" in models.load_tokenizer(smol_nopad).apply_chat_template(
+        user_only, tokenize=False
+    )
     assert reloaded.apply_chat_template(user_only, tokenize=False) == chat.render(user_only)
-    assert (reloaded.pad_token, reloaded.eos_token, len(reloaded)) == (None, tok.eos_token, len(tok))
+    assert (reloaded.pad_token, reloaded.eos_token, len(reloaded)) == (
+        None,
+        tok.eos_token,
+        len(tok),
+    )
 
 
 def test_smollm2s_own_pad_token_is_its_eos_and_a_supervised_eos_stays_supervised(smol):
     tok = models.load_tokenizer(smol)
     pad = models.pad_id(tok)
-    assert pad == tok.eos_token_id == tok.convert_tokens_to_ids(chat.IM_END)  # as imported from the GGUF
+    assert (
+        pad == tok.eos_token_id == tok.convert_tokens_to_ids(chat.IM_END)
+    )  # as imported from the GGUF
     conv = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
-    rows = [tuple(map(np.asarray, chat.encode_with_mask(tok, c))) for c in (conv, conv[:1] + [
-        {"role": "assistant", "content": "Two plus two is four, so the answer is 4."}])]
+    rows = [
+        tuple(map(np.asarray, chat.encode_with_mask(tok, c)))
+        for c in (
+            conv,
+            conv[:1]
+            + [{"role": "assistant", "content": "Two plus two is four, so the answer is 4."}],
+        )
+    ]
     batch = data.collate(rows, [0, 1], 256, pad)
     short = len(rows[0][0])
     assert batch["labels"][0, short:].eq(-100).all() and batch["input_ids"][0, short:].eq(pad).all()

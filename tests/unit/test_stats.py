@@ -37,9 +37,13 @@ def test_mcnemar_exact_matches_binomial_sum_and_published_rounding(wins, losses,
     assert round(p, digits) == pytest.approx(published)
 
 
-@pytest.mark.parametrize("wins, losses", [(9, 6), (0, 3), (3, 0), (1, 0), (5, 5), (12, 30), (40, 41)])
+@pytest.mark.parametrize(
+    "wins, losses", [(9, 6), (0, 3), (3, 0), (1, 0), (5, 5), (12, 30), (40, 41)]
+)
 def test_mcnemar_exact_matches_binomial_sum(wins, losses):
-    assert stats.mcnemar_exact(wins, losses) == pytest.approx(binomial_two_sided(wins, losses), rel=1e-9)
+    assert stats.mcnemar_exact(wins, losses) == pytest.approx(
+        binomial_two_sided(wins, losses), rel=1e-9
+    )
 
 
 def test_mcnemar_9_6_hand_computed():
@@ -122,7 +126,11 @@ def test_paired_ci_contains_delta_and_repeats_for_same_seed():
 
 # --- McNemar = sign test, against statsmodels ---------------------------------------------
 
-@pytest.mark.parametrize("wins, losses, ties_pass, ties_fail", [(22, 11, 540, 27), (9, 6, 0, 0), (0, 4, 3, 3), (151, 79, 1184, 186)])
+
+@pytest.mark.parametrize(
+    "wins, losses, ties_pass, ties_fail",
+    [(22, 11, 540, 27), (9, 6, 0, 0), (0, 4, 3, 3), (151, 79, 1184, 186)],
+)
 def test_mcnemar_and_sign_test_agree_with_statsmodels(wins, losses, ties_pass, ties_fail):
     from statsmodels.stats.contingency_tables import mcnemar
     from statsmodels.stats.descriptivestats import sign_test
@@ -144,6 +152,7 @@ def test_sign_test_on_numeric_differences_counts_signs_only():
 
 
 # --- the published W/L of docs/lineages.md, checked from counts alone --------------------
+
 
 @pytest.mark.parametrize(
     "wins, losses, published, where",
@@ -169,7 +178,12 @@ def test_sign_test_on_numeric_differences_counts_signs_only():
 )
 def test_from_counts_reproduces_published_p_values(wins, losses, published, where):
     r = stats.from_counts(wins, losses)
-    assert (r["wins"], r["losses"], r["discordant"], r["wins_minus_losses"]) == (wins, losses, wins + losses, wins - losses)
+    assert (r["wins"], r["losses"], r["discordant"], r["wins_minus_losses"]) == (
+        wins,
+        losses,
+        wins + losses,
+        wins - losses,
+    )
     assert r["p_value"] == pytest.approx(binomial_two_sided(wins, losses), rel=1e-9)
     if "e" in published:
         mantissa, exp = published.split("e")
@@ -188,7 +202,9 @@ def test_from_counts_flags_a_published_p_that_does_not_reproduce():
 
 def test_from_counts_with_n_gives_delta_and_the_paired_t_over_items():
     r = stats.from_counts(22, 11, n=600)
-    assert r["delta"] == pytest.approx(100 * 11 / 600)  # docs/lineages.md#000-the-lr-sweep: +1.83 pt on 600
+    assert r["delta"] == pytest.approx(
+        100 * 11 / 600
+    )  # docs/lineages.md#000-the-lr-sweep: +1.83 pt on 600
     assert round(r["delta"], 2) == 1.83
     diff = _diff_vector(22, 11, 600 - 33)
     ref = scipy_stats.ttest_1samp(diff, 0.0)
@@ -196,7 +212,7 @@ def test_from_counts_with_n_gives_delta_and_the_paired_t_over_items():
     assert r["t_items_p_value"] == pytest.approx(ref.pvalue, rel=1e-12)
     # hand-computed: mean 11/600, E[d^2] = 33/600, s^2 = (33/600 - (11/600)^2) * 600/599
     mean, s2 = 11 / 600, (33 / 600 - (11 / 600) ** 2) * 600 / 599
-    assert r["t_items"] == pytest.approx(mean / (s2 ** 0.5 / 600 ** 0.5), rel=1e-12)
+    assert r["t_items"] == pytest.approx(mean / (s2**0.5 / 600**0.5), rel=1e-12)
 
 
 def test_from_counts_rejects_impossible_counts():
@@ -207,6 +223,7 @@ def test_from_counts_rejects_impossible_counts():
 
 
 # --- t statistics --------------------------------------------------------------------------
+
 
 def test_paired_t_items_is_scipy_ttest_rel():
     rng = np.random.default_rng(3)
@@ -221,7 +238,7 @@ def test_t_is_none_where_undefined():
     assert stats.paired(np.ones(5), np.ones(5))["t_items"] is None  # no difference at all
     assert stats.paired(np.ones(5), np.zeros(5))["t_items"] is None  # constant difference
     assert stats.t_one_sample([1.5]) == (None, None)
-    assert stats.t_over_replicates([50.0], [48.0])["t"] is None      # K = 1
+    assert stats.t_over_replicates([50.0], [48.0])["t"] is None  # K = 1
     assert stats.t_over_replicates([50.0, 51.0], [48.0, 49.0])["t"] is None  # constant deltas
 
 
@@ -242,19 +259,25 @@ def test_t_over_replicates_is_none_for_deltas_equal_up_to_float_rounding():
     assert stats.t_one_sample([0.5, 0.5 + 1e-9]) == (None, None)
     # a real difference, however small, is still tested
     assert stats.t_one_sample([0.5, 0.5 + 1e-6, 0.5 + 3e-6])[0] == pytest.approx(
-        scipy_stats.ttest_1samp([0.5, 0.5 + 1e-6, 0.5 + 3e-6], 0).statistic, rel=1e-9)
+        scipy_stats.ttest_1samp([0.5, 0.5 + 1e-6, 0.5 + 3e-6], 0).statistic, rel=1e-9
+    )
 
 
-@pytest.mark.parametrize("bad, shown", [
-    ([1, np.nan, 0], "nan at position 1"),
-    ([1, 0, 2], "2 at position 2"),
-    (np.array([True, None, False], dtype=object), "None at position 1"),
-    (np.array(["1", "0", "1"]), "'1' at position 0"),
-    ([1, 0, -1], "-1 at position 2"),
-])
+@pytest.mark.parametrize(
+    "bad, shown",
+    [
+        ([1, np.nan, 0], "nan at position 1"),
+        ([1, 0, 2], "2 at position 2"),
+        (np.array([True, None, False], dtype=object), "None at position 1"),
+        (np.array(["1", "0", "1"]), "'1' at position 0"),
+        ([1, 0, -1], "-1 at position 2"),
+    ],
+)
 def test_paired_refuses_outcomes_that_are_not_0_or_1_naming_the_readout(bad, shown):
     # issue 16: bool(nan) is True, so a NaN outcome used to count as correct
-    with pytest.raises(ValueError, match=r"^readouts/x\.parquet: \d of 3 outcomes are not 0/1, e\.g\. " + shown):
+    with pytest.raises(
+        ValueError, match=r"^readouts/x\.parquet: \d of 3 outcomes are not 0/1, e\.g\. " + shown
+    ):
         stats.paired(bad, [1, 0, 0], names=("readouts/x.parquet", "readouts/y.parquet"))
     with pytest.raises(ValueError, match="^readouts/y.parquet: "):
         stats.paired([1, 0, 0], bad, names=("readouts/x.parquet", "readouts/y.parquet"))
@@ -263,13 +286,21 @@ def test_paired_refuses_outcomes_that_are_not_0_or_1_naming_the_readout(bad, sho
 
 
 def test_paired_accepts_bools_ints_and_floats_of_0_and_1():
-    for cand in ([True, False, True], [1, 0, 1], [1.0, 0.0, 1.0], np.array([1, 0, 1], dtype=object)):
+    for cand in (
+        [True, False, True],
+        [1, 0, 1],
+        [1.0, 0.0, 1.0],
+        np.array([1, 0, 1], dtype=object),
+    ):
         assert stats.paired(cand, [0, 0, 1])["wins"] == 1
 
 
 def test_noise_floor_refuses_a_nan_outcome_naming_it():
     mat = np.array([[1, 0, 1], [1, np.nan, 1]])
-    with pytest.raises(ValueError, match=r"^noise/R2d\.json: 1 of 6 outcomes are not 0/1, e\.g\. nan at position \(1, 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^noise/R2d\.json: 1 of 6 outcomes are not 0/1, e\.g\. nan at position \(1, 1\)",
+    ):
         stats.noise_floor(mat, name="noise/R2d.json")
 
 
@@ -283,11 +314,12 @@ def test_t_over_replicates_is_ttest_rel_of_replicate_accuracies():
     deltas = np.subtract(cand, ref)
     assert r["t"] == pytest.approx(scipy_stats.ttest_1samp(deltas, 0).statistic, rel=1e-12)
     # by hand: mean / (sd / sqrt(K))
-    assert r["t"] == pytest.approx(deltas.mean() / (deltas.std(ddof=1) / 3 ** 0.5), rel=1e-12)
+    assert r["t"] == pytest.approx(deltas.mean() / (deltas.std(ddof=1) / 3**0.5), rel=1e-12)
     assert r["replicate_deltas"] == pytest.approx(list(deltas))
 
 
 # --- noise floor: block 112 of docs/lineages.md#000-the-noise-floor -------------------------
+
 
 def test_noise_from_published_accuracies_reproduces_spread_and_mean_abs_delta():
     r = stats.noise_from_accuracies([84.31, 83.01, 80.39])  # ".8431 / .8301 / .8039"
@@ -305,10 +337,10 @@ def block_112() -> np.ndarray:
     r0 = np.zeros(153, bool)
     r0[:129] = True
     r2 = r0.copy()
-    r2[121:129] = False   # 8 items r0 gets right, r2 wrong
-    r2[129:131] = True    # 2 items r2 gets right, r0 wrong -> 123 correct
+    r2[121:129] = False  # 8 items r0 gets right, r2 wrong
+    r2[129:131] = True  # 2 items r2 gets right, r0 wrong -> 123 correct
     r1 = r0.copy()
-    r1[:2] = False        # 127 correct; vs r0: 0/2, vs r2: 8/4
+    r1[:2] = False  # 127 correct; vs r0: 0/2, vs r2: 8/4
     return np.vstack([r0, r1, r2])
 
 
@@ -321,7 +353,9 @@ def test_noise_floor_reproduces_block_112_including_max_abs_t():
     assert round(r["spread"], 2) == 3.92 and round(r["mean_abs_delta"], 2) == 2.61
     assert round(r["max_abs_t"], 2) == 1.91
     for p in r["pairs"]:
-        expected = scipy_stats.ttest_rel(mat[p["a"]].astype(float), mat[p["b"]].astype(float)).statistic
+        expected = scipy_stats.ttest_rel(
+            mat[p["a"]].astype(float), mat[p["b"]].astype(float)
+        ).statistic
         assert p["t_items"] == pytest.approx(expected, rel=1e-12)
     assert max(abs(p["t_items"]) for p in r["pairs"]) == r["max_abs_t"]
 
@@ -329,8 +363,12 @@ def test_noise_floor_reproduces_block_112_including_max_abs_t():
 def test_published_max_abs_t_needs_counts_and_only_8_2_on_the_widest_pair_gives_it():
     # Which discordant counts (W, L) can give |t| = 1.91 (to 2 decimals) for a pair of these
     # replicates? W - L is fixed by the accuracies (2, 4 or 6 items of 153).
-    hits = [(d, l + d, l) for d in (2, 4, 6) for l in range(0, 60)
-            if round(stats.from_counts(l + d, l, n=153)["t_items"], 2) == 1.91]
+    hits = [
+        (d, l + d, l)
+        for d in (2, 4, 6)
+        for l in range(0, 60)
+        if round(stats.from_counts(l + d, l, n=153)["t_items"], 2) == 1.91
+    ]
     assert hits == [(6, 8, 2)]
 
 

@@ -16,21 +16,56 @@ from arenaflow import corpora, manifest, pools, tinymodel
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
 HYPER = {
-    "method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0,
-                               "target_modules": ["q_proj", "v_proj", "down_proj"]},
-    "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0, "epochs": 1, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 256,
-    "seed": 0, "nproc": 1, "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0,
+    "method": "lora",
+    "lora": {
+        "r": 4,
+        "alpha": 8,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj", "down_proj"],
+    },
+    "lr": 5e-3,
+    "weight_decay": 0.0,
+    "warmup_ratio": 0.0,
+    "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0,
+    "epochs": 1,
+    "micro_batch_size": 4,
+    "grad_accum": 2,
+    "seq_len": 256,
+    "seed": 0,
+    "nproc": 1,
+    "runtime_min": 5,
+    "mem_mb": 1000,
+    "checkpoint_every": 0,
     "zero3_persistence_threshold": 0,  # partition every parameter: exposes an ungathered save
 }
 
 
 def run_train(out: Path, corpus: Path, init: str = "base", hyper: dict | None = None, check=True):
-    cmd = [sys.executable, "-m", "arenaflow.train", "--arm", out.parent.name,
-           "--params-json", json.dumps(hyper or HYPER), "--corpus", str(corpus),
-           "--init", init, "--base-model", str(BASE), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "arenaflow.train",
+        "--arm",
+        out.parent.name,
+        "--params-json",
+        json.dumps(hyper or HYPER),
+        "--corpus",
+        str(corpus),
+        "--init",
+        init,
+        "--base-model",
+        str(BASE),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(proc.stderr[-5000:])
     return proc
@@ -85,8 +120,10 @@ def test_adapter_logits_reload_and_base_weights_untouched(first):
     tuned = PeftModel.from_pretrained(base, first)
     assert not torch.allclose(tuned(ids).logits, plain), "adapter changes nothing"
     merged = tuned.merge_and_unload()
-    assert not torch.equal(merged.state_dict()["model.layers.0.self_attn.q_proj.weight"],
-                           ref["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        merged.state_dict()["model.layers.0.self_attn.q_proj.weight"],
+        ref["model.layers.0.self_attn.q_proj.weight"],
+    )
     # training left the base's weights file as it was built (BUILD.json recorded its sha256)
     built = json.loads((BASE / "BUILD.json").read_text())["weights_sha256"]
     assert manifest.sha256_file(BASE / "model.safetensors") == built
@@ -96,7 +133,10 @@ def test_child_arm_continues_its_init_adapter(first, corpus, tmp_path):
     child = tmp_path / "A2" / "final"
     hyper = {**HYPER, "lr": 1e-12, "max_steps": 1}  # so small the adapter cannot move
     run_train(child, corpus, init=str(first), hyper=hyper)
-    a, b = load_file(first / "adapter_model.safetensors"), load_file(child / "adapter_model.safetensors")
+    a, b = (
+        load_file(first / "adapter_model.safetensors"),
+        load_file(child / "adapter_model.safetensors"),
+    )
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)

@@ -36,12 +36,20 @@ def test_length_bucketing_keeps_each_steps_rows_and_removes_the_padding_of_mixed
         # sorted, a micro-batch's longest row is at most the next one's shortest
         assert max(lengths[bucketed[0]]) <= min(lengths[bucketed[1]])
     # the oracle: count pad tokens by hand for the bucketed split of every step
-    pad = sum(int(lengths[m].max()) * len(m) - int(lengths[m].sum())
-              for _, g in data.global_batches(len(rs), hyper, 1) for m in data.micro_batches(g, hyper, 1, 0, lengths))
-    total = sum(int(lengths[m].max()) * len(m)
-                for _, g in data.global_batches(len(rs), hyper, 1) for m in data.micro_batches(g, hyper, 1, 0, lengths))
+    pad = sum(
+        int(lengths[m].max()) * len(m) - int(lengths[m].sum())
+        for _, g in data.global_batches(len(rs), hyper, 1)
+        for m in data.micro_batches(g, hyper, 1, 0, lengths)
+    )
+    total = sum(
+        int(lengths[m].max()) * len(m)
+        for _, g in data.global_batches(len(rs), hyper, 1)
+        for m in data.micro_batches(g, hyper, 1, 0, lengths)
+    )
     assert data.padding_fraction(rs, hyper, 1, bucketing=True) == pytest.approx(pad / total)
-    assert data.padding_fraction(rs, hyper, 1, bucketing=True) < data.padding_fraction(rs, hyper, 1, bucketing=False)
+    assert data.padding_fraction(rs, hyper, 1, bucketing=True) < data.padding_fraction(
+        rs, hyper, 1, bucketing=False
+    )
 
 
 def test_too_small_a_corpus_is_refused_with_the_numbers():
@@ -53,5 +61,7 @@ def test_packing_keeps_every_token_in_order_within_seq_len():
     rs = rows([5, 7, 3, 9, 2, 8])
     packed = data.pack(rs, seq_len=12)
     assert all(len(ids) <= 12 for ids, _ in packed)
-    assert np.array_equal(np.concatenate([p[0] for p in packed]), np.concatenate([r[0] for r in rs]))
+    assert np.array_equal(
+        np.concatenate([p[0] for p in packed]), np.concatenate([r[0] for r in rs])
+    )
     assert [len(p[0]) for p in packed] == [12, 12, 10]  # 5+7 | 3+9 | 2+8, in order

@@ -25,22 +25,67 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
 HYPER = {
     "method": "lora",
-    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "up_proj"],
-             "modules_to_save": ["lm_head"]},
-    "lr": 4e-3, "lm_head_lr": 1e-3, "weight_decay": 0.01, "warmup_ratio": 0.25, "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0, "epochs": 2, "micro_batch_size": 4, "grad_accum": 2, "seq_len": 256,
-    "seed": 3, "nproc": 1, "runtime_min": 5, "mem_mb": 1000, "checkpoint_every": 0,
+    "lora": {
+        "r": 4,
+        "alpha": 8,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj", "up_proj"],
+        "modules_to_save": ["lm_head"],
+    },
+    "lr": 4e-3,
+    "lm_head_lr": 1e-3,
+    "weight_decay": 0.01,
+    "warmup_ratio": 0.25,
+    "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0,
+    "epochs": 2,
+    "micro_batch_size": 4,
+    "grad_accum": 2,
+    "seq_len": 256,
+    "seed": 3,
+    "nproc": 1,
+    "runtime_min": 5,
+    "mem_mb": 1000,
+    "checkpoint_every": 0,
     "zero3_persistence_threshold": 0,  # partition every parameter: exposes an ungathered save
 }
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def train(out: Path, corpus: Path, hyper: dict, nproc: int = 1, init: str = "base", env=None, check=True):
-    launcher = [sys.executable, "-m"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
-    cmd = [*launcher, "arenaflow.train", "--arm", out.parent.name, "--params-json", json.dumps(hyper),
-           "--corpus", str(corpus), "--init", init, "--base-model", str(BASE), "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**ENV, **(env or {})})
+def train(
+    out: Path, corpus: Path, hyper: dict, nproc: int = 1, init: str = "base", env=None, check=True
+):
+    launcher = (
+        [sys.executable, "-m"]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+        ]
+    )
+    cmd = [
+        *launcher,
+        "arenaflow.train",
+        "--arm",
+        out.parent.name,
+        "--params-json",
+        json.dumps(hyper),
+        "--corpus",
+        str(corpus),
+        "--init",
+        init,
+        "--base-model",
+        str(BASE),
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=900, env={**ENV, **(env or {})}
+    )
     if check and proc.returncode != 0:
         raise AssertionError(proc.stderr[-6000:])
     return proc
@@ -78,7 +123,8 @@ def reference_losses(corpus: Path, hyper: dict) -> tuple[list[float], list[dict]
     opt = torch.optim.AdamW(tmodel.param_groups(net, hyper))
     n_steps = data.total_steps(len(rows), hyper, 1)
     sched = get_cosine_with_min_lr_schedule_with_warmup(
-        opt, math.ceil(hyper["warmup_ratio"] * n_steps), n_steps, min_lr_rate=hyper["min_lr_ratio"])
+        opt, math.ceil(hyper["warmup_ratio"] * n_steps), n_steps, min_lr_rate=hyper["min_lr_ratio"]
+    )
     pad = tinymodel.build_tokenizer().pad_token_id
     losses, lrs = [], []
     lengths = data.row_lengths(rows, hyper["seq_len"]) if hyper["length_bucketing"] else None
@@ -90,7 +136,9 @@ def reference_losses(corpus: Path, hyper: dict) -> tuple[list[float], list[dict]
             (loss_sum / n_tok).backward()
             total += loss_sum.item()
         lrs.append({g["name"]: g["lr"] for g in opt.param_groups})
-        torch.nn.utils.clip_grad_norm_([p for p in net.parameters() if p.requires_grad], hyper["max_grad_norm"])
+        torch.nn.utils.clip_grad_norm_(
+            [p for p in net.parameters() if p.requires_grad], hyper["max_grad_norm"]
+        )
         opt.step()
         sched.step()
         opt.zero_grad()
@@ -104,7 +152,9 @@ def test_loss_curve_matches_plain_pytorch_reference(one_rank, corpus):
     assert len(got) == len(want) == 10  # 40 rows / (4 x 2) = 5 steps x 2 epochs
     for m, w in zip(got, want):
         assert m["loss"] == pytest.approx(w, abs=1e-5), (m["step"], m["loss"], w)
-    for m, w in zip(got, want_lrs):  # each LR group on its own: pytest 9's approx takes no nested data
+    for m, w in zip(
+        got, want_lrs
+    ):  # each LR group on its own: pytest 9's approx takes no nested data
         assert m["lr"].keys() == w.keys()
         for group, lr in w.items():
             assert m["lr"][group] == pytest.approx(lr), (m["step"], group)
@@ -114,7 +164,11 @@ def test_both_lr_groups_follow_cosine_with_warmup_and_floor(one_rank):
     got = metrics(one_rank)
     n, warm = 10, math.ceil(0.25 * 10)
     for i, m in enumerate(got):  # lr in force during step i+1 = schedule(i)
-        frac = i / warm if i < warm else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (i - warm) / (n - warm)))
+        frac = (
+            i / warm
+            if i < warm
+            else 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (i - warm) / (n - warm)))
+        )
         assert m["lr"]["lora"] == pytest.approx(4e-3 * frac, rel=1e-6)
         assert m["lr"]["modules_to_save"] == pytest.approx(1e-3 * frac, rel=1e-6)
 
@@ -141,24 +195,37 @@ def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path):
     for a, b in zip(one, two):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
         assert b["tokens_seen"] == a["tokens_seen"]
-    wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    wa, wb = (
+        load_file(one_rank / "adapter_model.safetensors"),
+        load_file(out / "adapter_model.safetensors"),
+    )
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
     assert json.loads((out / "training_evidence.json").read_text())["world_size"] == 2
 
 
-@pytest.mark.parametrize("change, log_line", [
-    ({"zero3_leaf_modules": []}, "ZeRO-3 leaf modules: none"),
-    ({"fused_lora": False}, "ZeRO-3 leaf modules: ['LlamaDecoderLayer']"),
-])
-def test_zero3_leaf_blocks_and_fused_lora_change_no_number(one_rank, corpus, tmp_path, change, log_line):
+@pytest.mark.parametrize(
+    "change, log_line",
+    [
+        ({"zero3_leaf_modules": []}, "ZeRO-3 leaf modules: none"),
+        ({"fused_lora": False}, "ZeRO-3 leaf modules: ['LlamaDecoderLayer']"),
+    ],
+)
+def test_zero3_leaf_blocks_and_fused_lora_change_no_number(
+    one_rank, corpus, tmp_path, change, log_line
+):
     """The default (one ZeRO-3 unit per decoder layer, LoRA linears fused) optimises as hooks on
     every submodule and PEFT's own LoRA forward do; only the time differs (BENCHMARKS.md)."""
     out = tmp_path / "H" / "final"
     proc = train(out, corpus, {**HYPER, **change})
     assert log_line in proc.stderr and "fused LoRA linears" not in proc.stderr
-    assert [m["loss"] for m in metrics(out)] == pytest.approx([m["loss"] for m in metrics(one_rank)], abs=1e-6)
-    wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    assert [m["loss"] for m in metrics(out)] == pytest.approx(
+        [m["loss"] for m in metrics(one_rank)], abs=1e-6
+    )
+    wa, wb = (
+        load_file(one_rank / "adapter_model.safetensors"),
+        load_file(out / "adapter_model.safetensors"),
+    )
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
 
@@ -172,11 +239,15 @@ def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_p
     runs = {}
     for backend in ("aot_eager", None):
         out = tmp_path / f"{backend}" / "final"
-        proc = train(out, corpus, hyper, env={"ARENAFLOW_FUSED_BACKEND": backend} if backend else None)
+        proc = train(
+            out, corpus, hyper, env={"ARENAFLOW_FUSED_BACKEND": backend} if backend else None
+        )
         assert ("fused norm and SwiGLU kernels: 7 modules" in proc.stderr) == bool(backend)
         runs[backend] = out
     fused_run, plain = runs["aot_eager"], runs[None]
-    assert [m["loss"] for m in metrics(fused_run)] == pytest.approx([m["loss"] for m in metrics(plain)], abs=1e-6)
+    assert [m["loss"] for m in metrics(fused_run)] == pytest.approx(
+        [m["loss"] for m in metrics(plain)], abs=1e-6
+    )
     weights = "adapter_model.safetensors" if method == "lora" else "model.safetensors"
     wa, wb = load_file(plain / weights), load_file(fused_run / weights)
     for k in wa:
@@ -195,7 +266,9 @@ def test_fused_kernels_on_cuda_train_as_transformers_modules_do(corpus, tmp_path
     for on in (True, False):
         out = tmp_path / f"k{int(on)}" / "final"
         proc = train(out, corpus, {**HYPER, "fused_kernels": on, "epochs": 1})
-        assert ("fused norm and SwiGLU kernels: 7 modules" in proc.stderr) == on  # 2 x (2 norms + MLP) + final norm
+        assert (
+            "fused norm and SwiGLU kernels: 7 modules" in proc.stderr
+        ) == on  # 2 x (2 norms + MLP) + final norm
         losses[on] = [m["loss"] for m in metrics(out)]
     assert len(losses[True]) == 5 and losses[True] == pytest.approx(losses[False], rel=2e-2)
 
@@ -205,16 +278,24 @@ def test_zero3_leaf_classes_resolve_auto_and_refuse_what_deepspeed_cannot_do():
     assert tmodel.zero3_leaf_classes(net, {**hyper_defaults(), **HYPER}) == ["LlamaDecoderLayer"]
     assert tmodel.zero3_leaf_classes(net, {**hyper_defaults(), **HYPER, "objective": "dpo"}) == []
     with pytest.raises(SystemExit, match="objective 'simpo' runs two forward passes"):
-        tmodel.zero3_leaf_classes(net, {**hyper_defaults(), **HYPER, "objective": "simpo", "zero3_leaf_modules": ["X"]})
-    with pytest.raises(SystemExit, match=r"zero3_leaf_modules \['MambaBlock'\]: no module of tiny has such a class"):
-        tmodel.mark_zero3_leaves(net, {**hyper_defaults(), **HYPER, "zero3_leaf_modules": ["MambaBlock"]}, "tiny")
+        tmodel.zero3_leaf_classes(
+            net, {**hyper_defaults(), **HYPER, "objective": "simpo", "zero3_leaf_modules": ["X"]}
+        )
+    with pytest.raises(
+        SystemExit, match=r"zero3_leaf_modules \['MambaBlock'\]: no module of tiny has such a class"
+    ):
+        tmodel.mark_zero3_leaves(
+            net, {**hyper_defaults(), **HYPER, "zero3_leaf_modules": ["MambaBlock"]}, "tiny"
+        )
 
 
 def test_profile_step_writes_the_profilers_table_next_to_the_run(corpus, tmp_path):
     out = tmp_path / "P" / "final"
     train(out, corpus, {**HYPER, "max_steps": 2}, env={"ARENAFLOW_PROFILE_STEP": "2"})
     table = (out.parent / "profile_rank0.txt").read_text()
-    assert "aten::mm" in table and table.count("Self CPU time total") == 2  # device-time and host-time tables
+    assert (
+        "aten::mm" in table and table.count("Self CPU time total") == 2
+    )  # device-time and host-time tables
 
 
 def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path):
@@ -228,21 +309,36 @@ def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path
     train(cut, corpus, hyper)  # the retry
     ev = json.loads((cut / "training_evidence.json").read_text())
     assert ev["resumed_from_step"] == 6 and ev["optimizer_steps"] == 10
-    assert [m["loss"] for m in metrics(cut)] == pytest.approx([m["loss"] for m in metrics(whole)], abs=1e-6)
-    wa, wb = load_file(whole / "adapter_model.safetensors"), load_file(cut / "adapter_model.safetensors")
+    assert [m["loss"] for m in metrics(cut)] == pytest.approx(
+        [m["loss"] for m in metrics(whole)], abs=1e-6
+    )
+    wa, wb = (
+        load_file(whole / "adapter_model.safetensors"),
+        load_file(cut / "adapter_model.safetensors"),
+    )
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
     assert not (cut.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
 
 
-def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(one_rank, corpus, tmp_path):
+def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(
+    one_rank, corpus, tmp_path
+):
     """1 rank -> killed at step 3 -> 2 ranks -> killed at step 6 -> 1 rank, at one global batch
     of 8 rows, through DeepSpeed's universal checkpoint, ends where the uninterrupted run ends."""
-    one, two = {**HYPER, "checkpoint_every": 3}, {**HYPER, "checkpoint_every": 3, "micro_batch_size": 2}
+    one, two = (
+        {**HYPER, "checkpoint_every": 3},
+        {**HYPER, "checkpoint_every": 3, "micro_batch_size": 2},
+    )
     out = tmp_path / "U" / "final"
-    assert train(out, corpus, one, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False).returncode == 75
+    assert (
+        train(out, corpus, one, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False).returncode
+        == 75
+    )
     proc = train(out, corpus, two, nproc=2, env={"ARENAFLOW_FAIL_AFTER_STEP": "6"}, check=False)
-    assert "resumed from" in proc.stderr and "another world size" in proc.stderr, proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr and "another world size" in proc.stderr, proc.stderr[
+        -3000:
+    ]
     assert proc.returncode != 0 and (out.parent / "checkpoints/step_000006").is_dir()
     proc = train(out, corpus, one)
     assert "step_000006 at step 6 (universal checkpoint" in proc.stderr
@@ -251,16 +347,23 @@ def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(o
     want, got = metrics(one_rank), metrics(out)
     assert [m["lr"] for m in got] == [m["lr"] for m in want]  # every LR group kept its own schedule
     assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in want], abs=1e-6)
-    wa, wb = load_file(one_rank / "adapter_model.safetensors"), load_file(out / "adapter_model.safetensors")
+    wa, wb = (
+        load_file(one_rank / "adapter_model.safetensors"),
+        load_file(out / "adapter_model.safetensors"),
+    )
     for k in wa:  # steps 4-6 ran on 2 ranks: the 2-vs-1-rank tolerance
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
 
 
-def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(corpus, tmp_path):
+def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(
+    corpus, tmp_path
+):
     hyper = {**HYPER, "checkpoint_every": 3, "epochs": 1}
     out = tmp_path / "G" / "final"
     train(out, corpus, hyper, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False)
-    proc = train(out, corpus, hyper, nproc=2, check=False)  # 2 ranks x 4 rows x 2: a global batch of 16
+    proc = train(
+        out, corpus, hyper, nproc=2, check=False
+    )  # 2 ranks x 4 rows x 2: a global batch of 16
     assert proc.returncode != 0
     assert "written by 1 ranks with a global batch of 8 rows" in proc.stderr
     assert "set micro_batch_size x grad_accum = 4 per rank" in proc.stderr
@@ -280,8 +383,17 @@ def test_full_fine_tuning_saves_gathered_full_weights(corpus, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "F" / "final"
-    train(out, corpus, {**HYPER, "method": "full", "lr": 1e-3, "max_steps": 2,
-                        "lora": {**HYPER["lora"], "modules_to_save": []}})
+    train(
+        out,
+        corpus,
+        {
+            **HYPER,
+            "method": "full",
+            "lr": 1e-3,
+            "max_steps": 2,
+            "lora": {**HYPER["lora"], "modules_to_save": []},
+        },
+    )
     tuned = AutoModelForCausalLM.from_pretrained(out).state_dict()
     base = AutoModelForCausalLM.from_pretrained(BASE).state_dict()
     assert tuned.keys() == base.keys()
@@ -299,18 +411,34 @@ def pairs(tmp_path_factory):
         wrong = r["reference"].replace(r["gold"], str(int(r["gold"]) + 1))
         for j, (text, ok) in enumerate([(r["reference"], True), (wrong, False)]):
             samples.append({"id": f"{r['id']}#{j}", "prompt_id": r["id"], "text": text})
-            verdicts.append({"id": f"{r['id']}#{j}", "prompt_id": r["id"], "sample": j, "correct": ok,
-                             "chars": len(text)})
+            verdicts.append(
+                {
+                    "id": f"{r['id']}#{j}",
+                    "prompt_id": r["id"],
+                    "sample": j,
+                    "correct": ok,
+                    "chars": len(text),
+                }
+            )
     out = tmp_path_factory.mktemp("pairs") / "p"
     params = {"format": "pairs", "k": 2, "seed": 0, "min_chars": 0, "select": "median"}
-    corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, params, samples, verdicts)
+    corpora.build(
+        out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, params, samples, verdicts
+    )
     return out
 
 
 @pytest.mark.parametrize("objective_name", ["dpo", "simpo"])
 def test_preference_arm_raises_chosen_vs_rejected_margin(pairs, tmp_path, objective_name):
-    hyper = {**HYPER, "objective": objective_name, "beta": 0.5, "nll_weight": 0.2, "epochs": 3,
-             "lr": 5e-3, "lora": {**HYPER["lora"], "modules_to_save": []}}
+    hyper = {
+        **HYPER,
+        "objective": objective_name,
+        "beta": 0.5,
+        "nll_weight": 0.2,
+        "epochs": 3,
+        "lr": 5e-3,
+        "lora": {**HYPER["lora"], "modules_to_save": []},
+    }
     out = tmp_path / objective_name.upper() / "final"
     train(out, pairs, hyper)
     m = metrics(out)
@@ -326,6 +454,8 @@ def test_sft_objective_refuses_a_pairs_corpus(pairs, tmp_path):
 
 
 def test_init_arm_that_does_not_exist_fails_before_training(corpus, tmp_path):
-    proc = train(tmp_path / "Y" / "final", corpus, HYPER, init=str(tmp_path / "nope" / "final"), check=False)
+    proc = train(
+        tmp_path / "Y" / "final", corpus, HYPER, init=str(tmp_path / "nope" / "final"), check=False
+    )
     assert proc.returncode != 0 and "neither 'base' nor a trained arm" in proc.stderr
     shutil.rmtree(tmp_path / "Y", ignore_errors=True)

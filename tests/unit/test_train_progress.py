@@ -15,28 +15,66 @@ import pytest
 from arenaflow import corpora, io, pools, tinymodel
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
-HYPER = {"method": "lora", "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-         "lr": 5e-3, "weight_decay": 0.0, "warmup_ratio": 0.0, "min_lr_ratio": 0.1, "max_grad_norm": 1.0,
-         "epochs": 1, "max_steps": 3, "micro_batch_size": 2, "grad_accum": 1, "seq_len": 256, "seed": 0,
-         "checkpoint_every": 2}
+HYPER = {
+    "method": "lora",
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+    "lr": 5e-3,
+    "weight_decay": 0.0,
+    "warmup_ratio": 0.0,
+    "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0,
+    "epochs": 1,
+    "max_steps": 3,
+    "micro_batch_size": 2,
+    "grad_accum": 1,
+    "seq_len": 256,
+    "seed": 0,
+    "checkpoint_every": 2,
+}
 
 
 def train(out: Path, corpus: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "arenaflow.train", "--arm", out.parent.name, "--params-json", json.dumps(HYPER),
-         "--corpus", str(corpus), "--init", "base", "--base-model", str(BASE), "--out", str(out)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        [
+            sys.executable,
+            "-m",
+            "arenaflow.train",
+            "--arm",
+            out.parent.name,
+            "--params-json",
+            json.dumps(HYPER),
+            "--corpus",
+            str(corpus),
+            "--init",
+            "base",
+            "--base-model",
+            str(BASE),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "c"
-    corpora.build(out, pools.generate(12, 2, "train", {"add": 1}, "p"), tinymodel.build_tokenizer(),
-                  tinymodel.SYSTEM_PROMPT, {})
+    corpora.build(
+        out,
+        pools.generate(12, 2, "train", {"add": 1}, "p"),
+        tinymodel.build_tokenizer(),
+        tinymodel.SYSTEM_PROMPT,
+        {},
+    )
     return out
 
 
-def test_metrics_are_streamed_while_training_and_a_resumed_run_lists_each_step_once(corpus, tmp_path):
+def test_metrics_are_streamed_while_training_and_a_resumed_run_lists_each_step_once(
+    corpus, tmp_path
+):
     out = tmp_path / "A" / "final"
     live = out.parent / "metrics.jsonl"
     cut = train(out, corpus, env={"ARENAFLOW_FAIL_AFTER_STEP": "2"})
@@ -46,6 +84,10 @@ def test_metrics_are_streamed_while_training_and_a_resumed_run_lists_each_step_o
     again = train(out, corpus)
     assert again.returncode == 0, again.stderr[-3000:]
     assert [m["step"] for m in io.read_jsonl(live)] == [1, 2, 3]
-    assert io.read_jsonl(live)[:2] == first and io.read_jsonl(live) == io.read_jsonl(out / "metrics.jsonl")
-    line = next(x for x in again.stderr.splitlines() if "step 3/3 |" in x)  # a resumed run's first step logs
+    assert io.read_jsonl(live)[:2] == first and io.read_jsonl(live) == io.read_jsonl(
+        out / "metrics.jsonl"
+    )
+    line = next(
+        x for x in again.stderr.splitlines() if "step 3/3 |" in x
+    )  # a resumed run's first step logs
     assert "tok/s" in line and "ETA 0s" in line

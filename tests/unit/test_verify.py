@@ -15,6 +15,7 @@ from arenaflow import verify
 
 # --- extraction ---------------------------------------------------------------------------
 
+
 def test_extract_prefers_boxed_over_later_statement_and_numbers():
     text = r"We get \boxed{42}. The answer is 41. Also 40."
     assert verify.extract_answer(text) == "42"
@@ -56,6 +57,7 @@ def test_extract_returns_none_without_any_answer():
 
 # --- parsing ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "text, value",
     [
@@ -80,6 +82,7 @@ def test_to_number_gives_none_for_non_numbers_and_zero_denominators(text):
 
 
 # --- strict vs loose ----------------------------------------------------------------------
+
 
 def test_exact_match_is_strict_and_loose():
     v = verify.check("3 + 4 = 7. The answer is 7.", "7")
@@ -129,7 +132,12 @@ def test_an_integer_gold_is_compared_exactly():
     # before: 1e-6 relative tolerance, so 10^7 + 5 "was" 10^7 and 10^6 + 0.5 "was" 10^6
     assert verify.check("The answer is 10000005.", "10000000")["correct"] is False
     assert verify.check("The answer is 1000000.5.", "1000000") == {
-        "pred": "1000000.5", "strict": False, "correct": False, "loose": False, "by": "exact"}
+        "pred": "1000000.5",
+        "strict": False,
+        "correct": False,
+        "loose": False,
+        "by": "exact",
+    }
     assert verify.check("The answer is 18.00 apples.", "18")["correct"] is True
 
 
@@ -140,16 +148,27 @@ def test_strict_implies_loose_even_for_non_numbers():
 
 def test_no_prediction_is_recorded_as_none():
     assert verify.check("no idea", "5") == {
-        "pred": None, "strict": False, "correct": False, "loose": False, "by": None}
+        "pred": None,
+        "strict": False,
+        "correct": False,
+        "loose": False,
+        "by": None,
+    }
 
 
 # --- math-verify beside strict/loose --------------------------------------------------------
 
+
 def test_math_verify_field_is_only_added_on_request():
     assert "math_verify" not in verify.check("The answer is 7.", "7")
     assert verify.check("The answer is 7.", "7", math_verify=True) == {
-        "pred": "7", "strict": True, "correct": True, "loose": True, "by": "strict",
-        "math_verify": True}
+        "pred": "7",
+        "strict": True,
+        "correct": True,
+        "loose": True,
+        "by": "strict",
+        "math_verify": True,
+    }
 
 
 @pytest.mark.parametrize(
@@ -208,6 +227,7 @@ def test_loose_comparison_refuses_answers_that_are_not_a_number():
 
 # --- issue 16: each defect of the old `loose` verdict -------------------------------------
 
+
 @pytest.mark.parametrize(
     "completion, gold",
     [
@@ -234,6 +254,7 @@ def test_a_non_integer_answer_is_not_an_integer_gold():
 
 
 # --- extraction ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "text, answer",
@@ -284,6 +305,7 @@ def test_several_boxed_roots_answer_a_list_gold():
 
 # --- strict and correct -------------------------------------------------------------------
 
+
 def test_strict_normalises_formatting_but_not_value():
     assert verify.check(r"\boxed{10,\!000}", "10,000")["strict"] is True
     assert verify.check(r"The answer is $\dfrac{3}{4}$.", r"\frac34")["strict"] is True
@@ -308,8 +330,12 @@ def test_by_names_the_comparison_that_decided(completion, gold, by):
 
 def test_hedged_and_ranged_answers_are_wrong():
     # math-verify alone reads the first number after "answer" in each of these
-    for text in ("The answer is 18 or 20.", "The answer is between 18 and 20.",
-                 "The answer is not 18; it is 20.", "The answer is 18 or more."):
+    for text in (
+        "The answer is 18 or 20.",
+        "The answer is between 18 and 20.",
+        "The answer is not 18; it is 20.",
+        "The answer is 18 or more.",
+    ):
         assert verify.check(text, "18")["correct"] is False, text
         assert verify.math_verify_equal(text, "18") is True, text
     assert verify.to_number("5x") is None and verify.to_number("5 x") is None
@@ -320,13 +346,20 @@ def test_numeric_fallback_only_where_math_verify_parses_nothing(monkeypatch):
     v = verify.check("The answer is 0.5.", "1/2")
     assert v["correct"] is True and v["by"] == "numeric"
     assert verify.check(r"\boxed{x+1}", "1+x") == {
-        "pred": "x+1", "strict": False, "correct": False, "loose": False, "by": None}
+        "pred": "x+1",
+        "strict": False,
+        "correct": False,
+        "loose": False,
+        "by": None,
+    }
 
 
 def test_check_off_the_main_thread():
     # math-verify's timeouts use signal.alarm, which only the main thread may set
     out = {}
-    t = threading.Thread(target=lambda: out.update(v=verify.check(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")))
+    t = threading.Thread(
+        target=lambda: out.update(v=verify.check(r"\boxed{\sqrt{8}}", r"2\sqrt{2}"))
+    )
     t.start()
     t.join()
     assert out["v"]["correct"] is True and out["v"]["by"] == "math-verify"
@@ -334,8 +367,11 @@ def test_check_off_the_main_thread():
 
 def test_verifier_names_the_rule_and_math_verify_version():
     v = verify.verifier()
-    assert v == {"rule": verify.RULE, "math_verify": metadata.version("math-verify"),
-                 "latex2sympy2_extended": metadata.version("latex2sympy2_extended")}
+    assert v == {
+        "rule": verify.RULE,
+        "math_verify": metadata.version("math-verify"),
+        "latex2sympy2_extended": metadata.version("latex2sympy2_extended"),
+    }
     assert verify.meta([{"gold": "1"}, {"constraints": []}]) == {"verifier": v}
     assert verify.meta([{"constraints": []}, {"prompt": "p"}]) == {}
 
@@ -343,8 +379,19 @@ def test_verifier_names_the_rule_and_math_verify_version():
 # --- agreement with a careful grader ------------------------------------------------------
 
 LABELLED = Path(__file__).resolve().parents[1] / "data" / "math_verdicts.jsonl"
-FORMS = {"statement", "gsm8k", "markdown", "currency", "thousands", "negative", "fraction",
-         "latex", "units", "interval", "boxed"}
+FORMS = {
+    "statement",
+    "gsm8k",
+    "markdown",
+    "currency",
+    "thousands",
+    "negative",
+    "fraction",
+    "latex",
+    "units",
+    "interval",
+    "boxed",
+}
 
 
 def _math_verify_alone(completion: str, gold: str, wrap_gold: bool) -> bool:
@@ -377,11 +424,14 @@ def test_verdict_agrees_with_the_labels_at_least_as_often_as_math_verify_alone(r
     score = {}
     for name, grade in graders.items():
         verdicts = [(grade(r), r["label"], r["split"]) for r in rows]
-        score[name] = {split: {
-            "n": sum(s == split for *_, s in verdicts),
-            "agree": sum(v == lab for v, lab, s in verdicts if s == split),
-            "false_pos": sum(v and not lab for v, lab, s in verdicts if s == split)}
-            for split in ("dev", "heldout")}
+        score[name] = {
+            split: {
+                "n": sum(s == split for *_, s in verdicts),
+                "agree": sum(v == lab for v, lab, s in verdicts if s == split),
+                "false_pos": sum(v and not lab for v, lab, s in verdicts if s == split),
+            }
+            for split in ("dev", "heldout")
+        }
         record_property(name, json.dumps(score[name]))
     print(json.dumps(score, indent=1))
     ours = score["arenaflow"]

@@ -14,14 +14,22 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Train one arenaflow arm on DeepSpeed ZeRO-3.")
     ap.add_argument("--arm", required=True, help="arm id")
     ap.add_argument("--params-json", required=True, help="the arm's merged hyperparameters as JSON")
-    ap.add_argument("--checkpoint-every", type=int, default=None,
-                    help="optimizer steps between resumable checkpoints (overrides --params-json's)")
+    ap.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="optimizer steps between resumable checkpoints (overrides --params-json's)",
+    )
     ap.add_argument("--corpus", required=True, help="corpora/{corpus} (its manifest must verify)")
-    ap.add_argument("--corpus-id", default=None, help="corpus id for the evidence (default: dir name)")
+    ap.add_argument(
+        "--corpus-id", default=None, help="corpus id for the evidence (default: dir name)"
+    )
     ap.add_argument("--init", required=True, help="'base' or the init arm's runs/{arm}/final")
     ap.add_argument("--base-model", required=True, help="base model directory")
     ap.add_argument("--base-name", default=None, help="base model name for the evidence")
-    ap.add_argument("--base-revision", default=None, help="base revision (default: sha256 of weights)")
+    ap.add_argument(
+        "--base-revision", default=None, help="base revision (default: sha256 of weights)"
+    )
     ap.add_argument("--out", required=True, help="runs/{arm}/final")
     loop.run(ap.parse_args(argv))
 

@@ -30,7 +30,15 @@ from arenaflow import io, manifest
 log = logging.getLogger("arenaflow.train")
 META = "fingerprint.json"
 # Keys that decide where and how fast the run goes, not what it computes.
-LAYOUT_KEYS = ("micro_batch_size", "grad_accum", "nproc", "nodes", "runtime_min", "mem_mb", "checkpoint_every")
+LAYOUT_KEYS = (
+    "micro_batch_size",
+    "grad_accum",
+    "nproc",
+    "nodes",
+    "runtime_min",
+    "mem_mb",
+    "checkpoint_every",
+)
 
 
 def identity(hyper: dict, corpus_digest: str, init: str, base_rev: str, world: int) -> dict:
@@ -65,10 +73,14 @@ def plan(ckpt_dir: Path, run: dict, world: int) -> Plan:
         raise SystemExit(
             f"{ckpt_dir}: checkpoint {meta['tag']} was written by {meta['world_size']} ranks with a global batch of "
             f"{b} rows; this run has {world} ranks and a global batch of {run['global_batch']}. To resume, set "
-            f"micro_batch_size x grad_accum = {b / world:g} per rank; to start over, delete {ckpt_dir}.")
+            f"micro_batch_size x grad_accum = {b / world:g} per rank; to start over, delete {ckpt_dir}."
+        )
     if meta.get("fingerprint") != fingerprint(run):
-        log.info("discarding checkpoints in %s: they belong to another configuration (%s differ)",
-                 ckpt_dir, ", ".join(differ) or "fingerprint")
+        log.info(
+            "discarding checkpoints in %s: they belong to another configuration (%s differ)",
+            ckpt_dir,
+            ", ".join(differ) or "fingerprint",
+        )
         discard(ckpt_dir)
         return Plan()
     return Plan(meta["tag"], universal=meta["world_size"] != world)
@@ -87,14 +99,29 @@ def to_universal(ckpt_dir: Path, tag: str) -> None:
     if int(os.environ["RANK"]) == 0 and not done.is_dir():
         tmp = ckpt_dir / f".{tag}_universal.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                               "--input_folder", str(ckpt_dir / tag), "--output_folder", str(tmp),
-                               "--num_extract_workers", "2", "--num_merge_workers", "1"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "deepspeed.checkpoint.ds_to_universal",
+                "--input_folder",
+                str(ckpt_dir / tag),
+                "--output_folder",
+                str(tmp),
+                "--num_extract_workers",
+                "2",
+                "--num_merge_workers",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise SystemExit(f"{ckpt_dir / tag}: could not convert this checkpoint to DeepSpeed's universal "
-                             f"format to resume it at another world size:\n{proc.stderr[-3000:]}")
+            raise SystemExit(
+                f"{ckpt_dir / tag}: could not convert this checkpoint to DeepSpeed's universal "
+                f"format to resume it at another world size:\n{proc.stderr[-3000:]}"
+            )
         tmp.rename(done)
         log.info("converted %s to the universal format for a new world size", ckpt_dir / tag)
     torch.distributed.barrier()
@@ -105,26 +132,43 @@ def resume(engine, ckpt_dir: Path, p: Plan) -> tuple[int, list]:
     if p.tag is None:
         return 0, []
     groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
-    _, client = engine.load_checkpoint(str(ckpt_dir), tag=f"{p.tag}_universal" if p.universal else p.tag)
+    _, client = engine.load_checkpoint(
+        str(ckpt_dir), tag=f"{p.tag}_universal" if p.universal else p.tag
+    )
     if p.universal:
         # Two slips of DeepSpeed 0.19's universal ZeRO-3 loader, mended so the resumed run takes
         # the same steps as an uninterrupted one: it copies param group 0's settings (name, lr,
         # weight decay) onto every group, and gives every group one shared Adam step tensor,
         # which AdamW then increments once per group per step.
-        for g, mine, lr in zip(engine.optimizer.param_groups, groups, engine.lr_scheduler.get_last_lr()):
+        for g, mine, lr in zip(
+            engine.optimizer.param_groups, groups, engine.lr_scheduler.get_last_lr()
+        ):
             g.update(mine, lr=lr)
         inner = engine.optimizer.optimizer
-        on_device = any(g.get("fused") or g.get("capturable") for g in inner.param_groups)  # torch's rule
+        on_device = any(
+            g.get("fused") or g.get("capturable") for g in inner.param_groups
+        )  # torch's rule
         for param, state in inner.state.items():  # ZeRO-3's flat fp32 partitions
             if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].detach().clone().float().to(param.device if on_device else "cpu")
-    log.info("resumed from %s at step %d%s", ckpt_dir / client["tag"], client["step"],
-             " (universal checkpoint: another world size)" if p.universal else "")
+                state["step"] = (
+                    state["step"].detach().clone().float().to(param.device if on_device else "cpu")
+                )
+    log.info(
+        "resumed from %s at step %d%s",
+        ckpt_dir / client["tag"],
+        client["step"],
+        " (universal checkpoint: another world size)" if p.universal else "",
+    )
     return client["step"], client["metrics"]
 
 
 def save(engine, ckpt_dir: Path, step: int, metrics: list, run: dict, world: int) -> None:
     tag = f"step_{step:06d}"
-    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state={"step": step, "metrics": metrics, "tag": tag})
+    engine.save_checkpoint(
+        str(ckpt_dir), tag=tag, client_state={"step": step, "metrics": metrics, "tag": tag}
+    )
     if int(os.environ["RANK"]) == 0:
-        io.write_json(ckpt_dir / META, {"fingerprint": fingerprint(run), "run": run, "world_size": world, "tag": tag})
+        io.write_json(
+            ckpt_dir / META,
+            {"fingerprint": fingerprint(run), "run": run, "world_size": world, "tag": tag},
+        )

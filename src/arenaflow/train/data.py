@@ -17,7 +17,11 @@ from arenaflow import manifest
 
 
 def _rows(data, prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    ids, mask, off = data[f"{prefix}input_ids"], data[f"{prefix}loss_mask"], data[f"{prefix}offsets"]
+    ids, mask, off = (
+        data[f"{prefix}input_ids"],
+        data[f"{prefix}loss_mask"],
+        data[f"{prefix}offsets"],
+    )
     return [(ids[a:b], mask[a:b]) for a, b in zip(off[:-1], off[1:])]
 
 
@@ -52,8 +56,10 @@ def pack(rows: list, seq_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
 def steps_per_epoch(n_rows: int, hyper: dict, world: int) -> int:
     per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * world
     if n_rows < hyper["grad_accum"] * world:
-        raise SystemExit(f"corpus has {n_rows} rows, fewer than one per micro-batch "
-                         f"(grad_accum {hyper['grad_accum']} x {world} ranks)")
+        raise SystemExit(
+            f"corpus has {n_rows} rows, fewer than one per micro-batch "
+            f"(grad_accum {hyper['grad_accum']} x {world} ranks)"
+        )
     return max(1, n_rows // per_step)
 
 
@@ -73,8 +79,9 @@ def global_batches(n_rows: int, hyper: dict, world: int):
             yield step, order[s * per_step : (s + 1) * per_step]
 
 
-def micro_batches(glob: np.ndarray, hyper: dict, world: int, rank: int,
-                  lengths: np.ndarray | None = None) -> list[np.ndarray]:
+def micro_batches(
+    glob: np.ndarray, hyper: dict, world: int, rank: int, lengths: np.ndarray | None = None
+) -> list[np.ndarray]:
     """This rank's share of a global batch, split into grad_accum micro-batches.
 
     With `lengths` (each row's token count), the global batch is ordered by length first, so a

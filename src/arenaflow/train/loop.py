@@ -31,10 +31,16 @@ from arenaflow.train import checkpoints, data, lora_fused, objective
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
-FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
-PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
+FAIL_AFTER_STEP = (
+    "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
+)
+PROBE_LOGITS = (
+    "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
+)
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
-FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"  # verification: "aot_eager" traces the fused kernels on CPU too
+FUSED_BACKEND = (
+    "ARENAFLOW_FUSED_BACKEND"  # verification: "aot_eager" traces the fused kernels on CPU too
+)
 
 
 def ensure_dist_env() -> None:
@@ -44,8 +50,14 @@ def ensure_dist_env() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
 
 
 def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
@@ -55,7 +67,10 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
         "gradient_clipping": hyper["max_grad_norm"],
         # Parameters smaller than this stay gathered on every rank. Tests set 0 so that every
         # parameter is partitioned, however small (a tiny model otherwise hides save bugs).
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": hyper["zero3_persistence_threshold"]},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": hyper["zero3_persistence_threshold"],
+        },
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": cuda},
         "steps_per_print": 10**9,
@@ -69,7 +84,10 @@ def start_profile(step: int):
         return None
     from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    prof = profile(
+        activities=[ProfilerActivity.CPU]
+        + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    )
     prof.start()
     return prof
 
@@ -82,7 +100,11 @@ def finish_profile(prof, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     table = prof.key_averages()
-    path.write_text(table.table(sort_by=by, row_limit=40) + "\n" + table.table(sort_by="self_cpu_time_total", row_limit=25))
+    path.write_text(
+        table.table(sort_by=by, row_limit=40)
+        + "\n"
+        + table.table(sort_by="self_cpu_time_total", row_limit=25)
+    )
 
 
 class Progress:
@@ -95,7 +117,9 @@ class Progress:
         self.start, self.n_steps, self.rank = start, n_steps, rank
         self.t0, self.tokens0 = time.time(), resumed[-1]["tokens_seen"] if resumed else 0
         self.file = None
-        if rank == 0:  # rewritten from the checkpoint's steps, so a resumed step is not listed twice
+        if (
+            rank == 0
+        ):  # rewritten from the checkpoint's steps, so a resumed step is not listed twice
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = path.open("w", encoding="utf-8")
             for m in resumed:
@@ -114,10 +138,18 @@ class Progress:
             return
         took = max(time.time() - self.t0, 1e-9)
         eta = took / (step - self.start) * (self.n_steps - step)
-        log.info("step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.0f tok/s | %.1fs | ETA %.0fs",
-                 step, self.n_steps, m["loss"], m["grad_norm"] or 0.0,
-                 {k: f"{v:.2e}" for k, v in lrs.items()}, m["tokens_seen"],
-                 (m["tokens_seen"] - self.tokens0) / took, m["elapsed_s"], eta)
+        log.info(
+            "step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.0f tok/s | %.1fs | ETA %.0fs",
+            step,
+            self.n_steps,
+            m["loss"],
+            m["grad_norm"] or 0.0,
+            {k: f"{v:.2e}" for k, v in lrs.items()},
+            m["tokens_seen"],
+            (m["tokens_seen"] - self.tokens0) / took,
+            m["elapsed_s"],
+            eta,
+        )
 
     def close(self) -> None:
         if self.file:
@@ -133,7 +165,9 @@ def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
             rows = pairs[side]
             vals = []
             for i in range(0, len(rows), 64):
-                batch = data.collate(rows, range(i, min(i + 64, len(rows))), hyper["seq_len"], pad_id)
+                batch = data.collate(
+                    rows, range(i, min(i + 64, len(rows))), hyper["seq_len"], pad_id
+                )
                 vals.append(objective.token_logprobs(model, batch)[0])
             out[side] = torch.cat(vals)
     return out
@@ -191,8 +225,11 @@ def setup(args, hyper: dict) -> Run:
     cuda = torch.cuda.is_available()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format="%(asctime)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
     log.info("arm %s: %s", args.arm, json.dumps(hyper, sort_keys=True))
     log.info("code: %s", json.dumps(manifest.code_version()))
     if cuda:
@@ -210,8 +247,10 @@ def setup_data(r: Run) -> None:
     corpus = r.corpus
     r.preference = preference = hyper["objective"] in ("dpo", "simpo")
     if preference != ("chosen" in corpus):
-        raise SystemExit(f"objective {hyper['objective']!r} needs a "
-                         f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one")
+        raise SystemExit(
+            f"objective {hyper['objective']!r} needs a "
+            f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one"
+        )
     torch.manual_seed(hyper["seed"])
     r.net = tmodel.build(args.base_model, args.init, hyper)
     tokenizer = models.load_tokenizer(args.base_model)
@@ -225,12 +264,16 @@ def setup_data(r: Run) -> None:
     if hyper["length_bucketing"]:
         r.lengths = data.row_lengths(rows, hyper["seq_len"])
         if preference:
-            r.lengths = np.maximum(r.lengths, data.row_lengths(corpus["rejected"], hyper["seq_len"]))
+            r.lengths = np.maximum(
+                r.lengths, data.row_lengths(corpus["rejected"], hyper["seq_len"])
+            )
     r.warmup = math.ceil(hyper["warmup_ratio"] * r.n_steps)
     r.base_rev = models.base_revision(args.base_model, args.base_revision)
     r.out = Path(args.out)
     r.ckpt_dir = r.out.parent / "checkpoints"
-    r.run_id = checkpoints.identity(hyper, r.corpus_record["digest"], args.init, r.base_rev, r.world)
+    r.run_id = checkpoints.identity(
+        hyper, r.corpus_record["digest"], args.init, r.base_rev, r.world
+    )
     r.plan = checkpoints.plan(r.ckpt_dir, r.run_id, r.world)
     if r.plan.universal:
         checkpoints.to_universal(r.ckpt_dir, r.plan.tag)
@@ -247,15 +290,20 @@ def setup_engine(r: Run) -> None:
     if leaf and hyper["method"] == "lora" and hyper["fused_lora"]:  # needs whole blocks gathered
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
     backend = os.environ.get(FUSED_BACKEND)
-    if hyper["fused_kernels"] and (r.cuda or backend):  # inductor kernels: GPUs only (gains measured there)
-        log.info("fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor"))
+    if hyper["fused_kernels"] and (
+        r.cuda or backend
+    ):  # inductor kernels: GPUs only (gains measured there)
+        log.info(
+            "fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor")
+        )
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=r.cuda or None),
         # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
         # WarmupCosineLR runs one step behind (docs/notes.md#separate-learning-rates-and-the-scheduler).
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
-            opt, r.warmup, r.n_steps, min_lr_rate=hyper["min_lr_ratio"]),
+            opt, r.warmup, r.n_steps, min_lr_rate=hyper["min_lr_ratio"]
+        ),
         config=deepspeed_config(hyper, r.cuda, r.plan.universal),
     )
     r.start, r.metrics = checkpoints.resume(r.engine, r.ckpt_dir, r.plan)
@@ -276,7 +324,11 @@ def train(r: Run) -> None:
         m, lrs = train_step(r, step, glob)
         r.metrics.append(m)
         progress.step(m, lrs)
-        if r.hyper["checkpoint_every"] and step % r.hyper["checkpoint_every"] == 0 and step < r.n_steps:
+        if (
+            r.hyper["checkpoint_every"]
+            and step % r.hyper["checkpoint_every"] == 0
+            and step < r.n_steps
+        ):
             save_checkpoint(r, step)
     r.wall = time.time() - r.t0
     progress.close()
@@ -287,16 +339,23 @@ def train_step(r: Run, step: int, glob) -> tuple[dict, dict]:
     prof = start_profile(step)
     # Divide each micro-batch's *sum* by the global count; DeepSpeed divides by grad_accum
     # and averages over ranks, hence the world * accum factor.
-    n_global = len(glob) if r.preference else data.supervised_tokens(r.rows, glob, r.hyper["seq_len"])
+    n_global = (
+        len(glob) if r.preference else data.supervised_tokens(r.rows, glob, r.hyper["seq_len"])
+    )
     scale = r.world * r.hyper["grad_accum"] / max(n_global, 1)
     sums, lrs = accumulate(r, glob, scale)
     if prof:
         finish_profile(prof, r.out.parent / f"profile_rank{r.rank}.txt")
     r.tokens_seen += int(sums[1])
     gn = r.engine.get_global_grad_norm()
-    m = {"step": step, "loss": float(sums[0]) / max(n_global, 1),
-         "grad_norm": None if gn is None else float(gn), "lr": lrs, "tokens_seen": r.tokens_seen,
-         "elapsed_s": round(time.time() - r.t0, 3)}
+    m = {
+        "step": step,
+        "loss": float(sums[0]) / max(n_global, 1),
+        "grad_norm": None if gn is None else float(gn),
+        "lr": lrs,
+        "tokens_seen": r.tokens_seen,
+        "elapsed_s": round(time.time() - r.t0, 3),
+    }
     if r.preference:
         m.update(margin=float(sums[2]) / len(glob), pref_acc=float(sums[3]) / len(glob))
     return m, lrs
@@ -316,8 +375,14 @@ def accumulate(r: Run, glob, scale: float) -> tuple[torch.Tensor, dict]:
         lrs = {g["name"]: g["lr"] for g in r.optimizer.param_groups}  # the LRs this step applies
         engine.step()
         loss_acc += loss_sum.detach()
-        host = [host[0] + ntok, host[1] + diag.get("margin", 0.0), host[2] + diag.get("pref_acc", 0.0)]
-    sums = torch.cat([loss_acc.reshape(1), torch.tensor(host, dtype=torch.float64, device=engine.device)])
+        host = [
+            host[0] + ntok,
+            host[1] + diag.get("margin", 0.0),
+            host[2] + diag.get("pref_acc", 0.0),
+        ]
+    sums = torch.cat(
+        [loss_acc.reshape(1), torch.tensor(host, dtype=torch.float64, device=engine.device)]
+    )
     if r.world > 1:
         torch.distributed.all_reduce(sums)  # on the device: NCCL reduces CUDA tensors only
     return sums.cpu(), lrs
@@ -330,8 +395,14 @@ def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int]:
         cpu = {s: data.collate(r.corpus[s], micro, seq_len, pad) for s in ("chosen", "rejected")}
         batch = {s: {k: v.to(engine.device) for k, v in b.items()} for s, b in cpu.items()}
         ref = r.ref
-        ref = (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device)) if ref else None
-        loss_sum, diag = objective.preference_sum(engine, batch["chosen"], batch["rejected"], ref, r.hyper)
+        ref = (
+            (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device))
+            if ref
+            else None
+        )
+        loss_sum, diag = objective.preference_sum(
+            engine, batch["chosen"], batch["rejected"], ref, r.hyper
+        )
         ntok = int(cpu["chosen"]["attention_mask"].sum() + cpu["rejected"]["attention_mask"].sum())
     else:
         cpu = data.collate(r.rows, micro, seq_len, pad)
@@ -360,12 +431,19 @@ def save(r: Run) -> None:
             manifest.write(tmp, params=r.hyper)
     if os.environ.get(PROBE_LOGITS):
         # Every rank joins the forward (ZeRO-3 gathers each layer's shards as it runs).
-        probe = {k: v.to(r.engine.device) for k, v in data.collate(r.rows, [0], r.hyper["seq_len"], r.pad).items()}
+        probe = {
+            k: v.to(r.engine.device)
+            for k, v in data.collate(r.rows, [0], r.hyper["seq_len"], r.pad).items()
+        }
         with torch.no_grad():
-            logits = r.engine(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+            logits = r.engine(
+                input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]
+            ).logits
         if r.rank == 0:
-            torch.save({"input_ids": probe["input_ids"].cpu(), "logits": logits.float().cpu()},
-                       os.environ[PROBE_LOGITS])
+            torch.save(
+                {"input_ids": probe["input_ids"].cpu(), "logits": logits.float().cpu()},
+                os.environ[PROBE_LOGITS],
+            )
 
 
 def training_evidence(r: Run) -> dict:
@@ -373,7 +451,10 @@ def training_evidence(r: Run) -> dict:
     return {
         "arm": args.arm,
         "job_id": os.environ.get("SLURM_JOB_ID") or f"local-{socket.gethostname()}-{os.getpid()}",
-        "gpu_env": {k: os.environ.get(k) for k in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")},
+        "gpu_env": {
+            k: os.environ.get(k)
+            for k in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
+        },
         "optimizer_steps": len(metrics),
         "resumed_from_step": r.start or None,
         "tokens_seen": r.tokens_seen,
@@ -399,8 +480,14 @@ def cleanup(r: Run) -> None:
     """Drop the checkpoints, log the summary and leave the process group together."""
     if r.rank == 0:
         shutil.rmtree(r.ckpt_dir, ignore_errors=True)  # the final weights supersede them
-        log.info("arm %s: %d steps, final loss %.4f, %.1fs -> %s", r.args.arm, len(r.metrics),
-                 r.metrics[-1]["loss"], r.wall, r.out)
+        log.info(
+            "arm %s: %d steps, final loss %.4f, %.1fs -> %s",
+            r.args.arm,
+            len(r.metrics),
+            r.metrics[-1]["loss"],
+            r.wall,
+            r.out,
+        )
         jobclock.done(r.args.out, tokens=r.tokens_seen, seconds=round(r.wall, 3))
     # No rank leaves before rank 0 has committed the outputs (see __main__ on the exit itself).
     torch.distributed.barrier()

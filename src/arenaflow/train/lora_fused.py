@@ -39,7 +39,11 @@ class LoraLinearFunction(torch.autograd.Function):
         g = grad.reshape(-1, grad.shape[-1])
         gh = (g @ lora_b).mul_(ctx.scaling)  # [tokens, r]: the gradient at the rank-r product
         need = ctx.needs_input_grad
-        grad_x = (g @ weight).addmm_(gh, lora_a).view(*grad.shape[:-1], x2.shape[-1]) if need[0] else None
+        grad_x = (
+            (g @ weight).addmm_(gh, lora_a).view(*grad.shape[:-1], x2.shape[-1])
+            if need[0]
+            else None
+        )
         grad_w = g.t() @ x2 if need[1] else None
         grad_bias = g.sum(0) if ctx.has_bias and need[2] else None
         grad_a = gh.t() @ x2 if need[3] else None
@@ -50,15 +54,29 @@ class LoraLinearFunction(torch.autograd.Function):
 def _forward(self, x, *args, **kwargs):
     """PEFT lora.Linear.forward, through LoraLinearFunction when nothing needs PEFT's own path."""
     name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
-    if (args or kwargs or self.disable_adapters or self.merged or name not in self.lora_A
-            or name in self.lora_variant  # DoRA and other variants
-            or not isinstance(self.base_layer, nn.Linear) or getattr(self, "fan_in_fan_out", False)
-            or not isinstance(self.lora_dropout[name], nn.Identity) or self.lora_B[name].bias is not None
-            or x.dtype != self.lora_A[name].weight.dtype):
+    if (
+        args
+        or kwargs
+        or self.disable_adapters
+        or self.merged
+        or name not in self.lora_A
+        or name in self.lora_variant  # DoRA and other variants
+        or not isinstance(self.base_layer, nn.Linear)
+        or getattr(self, "fan_in_fan_out", False)
+        or not isinstance(self.lora_dropout[name], nn.Identity)
+        or self.lora_B[name].bias is not None
+        or x.dtype != self.lora_A[name].weight.dtype
+    ):
         return type(self).forward(self, x, *args, **kwargs)
     base = self.base_layer
-    return LoraLinearFunction.apply(x, base.weight, base.bias, self.lora_A[name].weight,
-                                    self.lora_B[name].weight, self.scaling[name])
+    return LoraLinearFunction.apply(
+        x,
+        base.weight,
+        base.bias,
+        self.lora_A[name].weight,
+        self.lora_B[name].weight,
+        self.scaling[name],
+    )
 
 
 def fuse(model) -> int:

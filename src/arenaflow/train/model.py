@@ -34,7 +34,9 @@ def build(base_model: str, init: str, hyper: dict):
 
     if init != "base":
         if not is_adapter(init):
-            raise SystemExit(f"a LoRA arm cannot continue {init}: it holds full weights, not an adapter")
+            raise SystemExit(
+                f"a LoRA arm cannot continue {init}: it holds full weights, not an adapter"
+            )
         return PeftModel.from_pretrained(models.load_base(base_model), init, is_trainable=True)
     model = models.load_base(base_model)
     lora = hyper["lora"]
@@ -42,11 +44,18 @@ def build(base_model: str, init: str, hyper: dict):
     wanted = list(lora["target_modules"]) + list(lora.get("modules_to_save") or [])
     unknown = sorted(set(wanted) - names)
     if unknown:
-        raise SystemExit(f"lora target_modules/modules_to_save {unknown} name no module of "
-                         f"{base_model} (it has e.g. {sorted(names - {''})[:12]})")
-    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                     target_modules=lora["target_modules"],
-                     modules_to_save=lora.get("modules_to_save") or None, task_type="CAUSAL_LM")
+        raise SystemExit(
+            f"lora target_modules/modules_to_save {unknown} name no module of "
+            f"{base_model} (it has e.g. {sorted(names - {''})[:12]})"
+        )
+    cfg = LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora["target_modules"],
+        modules_to_save=lora.get("modules_to_save") or None,
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, cfg)
 
 
@@ -67,8 +76,10 @@ def zero3_leaf_classes(model, hyper: dict) -> list[str]:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         return sorted(getattr(base, "_no_split_modules", None) or [])
     if setting and preference:
-        raise SystemExit(f"zero3_leaf_modules {setting}: objective {hyper['objective']!r} runs two forward passes "
-                         "per backward, which DeepSpeed's leaf modules do not support; use 'auto' or []")
+        raise SystemExit(
+            f"zero3_leaf_modules {setting}: objective {hyper['objective']!r} runs two forward passes "
+            "per backward, which DeepSpeed's leaf modules do not support; use 'auto' or []"
+        )
     return list(setting or [])
 
 
@@ -81,7 +92,9 @@ def mark_zero3_leaves(model, hyper: dict, where: str) -> list[str]:
     try:
         set_z3_leaf_modules(model, leaf)
     except ValueError:
-        raise SystemExit(f"zero3_leaf_modules {leaf}: no module of {where} has such a class") from None
+        raise SystemExit(
+            f"zero3_leaf_modules {leaf}: no module of {where} has such a class"
+        ) from None
     # DeepSpeed 0.19 loses track of a leaf whose input needs no gradient (layer 0 under LoRA,
     # the embeddings being frozen) and meets a released LoRA weight in the backward pass;
     # an embedding output that requires grad costs layer 0's input gradient only.
@@ -95,11 +108,23 @@ def param_groups(model, hyper: dict) -> list[dict]:
     for name, p in model.named_parameters():
         if p.requires_grad:
             (head if "modules_to_save" in name else rest).append(p)
-    groups = [{"name": "all" if hyper["method"] == "full" else "lora", "params": rest,
-               "lr": hyper["lr"], "weight_decay": hyper["weight_decay"]}]
+    groups = [
+        {
+            "name": "all" if hyper["method"] == "full" else "lora",
+            "params": rest,
+            "lr": hyper["lr"],
+            "weight_decay": hyper["weight_decay"],
+        }
+    ]
     if head:
-        groups.append({"name": "modules_to_save", "params": head,
-                       "lr": hyper.get("lm_head_lr") or hyper["lr"], "weight_decay": hyper["weight_decay"]})
+        groups.append(
+            {
+                "name": "modules_to_save",
+                "params": head,
+                "lr": hyper.get("lm_head_lr") or hyper["lr"],
+                "weight_decay": hyper["weight_decay"],
+            }
+        )
     return groups
 
 

@@ -27,8 +27,12 @@ def token_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sft_sum(model, batch: dict) -> tuple[torch.Tensor, dict]:
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                           batch["labels"][:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+    loss = F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        batch["labels"][:, 1:].reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+    )
     return loss, {}
 
 
