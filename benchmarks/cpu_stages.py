@@ -188,7 +188,8 @@ def main() -> None:
     for r in toks:
         print(
             f"  {r['tokenizer']:<24} {r['what']:<40} {r['rows_per_s']:9.0f} rows/s "
-            f"{r['tokens_per_s']:11.0f} tok/s {r['seconds']:7.3f} s  x{r['x_vs_stage']:.2f} vs stage"
+            f"{r['tokens_per_s']:11.0f} tok/s {r['seconds']:7.3f} s  "
+            f"x{r['x_vs_stage']:.2f} vs stage"
         )
     load = {"cpus": os.cpu_count(), "before": load_before, "after": os.getloadavg()}
     print(f"load average (1/5/15 min) before {load['before']}, after {load['after']}")

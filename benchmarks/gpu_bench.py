@@ -1,7 +1,8 @@
 """GPU benchmark of arenaflow's own training and generation paths against the device's limits.
 
     python benchmarks/gpu_bench.py --out bench.json [--parts ceilings,train,generate]
-        [--train method=lora,micro=4 method=full,micro=16,persist=1e12 ...] [--layers 24 --hidden 2048]
+        [--train method=lora,micro=4 method=full,micro=16,persist=1e12 ...]
+        [--layers 24 --hidden 2048]
 
 Builds a Llama-shaped model with random bf16 weights (throughput does not depend on weight
 values; 24 x 2048 is 1.2 B parameters) and synthetic corpora with sha256 manifests, then
@@ -10,14 +11,14 @@ measures, in one run:
 - training tokens/s through `python -m arenaflow.train` (DeepSpeed ZeRO-3, NCCL, 1 GPU), one
   run per --train spec (keys: method lora|full, micro rows per micro-batch, persist the ZeRO-3
   persistence threshold, corpus fixed|mixed row lengths, bucket 1|0 length bucketing, leaf
-  auto|none|Class+Class: ZeRO-3 leaf modules, fuse 1|0 fused LoRA linears, ew 1|0 fused norm and SwiGLU kernels). MFU =
-  model FLOPs per token x tokens/s / matmul peak, with model FLOPs per token 6 N (full) or
-  4 N (LoRA: no weight gradients) over the N weights that multiply (all but the input
-  embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
+  auto|none|Class+Class: ZeRO-3 leaf modules, fuse 1|0 fused LoRA linears, ew 1|0 fused norm
+  and SwiGLU kernels). MFU = model FLOPs per token x tokens/s / matmul peak, with model FLOPs
+  per token 6 N (full) or 4 N (LoRA: no weight gradients) over the N weights that multiply (all
+  but the input embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
 - generation tokens/s through arenaflow.sampling.generate at batch sizes 1..256 on each
   --gen-paths entry (GEN_PATHS), each timed on its second identical call (the first pays
-  allocation, and compilation or graph capture), against the bandwidth bound: batch x copy bandwidth / (weight bytes + the
-  KV-cache bytes read per decode step).
+  allocation, and compilation or graph capture), against the bandwidth bound: batch x copy
+  bandwidth / (weight bytes + the KV-cache bytes read per decode step).
 """
 
 from __future__ import annotations
@@ -288,7 +289,8 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
 
 
 def kernel_kind(name: str) -> str:
-    """A CUDA kernel's family, from its name: matrix products, compiled (Triton) fusions, the rest."""
+    """A CUDA kernel's family, from its name: matrix products, compiled (Triton) fusions, the
+    rest."""
     low = name.lower()
     if any(k in low for k in ("gemm", "nvjet", "cutlass", "cublas", "gemv", "splitk")):
         return "matmul"
@@ -443,7 +445,8 @@ def main() -> None:
             print(f"train {s}: FAILED {r['error'][-800:]}")
         else:
             print(
-                f"train {s:60s} {r['tokens_per_s']:9.0f} tok/s  {r['step_s']:.3f} s/step  MFU {r['mfu']:.1%}  "
+                f"train {s:60s} {r['tokens_per_s']:9.0f} tok/s  {r['step_s']:.3f} s/step  "
+                f"MFU {r['mfu']:.1%}  "
                 f"peak {r['peak_gpu_mem_gib']} GiB"
             )
     for g in res["generation"]:
@@ -453,7 +456,8 @@ def main() -> None:
             f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)"
             + (
                 f"; decode step {g['graph_step_ms']:.2f} ms (eager {g['eager_step_ms']:.2f}), "
-                f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms of GPU time per step: "
+                f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms "
+                "of GPU time per step: "
                 + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
                 if "graph_step_ms" in g
                 else ""

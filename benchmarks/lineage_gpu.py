@@ -547,32 +547,39 @@ def table(rep: dict) -> str:
     s = rep["summary"]
     rows = [
         f"whole DAG: {_f(s['dag_wall_s'])} s wall, {s['jobs_done']}/{s['jobs_total']} jobs, "
-        f"complete: {s['complete']}, GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
+        f"complete: {s['complete']}, "
+        f"GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
         f"({s['gpu_samples']} samples); GPU jobs' start-up {_f(s['gpu_startup_s_sum'])} s, "
         f"work {_f(s['gpu_work_s_sum'])} s (summed)"
     ]
     c = s.get("critical_chain") or {}
     if c.get("jobs"):
         rows.append(
-            f"critical chain: {len(c['jobs'])} jobs over {_f(c['span_s'])} s: {c['gpu_jobs']} GPU jobs "
-            f"(start-up {_f(c['gpu_startup_s'])} s, work {_f(c['gpu_work_s'])} s, exit {_f(c['gpu_exit_s'])} s) "
+            f"critical chain: {len(c['jobs'])} jobs over {_f(c['span_s'])} s: "
+            f"{c['gpu_jobs']} GPU jobs "
+            f"(start-up {_f(c['gpu_startup_s'])} s, work {_f(c['gpu_work_s'])} s, "
+            f"exit {_f(c['gpu_exit_s'])} s) "
             f"and {_f(c['other_jobs_s'])} s of other jobs"
         )
     rows += [
         "",
-        "| stage | jobs | wall s (sum / median / span) | start-up s (median) | first batch/step s (median) "
-        "| exit s (median) | tokens/s (work) | steady tokens/s (median) | GPU busy after load (mean / min) "
+        "| stage | jobs | wall s (sum / median / span) | start-up s (median) "
+        "| first batch/step s (median) | exit s (median) | tokens/s (work) "
+        "| steady tokens/s (median) | GPU busy after load (mean / min) "
         "| GPU busy after first batch/step (median) | overlap (median) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for rule, st in rep["stages"].items():
         rows.append(
-            f"| {rule} | {st['finished']}/{st['jobs']} | {_f(st['wall_s_sum'])} / {_f(st['wall_s_median'])} / "
-            f"{_f(st['span_s'])} | {_f(st.get('startup_s_median'))} | {_f(st.get('first_unit_s_median'))} | "
+            f"| {rule} | {st['finished']}/{st['jobs']} | "
+            f"{_f(st['wall_s_sum'])} / {_f(st['wall_s_median'])} / {_f(st['span_s'])} | "
+            f"{_f(st.get('startup_s_median'))} | {_f(st.get('first_unit_s_median'))} | "
             f"{_f(st.get('exit_s_median'))} | {_f(st.get('tokens_per_s'), 0)} | "
             f"{_f(st.get('steady_tokens_per_s_median'), 0)} | "
-            f"{_f(st.get('gpu_busy_after_load'), pct=True)} / {_f(st.get('gpu_busy_after_load_min'), pct=True)} | "
-            f"{_f(st.get('gpu_busy_steady_median'), pct=True)} | {_f(st.get('overlap_median'), pct=True)} |"
+            f"{_f(st.get('gpu_busy_after_load'), pct=True)} / "
+            f"{_f(st.get('gpu_busy_after_load_min'), pct=True)} | "
+            f"{_f(st.get('gpu_busy_steady_median'), pct=True)} | "
+            f"{_f(st.get('overlap_median'), pct=True)} |"
         )
     t = rep["targets"]
     rows.append("")
@@ -581,15 +588,18 @@ def table(rep: dict) -> str:
     else:
         d, g, tr = t["dag_wall"], t["gpu_busy_after_load"], t["train_tokens_per_s"]
         rows.append(
-            f"target whole DAG <= {d['target_s']:.0f} s: {_f(d['measured_s'])} s -> {'MET' if d['met'] else 'NOT MET'}"
+            f"target whole DAG <= {d['target_s']:.0f} s: {_f(d['measured_s'])} s -> "
+            f"{'MET' if d['met'] else 'NOT MET'}"
         )
         rows.append(
-            f"target GPU busy >= {100 * g['target']:.0f} % after load in every GPU job: {len(g['below'])} of "
+            f"target GPU busy >= {100 * g['target']:.0f} % after load in every GPU job: "
+            f"{len(g['below'])} of "
             f"{g['jobs']} below -> {'MET' if g['met'] else 'NOT MET'}"
         )
         rows.append(
             f"target LoRA training >= {tr['target']:,.0f} tokens/s (steady, per arm): min "
-            f"{_f(tr['min_steady'], 0)} {tr['per_arm_steady']} -> {'MET' if tr['met'] else 'NOT MET'}"
+            f"{_f(tr['min_steady'], 0)} {tr['per_arm_steady']} -> "
+            f"{'MET' if tr['met'] else 'NOT MET'}"
         )
     return "\n".join(rows)
 

@@ -1,7 +1,7 @@
 """Weight-space merges (issue 19): arenaflow.merge's streamed merge against loading everything.
 
-    python benchmarks/merge_bench.py [--dir /tmp/merge_bench] [--out-root DIR] [--repeats 3] [--no-peft]
-                                     [--out merge.json]
+    python benchmarks/merge_bench.py [--dir /tmp/merge_bench] [--out-root DIR] [--repeats 3]
+                                     [--no-peft] [--out merge.json]
 
 Builds synthetic parents of a Llama-3.2-1B-like shape (16 layers, hidden 2048, MLP 8192, 8 KV
 heads of 64, vocab 128,256, tied embeddings; 1.24 B parameters) once under --dir:
@@ -338,22 +338,26 @@ def report(res: dict) -> None:
         merge_s = s["phases_s"]["merge"]
         print(f"\n{label}: {s['bytes_read'] / 1e9:.3f} GB of tensors read")
         print(
-            f"  streamed, whole call    {s['wall_s']:6.2f} s  {gb(s):5.2f} GB/s  peak RSS {s['VmHWM'] / 2**20:6.0f} MiB"
+            f"  streamed, whole call    {s['wall_s']:6.2f} s  {gb(s):5.2f} GB/s  "
+            f"peak RSS {s['VmHWM'] / 2**20:6.0f} MiB"
             f"  (after imports {s['rss_after_imports'] / 2**20:.0f} MiB)"
         )
         print(
-            f"    phases: verify parents {s['phases_s']['verify_parents']:.2f} s, merge {merge_s:.2f} s "
-            f"({s['bytes_read'] / merge_s / 1e9:.2f} GB/s), output manifest {s['phases_s']['manifest_write']:.2f} s"
+            f"    phases: verify parents {s['phases_s']['verify_parents']:.2f} s, "
+            f"merge {merge_s:.2f} s ({s['bytes_read'] / merge_s / 1e9:.2f} GB/s), "
+            f"output manifest {s['phases_s']['manifest_write']:.2f} s"
         )
         for mode in ("loadall", "peft"):
             if mode in rows:
                 r = rows[mode]
                 print(
-                    f"  {mode:8s}                {r['wall_s']:6.2f} s  {gb(r):5.2f} GB/s  peak RSS {r['VmHWM'] / 2**20:6.0f} MiB"
+                    f"  {mode:8s}                {r['wall_s']:6.2f} s  {gb(r):5.2f} GB/s  "
+                    f"peak RSS {r['VmHWM'] / 2**20:6.0f} MiB"
                     f"  (after imports {r['rss_after_imports'] / 2**20:.0f} MiB)"
                 )
                 print(
-                    f"    streamed / {mode}: wall x{s['wall_s'] / r['wall_s']:.2f} (merge phase only x{merge_s / r['wall_s']:.2f}),"
+                    f"    streamed / {mode}: wall x{s['wall_s'] / r['wall_s']:.2f} "
+                    f"(merge phase only x{merge_s / r['wall_s']:.2f}),"
                     f" peak RSS x{s['VmHWM'] / r['VmHWM']:.2f}"
                 )
     print(f"\noutputs identical, streamed vs load-all: {res['identical']}")

@@ -1,6 +1,7 @@
 """ZeRO-3 training over NCCL on the GPUs of one host, against the same run on one GPU.
 
-    python benchmarks/multi_gpu.py --out multi_gpu.json [--gpus 2 --layers 24 --hidden 2048 --steps 12]
+    python benchmarks/multi_gpu.py --out multi_gpu.json
+        [--gpus 2 --layers 24 --hidden 2048 --steps 12]
 
 With the model and corpus builders of gpu_bench.py, for LoRA and full fine-tuning:
 1. one run on 1 GPU (grad_accum = gpus) and one on `gpus` GPUs (grad_accum 1) at the same
@@ -32,7 +33,8 @@ import gpu_bench  # noqa: E402  (a sibling script, not a package)
 
 
 def hyper(method: str, micro: int, accum: int, steps: int, seq: int, **extra) -> dict:
-    # learning rates that move a random model's loss visibly in 10 steps, so agreement means something
+    # learning rates that move a random model's loss visibly in 10 steps, so agreement means
+    # something
     return gpu_bench.hyperparameters(
         method, micro, accum, steps, seq, 2e-4 if method == "lora" else 2e-5, **extra
     )
@@ -218,8 +220,10 @@ def main() -> None:
         row = res.get(method, {})
         if "scaling_efficiency" in row:
             print(
-                f"{method}: 1 GPU {row['one']['tokens_per_s']:.0f} tok/s, {n} GPUs {row['many']['tokens_per_s']:.0f} "
-                f"tok/s, scaling efficiency {row['scaling_efficiency']:.1%}, loss max rel diff {row['loss_max_rel_diff']:.2e}"
+                f"{method}: 1 GPU {row['one']['tokens_per_s']:.0f} tok/s, "
+                f"{n} GPUs {row['many']['tokens_per_s']:.0f} tok/s, "
+                f"scaling efficiency {row['scaling_efficiency']:.1%}, "
+                f"loss max rel diff {row['loss_max_rel_diff']:.2e}"
             )
     for check, passed in res["checks"].items():
         print(("PASS " if passed else "FAIL ") + check)

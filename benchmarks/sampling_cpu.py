@@ -54,8 +54,9 @@ def main() -> None:
     print(f"{args.prompts} prompts x k={args.k} on models/tiny-arith, T=0.8, max_new_tokens 48")
     for r in results:
         print(
-            f"batch {r['batch_size']:4d}: {r['samples_per_s']:8.1f} samples/s  {r['tokens_per_s']:8.0f} tok/s  "
-            f"{r['seconds']:6.1f} s  x{r['samples_per_s'] / base:.2f} vs batch {results[0]['batch_size']}"
+            f"batch {r['batch_size']:4d}: {r['samples_per_s']:8.1f} samples/s  "
+            f"{r['tokens_per_s']:8.0f} tok/s  {r['seconds']:6.1f} s  "
+            f"x{r['samples_per_s'] / base:.2f} vs batch {results[0]['batch_size']}"
         )
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

@@ -145,8 +145,9 @@ def main() -> None:
     for r in rows:
         print(f"zero3_leaf_modules {str(r['leaf']):6s}: {r['step_s'] * 1e3:7.1f} ms/step")
     print(
-        f"best of two: hooks on every submodule {best['none'] * 1e3:.1f} ms/step, one unit per block "
-        f"{best['auto'] * 1e3:.1f} ms/step: x{best['none'] / best['auto']:.2f}; largest loss difference {diff:.1e}"
+        f"best of two: hooks on every submodule {best['none'] * 1e3:.1f} ms/step, "
+        f"one unit per block {best['auto'] * 1e3:.1f} ms/step: "
+        f"x{best['none'] / best['auto']:.2f}; largest loss difference {diff:.1e}"
     )
     if args.out:
         Path(args.out).write_text(

@@ -20,7 +20,8 @@ Lineage 000's "Final blocks" bar (docs/lineages.md#000-the-pre-registered-bar), 
     - {suite: chat, regime: served, metric: words_t, op: ">", value: 1.9}
     - {suite: chat, regime: served, metric: loop_rate, vs: control, op: "<=", value: 2.0}
     - {suite: chat, regime: served, metric: empty_rate, vs: control, op: "<=", value: 2.0}
-    - {suite: math, regime: served, metric: delta, op: ">=", noise: {stat: mean_abs_delta, times: -1}}
+    - {suite: math, regime: served, metric: delta, op: ">=",
+       noise: {stat: mean_abs_delta, times: -1}}
 """
 
 from __future__ import annotations

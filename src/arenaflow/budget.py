@@ -395,9 +395,12 @@ class Budget:
         )
         raise BudgetError(
             f"GPU-minute budget: arm {arm!r} would overrun the budget: its estimate is "
-            f"{e.own + e.sampling:.1f} GPU-minutes (training {e.train:.1f}, readouts {e.readouts:.1f}"
-            f"{f', sampling corpus {e.corpus} {e.sampling:.1f}' if e.sampling else ''}){with_others}, "
-            f"and {left:.1f} of {self.settings['gpu_minutes']:.1f} GPU-minutes are left. Nothing was "
-            "submitted. `python -m arenaflow.plan` lists the pending arms with their estimates and "
+            f"{e.own + e.sampling:.1f} GPU-minutes (training {e.train:.1f}, "
+            f"readouts {e.readouts:.1f}"
+            f"{f', sampling corpus {e.corpus} {e.sampling:.1f}' if e.sampling else ''})"
+            f"{with_others}, "
+            f"and {left:.1f} of {self.settings['gpu_minutes']:.1f} GPU-minutes are left. "
+            "Nothing was submitted. "
+            "`python -m arenaflow.plan` lists the pending arms with their estimates and "
             "picks the ones that fit; raise budget.gpu_minutes only if the allocation allows it."
         )

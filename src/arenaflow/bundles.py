@@ -240,7 +240,8 @@ def generation_config(tokenizer, serving: dict) -> dict:
 
 def save_tokenizer(base_model: str, template: str, out: Path):
     """The base's tokenizer with `template` as its chat template, which servers read from either
-    file, so both carry it. Nothing else changes (no pad token is added): it reloads as the base's."""
+    file, so both carry it. Nothing else changes (no pad token is added): it reloads as the
+    base's."""
     tok = models.load_tokenizer(base_model)
     tok.chat_template = template
     tok.save_pretrained(str(out))

@@ -1,17 +1,18 @@
 """On-policy candidates: k samples per prompt from a policy, then a verdict for every sample.
 
-    python -m arenaflow.candidates sample --pool pools/P.jsonl --base-model DIR [--adapter runs/A/final]
-        --system-prompt S --params-json '{"k": 4, "temperature": 0.8, ...}' --out candidates/C/samples.jsonl
+    python -m arenaflow.candidates sample --pool pools/P.jsonl --base-model DIR
+        [--adapter runs/A/final] --system-prompt S
+        --params-json '{"k": 4, "temperature": 0.8, ...}' --out candidates/C/samples.jsonl
     python -m arenaflow.candidates verify --pool pools/P.jsonl --samples candidates/C/samples.jsonl
         --out candidates/C/verdicts.jsonl
 
 A verdict records length, whether the sample stopped on a stop token and the degeneracy flags
-(empty, loop = rep_ratio(6) >= 0.25, low n-gram uniqueness, truncated, U+FFFD), plus, by pool
-kind: math, arenaflow.verify.check's extracted answer and verdicts; instruction following, the
-constraint checker's verdict and a reason per failed check. `correct` (what rejection sampling
-keeps): math, verify.check's `correct`; instruction following, every check passes and no loop; open-ended,
-no loop, no low uniqueness and at least the row's min_chars; and for all, stopped, non-empty,
-free of U+FFFD.
+(empty, loop = rep_ratio(6) >= 0.25, low n-gram uniqueness, truncated, U+FFFD), plus, by pool kind:
+math, arenaflow.verify.check's extracted answer and verdicts; instruction following, the constraint
+checker's verdict and a reason per failed check. `correct` (what rejection sampling keeps): math,
+verify.check's `correct`; instruction following, every check passes and no loop; open-ended, no
+loop, no low uniqueness and at least the row's min_chars; and for all, stopped, non-empty, free of
+U+FFFD.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import numpy as np
 IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 
 # Only if/for/set and plain expressions: no environment-specific globals such as
-# raise_exception, so every Jinja loader compiles it (docs/lineages.md#000-the-b3-to-b3f-template-fix).
+# raise_exception, so every Jinja loader compiles it
+# (docs/lineages.md#000-the-b3-to-b3f-template-fix).
 # An unknown role is rendered as given and None content as empty, never raised.
 CHATML_TEMPLATE = (
     "{%- for message in messages -%}"

@@ -234,7 +234,8 @@ def _check_kind(data: dict, path: Path) -> None:
 
 
 def alpha_id(alpha: float) -> str:
-    """0.5 -> 'a0p5', 2 -> 'a2', -0.5 -> 'am0p5': an arm id may hold neither '.' nor a leading '-'."""
+    """0.5 -> 'a0p5', 2 -> 'a2', -0.5 -> 'am0p5': an arm id may hold neither '.' nor a leading
+    '-'."""
     return "a" + f"{alpha:g}".replace("-", "m").replace(".", "p")
 
 
@@ -329,8 +330,8 @@ def resolve(
     sources=(),
 ) -> dict:
     """Validate `config` and its arm files; return a resolved copy with `arms` filled in:
-    {arm: {init, corpus, priority, hyper (defaults merged), file, lineage}}. `sources`: the YAML files
-    merged into `config`, to name the line of a key at fault."""
+    {arm: {init, corpus, priority, hyper (defaults merged), file, lineage}}. `sources`: the YAML
+    files merged into `config`, to name the line of a key at fault."""
     schema, arm_schema, registry = _schemas(schema_dir)
     _validate(config, schema, registry, config_file)
     cfg = copy.deepcopy(config)
@@ -382,15 +383,16 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
             )
         if c["policy"] not in RESERVED and c["policy"] not in raw:
             raise ConfigError(
-                f"{where}/policy': {c['policy']!r} is not 'base', 'reference' or an arm in {arms_dir}"
+                f"{where}/policy': {c['policy']!r} is not 'base', 'reference' "
+                f"or an arm in {arms_dir}"
             )
         cfg["corpora"][cid] = _defaults(corpus_props, c)
 
 
 def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
-    """{arm: {kind, init, corpus, description, priority, hyper, file, lineage}} (merges also `merge`, doses
-    `dose`): an arm continues or merges known arms of its own method, and a trained arm trains
-    on a corpus of the format its objective needs."""
+    """{arm: {kind, init, corpus, description, priority, hyper, file, lineage}} (merges also
+    `merge`, doses `dose`): an arm continues or merges known arms of its own method, and a trained
+    arm trains on a corpus of the format its objective needs."""
     arms = {}
     for arm, data in raw.items():
         if arm_kind(data) == TRAINED:

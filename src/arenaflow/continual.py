@@ -123,7 +123,8 @@ def resolve_refs(cfg: dict, raw: dict, files: dict, config_file: str, error) -> 
         rnd = value[NOMINEE]
         if rnd not in cfg["rounds"]:
             raise error(
-                f"{where}: unknown round {rnd!r} in {{nominee: {rnd}}}; known: {sorted(cfg['rounds'])}"
+                f"{where}: unknown round {rnd!r} in {{nominee: {rnd}}}; "
+                f"known: {sorted(cfg['rounds'])}"
             )
         alias = nominee_id(rnd)
         if alias in raw and NOMINEE not in raw[alias]:
@@ -171,7 +172,8 @@ def stop_reason(
     pending GPU-minutes exceed what is left, else None."""
     m = stop.get("after_kept_rounds")
     if m and len(kept) >= m and all(kept[-m:]):
-        return f"stopped: {m} round(s) in a row kept their incumbent ({', '.join(rounds[index - m : index])})"
+        streak = ", ".join(rounds[index - m : index])
+        return f"stopped: {m} round(s) in a row kept their incumbent ({streak})"
     return over_budget(rounds[index])
 
 

@@ -3,15 +3,16 @@
     python -m arenaflow.corpora --corpus C --pool pools/P.jsonl [--samples S --verdicts V]
         --tokenizer DIR --system-prompt S --params-json '{...}' --out corpora/C
 
-Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json} (pairs.npz instead of
-sft.npz for `format: pairs`: one verified and one failed answer per prompt, for DPO/SimPO). With verdicts, each prompt
-keeps at most one verified-correct sample (by `select`: the median-length one by default);
+Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json} (pairs.npz instead of sft.npz for
+`format: pairs`: one verified and one failed answer per prompt, for DPO/SimPO). With verdicts, each
+prompt keeps at most one verified-correct sample (by `select`: the median-length one by default);
 unsolved prompts are dropped and counted; stats.json `verifier` names the math verifier
 (arenaflow.verify.verifier) of this environment. Without (policy 'reference'), each prompt's worked
 solution is the target. Rows whose prompt shares a 30-token shingle with an evaluation item are
 dropped and listed (stats.json `decontamination`); `coverage:` then keeps the subset an exact
-integer program picks under a row/token budget with per-group bounds (stats.json `coverage`). sft.npz holds the token ids of each rendered conversation and an
-assistant-only loss mask (arenaflow.chat.encode_with_mask), concatenated, with row offsets.
+integer program picks under a row/token budget with per-group bounds (stats.json `coverage`).
+sft.npz holds the token ids of each rendered conversation and an assistant-only loss mask
+(arenaflow.chat.encode_with_mask), concatenated, with row offsets.
 """
 
 from __future__ import annotations

@@ -89,8 +89,9 @@ def select(
     status = pulp.LpStatus[prob.solve(cbc())]
     if status != "Optimal":
         raise CoverageError(
-            f"CBC status {status}: no subset keeps at most one row per prompt and meets the minimums "
-            f"{mins} and maxima {maxs} within row_budget={row_budget}, token_budget={token_budget}"
+            f"CBC status {status}: no subset keeps at most one row per prompt "
+            f"and meets the minimums {mins} and maxima {maxs} "
+            f"within row_budget={row_budget}, token_budget={token_budget}"
         )
     chosen = [i for i, xi in enumerate(x) if xi.value() is not None and xi.value() > 0.5]
     return Selection(

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     io.write_jsonl(args.out, kept)
     io.write_json(args.record, {**record, "train": args.train, "eval": args.eval})
     print(
-        f"decontam: kept {record['kept']} of {record['train_rows']}, dropped {record['dropped']} -> {args.out}"
+        f"decontam: kept {record['kept']} of {record['train_rows']}, "
+        f"dropped {record['dropped']} -> {args.out}"
     )
 
 

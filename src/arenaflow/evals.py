@@ -3,10 +3,11 @@
     python -m arenaflow.evals readout --suite math --arm B3 --pool pools/math_eval.jsonl \
         --base-model DIR [--adapter runs/B3/final] --regime greedy --regime-json '{...}' \
         --replicate 0 --seed 0 --system-prompt S --out readouts/math/B3/greedy.r0.parquet
-    python -m arenaflow.evals compare --suite math --regime served --cand B3.r0.parquet B3.r1.parquet \
-        --ref R2d.r0.parquet R2d.r1.parquet --out compare/math/served/B3__R2d.json
-    python -m arenaflow.evals noise --suite math --regime served --readouts R2d.r0.parquet R2d.r1.parquet \
-        R2d.r2.parquet --out noise/math/served/R2d.json
+    python -m arenaflow.evals compare --suite math --regime served \
+        --cand B3.r0.parquet B3.r1.parquet --ref R2d.r0.parquet R2d.r1.parquet \
+        --out compare/math/served/B3__R2d.json
+    python -m arenaflow.evals noise --suite math --regime served \
+        --readouts R2d.r0.parquet R2d.r1.parquet R2d.r2.parquet --out noise/math/served/R2d.json
 
 A readout is one parquet per (suite, arm, regime, replicate), one row per item, carrying the
 prompt and target hashes so a comparison can prove both sides saw the same items, and the
@@ -417,7 +418,8 @@ def _readout_cmd(args) -> None:
         },
     )
     print(
-        f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items -> {args.out}"
+        f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
+        f"-> {args.out}"
     )
     jobclock.done(args.out, tokens=int(df["n_tokens"].sum()), seconds=seconds)
 
@@ -435,7 +437,8 @@ def _compare_cmd(args) -> None:
     io.write_json(args.out, manifest.seal(res))
     t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
     print(
-        f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, W/L {res['wins']}/{res['losses']}, "
+        f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, "
+        f"W/L {res['wins']}/{res['losses']}, "
         f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}"
     )
 
@@ -456,7 +459,8 @@ def _noise_cmd(args) -> None:
     t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
     print(
         f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
-        f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, spread {res['spread']:.2f} pt, "
+        f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, "
+        f"spread {res['spread']:.2f} pt, "
         f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}"
     )
 

@@ -403,13 +403,21 @@ def describe(constraint: dict) -> str:
     if t == "para":
         return f"Write exactly {_plural(n, 'paragraph')}, separated by blank lines."
     if t == "bullet":
-        return f'Include exactly {_plural(n, "bullet point")}, each on its own line starting with "* ".'
+        return (
+            f"Include exactly {_plural(n, 'bullet point')}, "
+            'each on its own line starting with "* ".'
+        )
     if t == "numbered":
-        return f'Include a numbered list of exactly {_plural(n, "item")}, numbered "1.", "2.", and so on.'
+        return (
+            f"Include a numbered list of exactly {_plural(n, 'item')}, "
+            'numbered "1.", "2.", and so on.'
+        )
     if t == "contains":
-        return f"Include the {'word' if len(c['words']) == 1 else 'words'} {_quoted_list(c['words'], 'and')}."
+        word = "word" if len(c["words"]) == 1 else "words"
+        return f"Include the {word} {_quoted_list(c['words'], 'and')}."
     if t == "no_word":
-        return f"Do not use the {'word' if len(c['words']) == 1 else 'words'} {_quoted_list(c['words'], 'or')}."
+        word = "word" if len(c["words"]) == 1 else "words"
+        return f"Do not use the {word} {_quoted_list(c['words'], 'or')}."
     if t == "no_char":
         named = {
             ",": "commas",

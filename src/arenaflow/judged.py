@@ -20,8 +20,8 @@ exact two-sided sign test (= exact McNemar) over the discordant pairs.
 
     python -m arenaflow.judged pack --pool pools/P.jsonl --a READOUT_X --b READOUT_Y --n 40 \\
         --seed 20261005 --out judged/X_vs_Y --key judged/X_vs_Y.key.json
-    python -m arenaflow.judged score --pairs judged/X_vs_Y/pairs.jsonl --key judged/X_vs_Y.key.json \\
-        --scores scores.csv --out judged/X_vs_Y.result.json
+    python -m arenaflow.judged score --pairs judged/X_vs_Y/pairs.jsonl \\
+        --key judged/X_vs_Y.key.json --scores scores.csv --out judged/X_vs_Y.result.json
 """
 
 from __future__ import annotations

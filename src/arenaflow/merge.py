@@ -22,17 +22,17 @@ parent's adapter): a module's delta in parent i is s_i B_i A_i (s_i = lora_alpha
     sum_i w_i s_i B_i A_i  =  [w_1 s_1 B_1, w_2 s_2 B_2, ...] @ [A_1; A_2; ...]
 
 which is exactly one adapter of concatenated rank with scaling 1 (lora_alpha = r; exact up to
-rounding w_i s_i B_i once to the parents' dtype, nothing when s_i w_i is a power of 2). Averaging the
-A and B matrices instead would give (sum w_i B_i)(sum w_j A_j), whose cross terms B_i A_j belong
-to no parent. Parents of different ranks or target modules are padded with zero rows/columns so
-that every module has the same rank R (zero factors add nothing, so this stays exact and loads
-with a plain PeftModel.from_pretrained). With rank=k each module's delta is instead truncated to
-its best rank-k approximation, from the factors alone (QR of B_cat and A_cat^T, SVD of the small
-R x R core), and the relative Frobenius error of each module is recorded. The output's
-adapter_config.json is the first parent's with r, lora_alpha, rank_pattern/alpha_pattern,
-use_rslora and modules_to_save (the union) replaced; target_modules is the union of the parents'
-when PEFT would match exactly the modules written with it, else their full names (a parent's
-layers_to_transform and exclude_modules are cleared, so the union could reach further).
+rounding w_i s_i B_i once to the parents' dtype, nothing when s_i w_i is a power of 2). Averaging
+the A and B matrices instead would give (sum w_i B_i)(sum w_j A_j), whose cross terms B_i A_j belong
+to no parent. Parents of different ranks or target modules are padded with zero rows/columns so that
+every module has the same rank R (zero factors add nothing, so this stays exact and loads with a
+plain PeftModel.from_pretrained). With rank=k each module's delta is instead truncated to its best
+rank-k approximation, from the factors alone (QR of B_cat and A_cat^T, SVD of the small R x R core),
+and the relative Frobenius error of each module is recorded. The output's adapter_config.json is the
+first parent's with r, lora_alpha, rank_pattern/alpha_pattern, use_rslora and modules_to_save (the
+union) replaced; target_modules is the union of the parents' when PEFT would match exactly the
+modules written with it, else their full names (a parent's layers_to_transform and exclude_modules
+are cleared, so the union could reach further).
 
 Tensors an adapter carries whole (modules_to_save, e.g. lm_head) follow the formula as they are;
 a parent without one contributes the base's (for a tied head, the base's input embedding).
@@ -538,8 +538,9 @@ def check_adapter_config(p: Parent) -> None:
 
 
 def pattern_key(patterns: dict, module: str) -> str:
-    """The rank_pattern/alpha_pattern key that applies to `module`, as peft.utils.other.get_pattern_key
-    matches it (PEFT 0.21; importing PEFT would cost this job ~2.5 s)."""
+    """The rank_pattern/alpha_pattern key that applies to `module`, as
+    peft.utils.other.get_pattern_key matches it (PEFT 0.21; importing PEFT would cost this job
+    ~2.5 s)."""
     return next((k for k in patterns if re.match(rf"(.*\.)?({k})$", module)), module)
 
 
@@ -559,7 +560,8 @@ def scaling(p: Parent, module: str, r: int) -> float:
 
 def split_keys(p: Parent) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
     """{module: {"A": key, "B": key}} and {base key: key} of the tensors carried whole
-    (modules_to_save, and an adapted embedding's own weight, which PEFT saves beside its factors)."""
+    (modules_to_save, and an adapted embedding's own weight, which PEFT saves beside its
+    factors)."""
     factors, whole = {}, {}
     saved = p.config.get("modules_to_save") or []
     for key in p.index:
@@ -909,7 +911,8 @@ def merge(
     kind = check_kinds(used)
     if rank is not None and kind == "full":
         raise MergeError(
-            f"rank {rank}: an SVD rank applies to LoRA parents, {[p.arm for p in used]} hold full weights"
+            f"rank {rank}: an SVD rank applies to LoRA parents, "
+            f"{[p.arm for p in used]} hold full weights"
         )
     base = load_base(base_model)
     t = time.perf_counter()

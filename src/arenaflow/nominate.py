@@ -1,6 +1,7 @@
 """Pre-register a round's bar, then apply it to the candidates and name the arm it promotes.
 
-    python -m arenaflow.nominate register --round r3 --round-json '{...}' --out nominations/r3.bar.json
+    python -m arenaflow.nominate register --round r3 --round-json '{...}' \
+        --out nominations/r3.bar.json
     python -m arenaflow.nominate judge --round r3 --round-json '{...}' \
         --registration nominations/r3.bar.json --compare compare/math/greedy/B1__R2d.json ... \
         [--noise noise/math/served/R2d.json ...] --readouts readouts/math/B1/greedy.r0.parquet ... \
@@ -123,8 +124,9 @@ def check_bar(round_id: str, rnd: dict, registered: dict | None, where: str) -> 
     sha, reg_sha = bar_sha256(bar.resolve(rnd)), registered["bar_sha256"]
     if sha != reg_sha and not _retirement(rnd, reg_sha):
         raise RegistrationError(
-            f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) is not the bar "
-            f"registered for {round_id} at {registered['registered_utc']} (sha256 {reg_sha}, {where}): "
+            f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) "
+            f"is not the bar registered for {round_id} at {registered['registered_utc']} "
+            f"(sha256 {reg_sha}, {where}): "
             "the bar was edited after registration. " + HONEST
         )
 
@@ -193,9 +195,9 @@ def check_registration(
     )
     if sha != reg_sha:
         raise RegistrationError(
-            f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) is not the bar "
-            f"registered at {reg_at} (sha256 {reg_sha[:16]}...): the bar was edited after registration. "
-            + HONEST
+            f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) "
+            f"is not the bar registered at {reg_at} (sha256 {reg_sha[:16]}...): "
+            "the bar was edited after registration. " + HONEST
         )
     late = [
         (p, t, how) for p, (t, how) in sorted(readout_times.items()) if _time(t) < _time(reg_at)
@@ -203,11 +205,14 @@ def check_registration(
     if late:
         p, t, how = min(late, key=lambda x: _time(x[1]))
         raise RegistrationError(
-            f"round {round_id}: refused. The bar was registered at {reg_at}, after {len(late)} of the "
-            f"{len(readout_times)} candidate readouts it judges were made (e.g. {p}, created {t}, "
-            f"{'recorded in the file' if how == 'recorded' else 'file mtime'}): the bar was registered after "
-            "scoring, so it is not pre-registered. The registration stands; the candidates must be read out "
-            "after it (e.g. `snakemake --forcerun readout`), or the bar given to a round registered before them."
+            f"round {round_id}: refused. The bar was registered at {reg_at}, "
+            f"after {len(late)} of the {len(readout_times)} candidate readouts it judges were made "
+            f"(e.g. {p}, created {t}, "
+            f"{'recorded in the file' if how == 'recorded' else 'file mtime'}): "
+            "the bar was registered after scoring, so it is not pre-registered. "
+            "The registration stands; the candidates must be read out after it "
+            "(e.g. `snakemake --forcerun readout`), "
+            "or the bar given to a round registered before them."
         )
 
 
@@ -222,8 +227,9 @@ def check_against_registry(registration: dict, registry: Path) -> dict:
     theirs = (registration.get("bar_sha256"), registration.get("registered_utc"))
     if theirs != (current["bar_sha256"], current["registered_utc"]):
         raise RegistrationError(
-            f"round {current['round']}: refused. The registration file (bar sha256 {str(theirs[0])[:16]}..., "
-            f"registered {theirs[1]}) is not the registry's (sha256 {current['bar_sha256'][:16]}..., "
+            f"round {current['round']}: refused. The registration file "
+            f"(bar sha256 {str(theirs[0])[:16]}..., registered {theirs[1]}) "
+            f"is not the registry's (sha256 {current['bar_sha256'][:16]}..., "
             f"registered {current['registered_utc']}, {registry}): it was edited by hand."
         )
     return current
@@ -352,10 +358,14 @@ def load_sealed(path: str | os.PathLike, root: str | os.PathLike | None = None) 
     verdicts; with `root`, every file it names (relative to root) must still have its sha256.
     Raises SealError naming what changed."""
     rec = io.read_json(path)
-    how = "`snakemake --forcerun nominate` judges the round again; a nomination is only written by `nominate judge`"
+    how = (
+        "`snakemake --forcerun nominate` judges the round again; "
+        "a nomination is only written by `nominate judge`"
+    )
     if "digest" not in rec or "inputs" not in rec:
         raise SealError(
-            f"{path}: not sealed (no digest): written by hand or before nominations were sealed; {how}"
+            f"{path}: not sealed (no digest): "
+            f"written by hand or before nominations were sealed; {how}"
         )
     if digest(rec) != rec["digest"]:
         raise SealError(
@@ -389,7 +399,8 @@ def _register_cmd(args, rnd: dict) -> None:
     rec = record_registration(registry, args.round, rnd, legacy)
     io.write_json(out, rec)
     print(
-        f"round {args.round}: bar sha256 {rec['bar_sha256']} registered at {rec['registered_utc']} ({registry})"
+        f"round {args.round}: bar sha256 {rec['bar_sha256']} "
+        f"registered at {rec['registered_utc']} ({registry})"
     )
 
 
@@ -430,7 +441,8 @@ def _judge_cmd(args, rnd: dict) -> None:
             f"{'clears' if v['clears'] else 'fails clauses ' + str(v['failed'])}"
         )
     print(
-        f"round {args.round}: promoted {result['promoted']} ({result['reason']}); sealed {result['digest']}"
+        f"round {args.round}: promoted {result['promoted']} ({result['reason']}); "
+        f"sealed {result['digest']}"
     )
 
 
@@ -463,7 +475,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.cmd == "verify":
             rec = load_sealed(args.nomination, root=args.root)
             print(
-                f"OK {args.nomination}: digest {rec['digest']}, {len(rec['inputs'])} judged files unchanged"
+                f"OK {args.nomination}: digest {rec['digest']}, "
+                f"{len(rec['inputs'])} judged files unchanged"
             )
         elif args.cmd == "register":
             _register_cmd(args, json.loads(args.round_json))

@@ -97,9 +97,12 @@ def render(p: dict) -> str:
     s = p["spent"]
     lines = [
         f"budget {p['budget_gpu_minutes']:.1f} GPU-minutes; spent {s['total']:.1f} (before these "
-        f"results {s['before']:.1f}, training measured over {s['runs']} runs {s['training_measured']:.1f}, "
-        f"readouts/sampling on disk estimated {s['generation_estimated']:.1f}); left {p['left']:.1f}",
-        f"step time: {p['row_seconds']:.4f} s per 1024-token row per rank ({p['row_seconds_from']})",
+        f"results {s['before']:.1f}, "
+        f"training measured over {s['runs']} runs {s['training_measured']:.1f}, "
+        f"readouts/sampling on disk estimated {s['generation_estimated']:.1f}); "
+        f"left {p['left']:.1f}",
+        f"step time: {p['row_seconds']:.4f} s per 1024-token row per rank "
+        f"({p['row_seconds_from']})",
         "",
     ]
     if not p["pending"]:
@@ -148,7 +151,8 @@ def render(p: dict) -> str:
 
 
 def load_config(configfiles: list[str], overrides: list[str]) -> tuple[dict, str]:
-    """Config files merged in order, then key=value overrides: as snakemake --configfile/--config."""
+    """Config files merged in order, then key=value overrides: as snakemake
+    --configfile/--config."""
     cfg: dict = {}
     for f in configfiles:
         cfg = afconfig.merge(cfg, yaml.safe_load(Path(f).read_text()) or {})

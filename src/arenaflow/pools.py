@@ -11,7 +11,8 @@ has id, prompt, category and source; by kind:
 - open: imported open-ended prompts (`file` with `prompt`), each row carrying `min_chars`, the
   length a response needs to be kept (selection by length and termination, not correctness).
 
-    python -m arenaflow.pools --pool math_eval --params-json '{"n": 200, ...}' --out pools/math_eval.jsonl
+    python -m arenaflow.pools --pool math_eval --params-json '{"n": 200, ...}' \\
+        --out pools/math_eval.jsonl
 
 Imports read .jsonl or .parquet; a relative `file` is relative to the workflow's root (`root`,
 which arenaflow.config puts beside it). An `id`
@@ -456,7 +457,8 @@ def main(argv: list[str] | None = None) -> None:
     params = json.loads(args.params_json)
     if args.exclude is None:
         # from the section, not the command line: rules/pools.smk's command stays as it was, so
-        # pools built before `exclude` existed are not rebuilt (Snakemake reruns on a changed command)
+        # pools built before `exclude` existed are not rebuilt (Snakemake reruns on a changed
+        # command)
         args.exclude = [paths.pool(p) for p in params.get("exclude", [])]
     # the section's ids and the files must agree, or a forgotten --exclude builds a pool that
     # reuses the prompts its config says it does not

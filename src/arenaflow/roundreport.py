@@ -119,7 +119,8 @@ def merges(path: Path, rnd: dict, arms: dict, compares: dict) -> None:
     if not lines and not soups:
         _empty(
             path,
-            "No merge or dose arm among this round's candidates\n(config/arms/<arm>.yaml with merge: or dose:).",
+            "No merge or dose arm among this round's candidates\n"
+            "(config/arms/<arm>.yaml with merge: or dose:).",
         )
         return
     plt = _plt()
@@ -345,10 +346,16 @@ def _fmt(x) -> str:
 
 def nomination_html(nom: dict, registration: dict) -> str:
     e = html.escape
+
+    def threshold(c: dict) -> str:
+        if "value" in c:
+            return e(_fmt(c["value"]))
+        return e(str(c["noise"]["times"])) + " x " + e(c["noise"]["stat"])
+
     head = "".join(
         f"<th>{e(str(c['clause']))}. {e(c['metric'])}"
         f"{' vs ' + e(c['against']) if c.get('against') else ''} {e(c['op'])} "
-        f"{e(_fmt(c['value'])) if 'value' in c else e(str(c['noise']['times'])) + ' x ' + e(c['noise']['stat'])}"
+        f"{threshold(c)}"
         f"<br><small>{e(c['suite'])}/{e(c['regime'])}</small></th>"
         for c in nom["bar_resolved"]
     )
@@ -368,17 +375,25 @@ def nomination_html(nom: dict, registration: dict) -> str:
     notes = "".join(
         f"<li>{c['clause']}: {e(c['note'])}</li>" for c in nom["bar_resolved"] if c.get("note")
     )
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>round {e(nom["round"])}</title>
-<style>body{{font-family:sans-serif}} td,th{{border:1px solid #ccc;padding:4px 8px;text-align:center}}
-table{{border-collapse:collapse}} .ok{{background:#e8f5e9}} .no{{background:#ffebee}}</style></head><body>
-<h2>Round {e(nom["round"])}: promoted {e(nom["promoted"])}</h2>
-<p>{e(nom["reason"])}</p>
-<p>Primary comparison: {e(nom["suite"])}/{e(nom["regime"])} against the incumbent {e(nom["incumbent"])}.
-Bar sha256 <code>{e(nom["bar_sha256"])}</code>, registered {e(registration.get("registered_utc", "?"))}
-before the {e(str(nom.get("registration", {}).get("readouts_checked", "?")))} candidate readouts it judges.</p>
-<table><tr><th>arm</th><th>Δ (pt)</th><th>W/L</th><th>McNemar p</th><th>t (replicates)</th>{head}<th>clears</th></tr>
-{"".join(rows)}</table>{f"<ul>{notes}</ul>" if notes else ""}</body></html>
-"""
+    return (
+        '<!doctype html><html><head><meta charset="utf-8">'
+        f"<title>round {e(nom['round'])}</title>\n"
+        "<style>body{font-family:sans-serif} "
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:center}\n"
+        "table{border-collapse:collapse} .ok{background:#e8f5e9} .no{background:#ffebee}"
+        "</style></head><body>\n"
+        f"<h2>Round {e(nom['round'])}: promoted {e(nom['promoted'])}</h2>\n"
+        f"<p>{e(nom['reason'])}</p>\n"
+        f"<p>Primary comparison: {e(nom['suite'])}/{e(nom['regime'])} "
+        f"against the incumbent {e(nom['incumbent'])}.\n"
+        f"Bar sha256 <code>{e(nom['bar_sha256'])}</code>, "
+        f"registered {e(registration.get('registered_utc', '?'))}\n"
+        f"before the {e(str(nom.get('registration', {}).get('readouts_checked', '?')))} "
+        "candidate readouts it judges.</p>\n"
+        "<table><tr><th>arm</th><th>Δ (pt)</th><th>W/L</th><th>McNemar p</th>"
+        f"<th>t (replicates)</th>{head}<th>clears</th></tr>\n"
+        f"{''.join(rows)}</table>{f'<ul>{notes}</ul>' if notes else ''}</body></html>\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -123,7 +123,8 @@ def _decode_batch(
 
 
 def _sample(tokenizer, ids: list[int], stops) -> dict:
-    """{text, n_tokens, stopped} of one sample's new tokens, cut at the first stop token (which counts)."""
+    """{text, n_tokens, stopped} of one sample's new tokens, cut at the first stop token (which
+    counts)."""
     stop_at = next((j for j, t in enumerate(ids) if t in stops), None)
     kept = ids if stop_at is None else ids[:stop_at]
     return {
@@ -148,7 +149,8 @@ def progress(desc: str, done: int, total: int, k: int, tokens: int, elapsed: flo
     """One line per batch, so a log shows how far a long job is and when it will end."""
     eta = elapsed / done * (total - done) if done else 0.0
     print(
-        f"{desc}: {done}/{total} prompts x{k} | {tokens} tok | {tokens / max(elapsed, 1e-9):.0f} tok/s "
+        f"{desc}: {done}/{total} prompts x{k} | {tokens} tok | "
+        f"{tokens / max(elapsed, 1e-9):.0f} tok/s "
         f"| {elapsed:.1f}s | ETA {eta:.0f}s",
         file=sys.stderr,
         flush=True,

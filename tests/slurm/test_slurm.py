@@ -410,5 +410,6 @@ def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_we
     assert [(j["JobId"], j["JobState"], j["Restarts"]) for j in jobs] == [
         (jid, "COMPLETED", "1")
     ], jobs
-    # the requeue lands a few steps after the first checkpoint: the resume is from step 10 or a later one
+    # the requeue lands a few steps after the first checkpoint: the resume is from step 10 or a
+    # later one
     assert_resumed_to_the_same_weights(results, "P2", jid, {10, 20, 30, 40, 50}, uninterrupted)

@@ -13,8 +13,10 @@ BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 # A base template as Llama 3's and SmolLM2's differ from ChatML: a default system prompt when
 # there is none, content trimmed, no newline after a turn's end.
 NATIVE = (
-    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a bot.<|im_end|>{% endif %}"
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') | trim + '<|im_end|>' }}"
+    "{% if messages[0]['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a bot.<|im_end|>{% endif %}"
+    "{% for m in messages %}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + (m['content'] or '') | trim + '<|im_end|>' }}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 

@@ -48,7 +48,8 @@ def test_the_template_makes_each_round_continue_the_last_ones_nominee(cfg, repo_
         "sft_s1",
         "r4-pool",
     ]
-    # the nominee is one of the round's arms, so its lineage holds them all until the round is judged
+    # the nominee is one of the round's arms, so its lineage holds them all until the round is
+    # judged
     nominee = res["arms"]["r3-nominee"]
     assert nominee["kind"] == "nominee" and set(nominee["parents"]) == {
         "R2d",

@@ -401,7 +401,8 @@ def test_readout_bit_flip_before_compare(compared, tmp_path):
 
 def test_readout_rewritten_before_nomination(compared):
     nomination = judge(compared).read_bytes()  # as written: the round is judged
-    # a whole, well-formed parquet with fresh checksums: only the sha256 the compare recorded differs
+    # a whole, well-formed parquet with fresh checksums: only the sha256 the compare recorded
+    # differs
     write_readout(Path(compared["cand"]), "B3", [True] * 24)
     with pytest.raises(
         manifest.ManifestError, match=r"B3\.r0\.parquet: sha256 .* recorded in .*B3__R2d\.json"
@@ -501,7 +502,9 @@ def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
             time.sleep(600)
         manifest.write = stall
         rows = pools.generate(30, 8, "train", {{"sub": 1}}, "k")
-        corpora.build({str(out)!r}, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {{}})
+        corpora.build(
+            {str(out)!r}, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {{}}
+        )
     """)
     assert proc.stdout.readline().strip() == "written", proc.stderr.read()
     os.killpg(proc.pid, signal.SIGKILL)
@@ -569,7 +572,9 @@ def test_concurrent_writers_leave_one_whole_output(tmp_path):
         rows = pools.generate(20, int(sys.argv[1]), "train", {"add": 1}, "w")
         for _ in range(4):
             try:
-                corpora.build(sys.argv[2], rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
+                corpora.build(
+                    sys.argv[2], rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {}
+                )
             except OSError as e:  # another writer's directory landed between ours and the path
                 print("lost a race:", e, file=sys.stderr)
     """
@@ -623,8 +628,10 @@ WRITERS = """
     from arenaflow import corpora, evals, manifest, pools, tinymodel
     def readout(path, n):
         df = pd.DataFrame({"arm": "A", "item_id": [f"i{j}" for j in range(n)], "category": "add",
-                           "prompt_sha256": "p", "target_sha256": "t", "n_tokens": 9, "stopped": True,
-                           "completion": [f"{j} + {j} = {2 * j}. The answer is {2 * j}." for j in range(n)],
+                           "prompt_sha256": "p", "target_sha256": "t", "n_tokens": 9,
+                           "stopped": True,
+                           "completion": [f"{j} + {j} = {2 * j}. The answer is {2 * j}."
+                                          for j in range(n)],
                            "pred": "x", "strict": True, "correct": True, "replicate": 0})
         evals.write_readout(evals.structure(df), path, {"arm": "A"})
     def corpus(path, n):

@@ -1,4 +1,5 @@
-"""arenaflow.ifcheck: every constraint family, hand-computed, plus IFEval's checkers as an oracle."""
+"""arenaflow.ifcheck: every constraint family, hand-computed, plus IFEval's checkers as an
+oracle."""
 
 from __future__ import annotations
 
@@ -424,7 +425,8 @@ DESCRIBE = {
     ),
     "json_keys": (
         {"keys": ["title", "year"]},
-        'Answer with a single JSON object with the keys "title" and "year", and nothing outside it.',
+        'Answer with a single JSON object with the keys "title" and "year", '
+        "and nothing outside it.",
     ),
     "json_array_len": (
         {"n": 4},

@@ -281,7 +281,8 @@ def test_union_targets_narrowed_by_a_layer_subset_fall_back_to_exact_names(
 
 def test_embedding_lora_merges_with_its_transposed_factors(base, adapters, tmp_path):
     """PEFT stores an Embedding's factors as lora_embedding_A (r x vocab), lora_embedding_B
-    (hidden x r) and applies (B A)^T: the concatenation is the same, the base-shape check transposed."""
+    (hidden x r) and applies (B A)^T: the concatenation is the same, the base-shape check
+    transposed."""
     emb = make_adapter(base, tmp_path / "E", 8, r=4, targets=("embed_tokens", "q_proj"))
     M.merge([("E", str(emb), 0.5), ("A", str(adapters["A"]), 0.5)], base, tmp_path / "s", "s")
     with safe_open(str(tmp_path / "s" / "adapter_model.safetensors"), "pt") as f:

@@ -1,4 +1,5 @@
-"""arenaflow.nominate and arenaflow.bar: registration, refusal, clauses, promotion and its record."""
+"""arenaflow.nominate and arenaflow.bar: registration, refusal, clauses, promotion and its
+record."""
 
 from __future__ import annotations
 
@@ -189,7 +190,8 @@ def with_levels(delta, wins, losses, cand: dict, ref: dict, **extra) -> dict:
     }
 
 
-FINAL_BLOCKS = [  # docs/lineages.md#000-the-pre-registered-bar, clauses (1)-(3); (4) is a human read
+# docs/lineages.md#000-the-pre-registered-bar, clauses (1)-(3); (4) is a human read
+FINAL_BLOCKS = [
     {"suite": "chat", "regime": "served", "metric": "words_t", "op": ">", "value": 1.9},
     {
         "suite": "chat",
@@ -231,7 +233,8 @@ def final_round(candidates=("finR", "finC")) -> dict:
 
 def final_comparisons(fin_r_loop=4.40) -> tuple[dict, dict]:
     comps = {
-        # finR: length t = +2.33, but loop rate 0.00% -> 4.40% (lineage 000: "failed bar (2) by 2.4 pt")
+        # finR: length t = +2.33, but loop rate 0.00% -> 4.40%
+        # (lineage 000: "failed bar (2) by 2.4 pt")
         ("chat", "served", "finR", "B3f"): with_levels(
             0.5, 10, 8, {"loop_rate": fin_r_loop}, {"loop_rate": 0.0}, words_t=2.33
         ),

@@ -17,10 +17,10 @@ from arenaflow import ifcheck, ifpool, pools, verify
 
 GSM8K = [
     {
-        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
-        "clips in May. How many clips did Natalia sell altogether in April and May?",
-        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 "
-        "clips altogether in April and May.\n#### 72",
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as "
+        "many clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
     },
     {
         "question": "A house costs $1,200 a month. What does it cost for 10 months?",
@@ -165,7 +165,8 @@ def test_relative_file_is_relative_to_the_repo_root(tmp_path):
     assert rows[0]["source"] == "data/g.jsonl:1"
     with pytest.raises(
         ValueError,
-        match=r"^data/g\.jsonl: no such file \(.*/data/g\.jsonl; a relative path is relative to the workflow's root\)",
+        match=r"^data/g\.jsonl: no such file \(.*/data/g\.jsonl; "
+        r"a relative path is relative to the workflow's root\)",
     ):
         pools.build("imp", {"file": "data/g.jsonl"})
     # the CLI (the pool rule) takes the root arenaflow.config puts beside a relative file

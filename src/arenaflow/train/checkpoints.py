@@ -71,9 +71,11 @@ def plan(ckpt_dir: Path, run: dict, world: int) -> Plan:
     if differ == ["global_batch"] and meta.get("world_size") != world:
         b = old["global_batch"]
         raise SystemExit(
-            f"{ckpt_dir}: checkpoint {meta['tag']} was written by {meta['world_size']} ranks with a global batch of "
-            f"{b} rows; this run has {world} ranks and a global batch of {run['global_batch']}. To resume, set "
-            f"micro_batch_size x grad_accum = {b / world:g} per rank; to start over, delete {ckpt_dir}."
+            f"{ckpt_dir}: checkpoint {meta['tag']} was written by {meta['world_size']} ranks "
+            f"with a global batch of {b} rows; "
+            f"this run has {world} ranks and a global batch of {run['global_batch']}. "
+            f"To resume, set micro_batch_size x grad_accum = {b / world:g} per rank; "
+            f"to start over, delete {ckpt_dir}."
         )
     if meta.get("fingerprint") != fingerprint(run):
         log.info(

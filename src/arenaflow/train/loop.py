@@ -31,16 +31,14 @@ from arenaflow.train import checkpoints, data, lora_fused, objective
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
-FAIL_AFTER_STEP = (
-    "ARENAFLOW_FAIL_AFTER_STEP"  # fault injection: exit right after this step's checkpoint
-)
-PROBE_LOGITS = (
-    "ARENAFLOW_PROBE_LOGITS"  # verification: save the trained engine's logits on row 0 here
-)
-PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"  # diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
-FUSED_BACKEND = (
-    "ARENAFLOW_FUSED_BACKEND"  # verification: "aot_eager" traces the fused kernels on CPU too
-)
+# fault injection: exit right after this step's checkpoint
+FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"
+# verification: save the trained engine's logits on row 0 here
+PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"
+# diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
+PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"
+# verification: "aot_eager" traces the fused kernels on CPU too
+FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"
 
 
 def ensure_dist_env() -> None:
@@ -139,7 +137,8 @@ class Progress:
         took = max(time.time() - self.t0, 1e-9)
         eta = took / (step - self.start) * (self.n_steps - step)
         log.info(
-            "step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.0f tok/s | %.1fs | ETA %.0fs",
+            "step %d/%d | loss %.5f | grad_norm %.4f | lr %s | tok %d | %.0f tok/s | %.1fs "
+            "| ETA %.0fs",
             step,
             self.n_steps,
             m["loss"],
@@ -218,7 +217,8 @@ def run(args) -> None:
 
 
 def setup(args, hyper: dict) -> Run:
-    """Distributed start-up, logging, corpus, model and DeepSpeed engine, resumed if a checkpoint fits."""
+    """Distributed start-up, logging, corpus, model and DeepSpeed engine, resumed if a checkpoint
+    fits."""
     import deepspeed
 
     ensure_dist_env()
@@ -300,7 +300,8 @@ def setup_engine(r: Run) -> None:
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=r.cuda or None),
         # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
-        # WarmupCosineLR runs one step behind (docs/notes.md#separate-learning-rates-and-the-scheduler).
+        # WarmupCosineLR runs one step behind
+        # (docs/notes.md#separate-learning-rates-and-the-scheduler).
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
             opt, r.warmup, r.n_steps, min_lr_rate=hyper["min_lr_ratio"]
         ),

@@ -77,8 +77,9 @@ def zero3_leaf_classes(model, hyper: dict) -> list[str]:
         return sorted(getattr(base, "_no_split_modules", None) or [])
     if setting and preference:
         raise SystemExit(
-            f"zero3_leaf_modules {setting}: objective {hyper['objective']!r} runs two forward passes "
-            "per backward, which DeepSpeed's leaf modules do not support; use 'auto' or []"
+            f"zero3_leaf_modules {setting}: objective {hyper['objective']!r} "
+            "runs two forward passes per backward, "
+            "which DeepSpeed's leaf modules do not support; use 'auto' or []"
         )
     return list(setting or [])
 
