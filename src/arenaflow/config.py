@@ -403,14 +403,15 @@ def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
             arms[arm] = _merged_arm(data, files[arm], raw, arms_dir)
     for arm in arms:
         arms[arm]["lineage"] = _lineage(arm, arms, cfg["corpora"])
-    for arm in arms:  # after the cycle check: a merge's method is its parents'
-        _method(arm, arms)
-    for a in arms.values():
-        init = arms.get(a["init"])
-        if a["kind"] == TRAINED and init and init["hyper"]["method"] != a["hyper"]["method"]:
+    # after the cycle check: a merge's or nominee's method is its parents'. In file order, so a
+    # trained arm that cannot continue its init is named before a round that holds both
+    for arm, a in arms.items():
+        if a["kind"] != TRAINED:
+            _method(arm, arms)
+        elif a["init"] in arms and _method(a["init"], arms) != a["hyper"]["method"]:
             raise ConfigError(
                 f"{a['file']}: key 'hyper/method': a {a['hyper']['method']} arm cannot continue "
-                f"{a['init']!r}, a {init['hyper']['method']} arm"
+                f"{a['init']!r}, a {arms[a['init']]['hyper']['method']} arm"
             )
     return arms
 

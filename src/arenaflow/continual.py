@@ -57,7 +57,9 @@ def expand(cfg: dict, raw: dict, files: dict, template_arms, config_file: str, e
     if not grid:
         raise error(f"{where}/arms_dir': no <arm>.yaml files in {t['arms_dir']}")
     after = cfg["rounds"][t["after"]]
-    earlier = sorted({c["pool"] for c in cfg["corpora"].values()} - _eval_pools(cfg))
+    earlier = sorted(  # an unknown pool is the corpus's error, reported there
+        {c["pool"] for c in cfg["corpora"].values()} & set(cfg["pools"]) - _eval_pools(cfg)
+    )
     prev = t["after"]
     for i, rnd in enumerate(round_ids(t["after"], t["rounds"], where, error), start=1):
         _taken(cfg, raw, rnd, where, error)
