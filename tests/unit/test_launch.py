@@ -51,6 +51,19 @@ def test_hostlist_expansion_uses_scontrol_when_it_is_on_path(tmp_path, monkeypat
     assert (tmp_path / "args").read_text().split() == ["show", "hostnames", "gpu[01-03]"]
 
 
+def test_a_scontrol_without_a_cluster_falls_back_to_the_parser(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "scontrol"  # what scontrol does with no slurm.conf to read
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "scontrol: fatal: Could not establish a configuration source" >&2\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert launch.expand_hostlist("gpu[01-02],login1") == ["gpu01", "gpu02", "login1"]
+    assert "Could not establish a configuration source" in capsys.readouterr().err
+
+
 def test_hostlist_expansion_falls_back_to_the_parser_without_scontrol(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no scontrol
     assert launch.expand_hostlist("gpu[01-02],login1") == ["gpu01", "gpu02", "login1"]
