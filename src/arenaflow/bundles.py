@@ -411,53 +411,18 @@ def sealed_nomination(path: str) -> dict:
 
 
 def build(args) -> None:
+    """Assemble the bundle in a temporary directory, check it, then move it into place: the
+    served arm and its sources verified, the serving files, the checks, the model card."""
     cfg = json.loads(args.bundle_json)
     nomination = sealed_nomination(args.nomination) if args.nomination else None
-    arm = nomination["promoted"] if nomination else args.arm
-    if arm == "base":
-        raise SystemExit(
-            f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve"
-        )
-    verify_sources(args, arm, json.loads(args.lineage_json)[arm])
-    arm = real_arm(Path(args.runs), arm)  # a round that kept a nominee serves the arm it copied
-    lineage = disk_lineage(Path(args.runs), arm)[1:]
+    arm = served_arm(args, nomination)
     run_dir = Path(args.runs) / arm / "final"
     evidence = served_evidence(run_dir, Path(args.runs))
     corpus_dir = Path(args.corpora) / evidence["corpus"] if "corpus" in evidence else None
     template = load_template(args.chat_template or cfg["chat_template"])
-    serving = cfg["serving"]
-    out = Path(args.out)
-    with io.atomic_dir(out) as tmp:
-        for f in weight_files(run_dir):
-            shutil.copyfile(run_dir / f, tmp / f)
-        shutil.copyfile(run_dir / evidence_file(run_dir), tmp / evidence_file(run_dir))
-        tok = save_tokenizer(args.base_model, template, tmp)
-        io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
-        io.write_json(tmp / "generation_config.json", generation_config(tok, serving))
-        io.write_json(
-            tmp / "serving_config.json",
-            {
-                "base_model": evidence["base_model"],
-                "base_revision": evidence["base_revision"],
-                "arm": arm,
-                "system_prompt_file": "system_prompt.txt",
-                "chat_template_file": "chat_template.jinja",
-                "add_generation_prompt": True,
-                **serving,
-            },
-        )
-        checks = {}
-        checks["template_compiles"] = check_template_compiles(template)
-        reloaded = models.load_tokenizer(tmp)
-        if reloaded.chat_template != template:
-            raise BundleCheckError(
-                "the reloaded tokenizer does not carry chat_template.jinja's template"
-            )
-        checks["template_matches_renderer"] = check_template_matches(reloaded)
-        checks["reload"] = check_reload(
-            tmp, args.base_model, serving, cfg["system_prompt"], cfg["reload_prompts"]
-        )
-        checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
+    with io.atomic_dir(Path(args.out)) as tmp:
+        tok = write_serving_files(tmp, args.base_model, run_dir, evidence, arm, cfg, template)
+        checks = run_checks(tmp, args, cfg, template, run_dir, corpus_dir)
         if nomination:
             checks["nomination"] = {
                 "verdict": "PASS",
@@ -466,35 +431,93 @@ def build(args) -> None:
                     f"its {len(nomination['inputs'])} judged files unchanged"
                 ),
             }
+        lineage = disk_lineage(Path(args.runs), arm)[1:]
         ctx = card_context(args, arm, lineage, nomination)
-        env = jinja2.Environment(
-            loader=jinja2.PackageLoader("arenaflow", "templates"),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-        )
-        io.write_text(
-            tmp / "README.md",
-            env.get_template("model_card.md.j2").render(
-                bundle=args.bundle,
-                arm=arm,
-                evidence=evidence,
-                code=manifest.code_version(),
-                serving=serving,
-                eos_ids=sampling.stop_token_ids(tok),
-                checks=checks,
-                **ctx,
-            ),
-        )
+        write_card(tmp, args.bundle, arm, evidence, cfg["serving"], tok, checks, ctx)
         io.write_json(tmp / "checks.json", checks)
-        manifest.write(
-            tmp,
-            params=cfg,
-            extra={"arm": arm, "checks": {k: v["verdict"] for k, v in checks.items()}},
-        )
+        verdicts = {k: v["verdict"] for k, v in checks.items()}
+        manifest.write(tmp, params=cfg, extra={"arm": arm, "checks": verdicts})
     print(
         f"bundle {args.bundle}: arm {arm}, checks "
-        + ", ".join(f"{k}={v['verdict']}" for k, v in checks.items())
+        + ", ".join(f"{k}={v}" for k, v in verdicts.items())
     )
+
+
+def served_arm(args, nomination: dict | None) -> str:
+    """The arm to serve, its lineage's sources verified; a round that kept a nominee serves the
+    arm that nominee copied."""
+    arm = nomination["promoted"] if nomination else args.arm
+    if arm == "base":
+        raise SystemExit(
+            f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve"
+        )
+    verify_sources(args, arm, json.loads(args.lineage_json)[arm])
+    return real_arm(Path(args.runs), arm)
+
+
+def write_serving_files(
+    tmp: Path, base_model: str, run_dir: Path, evidence: dict, arm: str, cfg: dict, template: str
+):
+    """The weights and evidence, the tokenizer with the template, the system prompt and the
+    decoding a server reads; returns the tokenizer."""
+    for f in [*weight_files(run_dir), evidence_file(run_dir)]:
+        shutil.copyfile(run_dir / f, tmp / f)
+    tok = save_tokenizer(base_model, template, tmp)
+    io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
+    io.write_json(tmp / "generation_config.json", generation_config(tok, cfg["serving"]))
+    io.write_json(
+        tmp / "serving_config.json",
+        {
+            "base_model": evidence["base_model"],
+            "base_revision": evidence["base_revision"],
+            "arm": arm,
+            "system_prompt_file": "system_prompt.txt",
+            "chat_template_file": "chat_template.jinja",
+            "add_generation_prompt": True,
+            **cfg["serving"],
+        },
+    )
+    return tok
+
+
+def run_checks(
+    tmp: Path, args, cfg: dict, template: str, run_dir: Path, corpus_dir: Path | None
+) -> dict:
+    """Checks 1-4 of the module docstring, on the assembled directory; the first that fails
+    raises BundleCheckError."""
+    checks = {"template_compiles": check_template_compiles(template)}
+    reloaded = models.load_tokenizer(tmp)
+    if reloaded.chat_template != template:
+        raise BundleCheckError(
+            "the reloaded tokenizer does not carry chat_template.jinja's template"
+        )
+    checks["template_matches_renderer"] = check_template_matches(reloaded)
+    checks["reload"] = check_reload(
+        tmp, args.base_model, cfg["serving"], cfg["system_prompt"], cfg["reload_prompts"]
+    )
+    checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
+    return checks
+
+
+def write_card(
+    tmp: Path, bundle: str, arm: str, evidence: dict, serving: dict, tok, checks: dict, ctx: dict
+) -> None:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("arenaflow", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    card = env.get_template("model_card.md.j2").render(
+        bundle=bundle,
+        arm=arm,
+        evidence=evidence,
+        code=manifest.code_version(),
+        serving=serving,
+        eos_ids=sampling.stop_token_ids(tok),
+        checks=checks,
+        **ctx,
+    )
+    io.write_text(tmp / "README.md", card)
 
 
 def diff(a: Path, b: Path) -> tuple[list[str], bool]:

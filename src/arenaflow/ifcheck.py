@@ -386,80 +386,70 @@ def check(response: str, constraints: list[dict]) -> dict:
     return {"passed": all(x["passed"] for x in checks), "checks": checks}
 
 
+# The instruction sentences: families that only count something ({n}: "3 words"), families with
+# a fixed sentence, and families that quote one of their fields.
+_COUNTED_SENTENCES = {
+    "word_eq": ("Your answer must be exactly {n} long.", "word"),
+    "word_min": ("Answer with at least {n}.", "word"),
+    "word_max": ("Answer with at most {n}.", "word"),
+    "sent": ("Answer in exactly {n}.", "sentence"),
+    "para": ("Write exactly {n}, separated by blank lines.", "paragraph"),
+    "bullet": ('Include exactly {n}, each on its own line starting with "* ".', "bullet point"),
+    "numbered": ('Include a numbered list of exactly {n}, numbered "1.", "2.", and so on.', "item"),
+    "placeholders": ("Include at least {n} in square brackets, such as [name].", "placeholder"),
+    "highlights": ("Highlight at least {n} with markdown, i.e. *highlighted section*.", "section"),
+    "json_array_len": ("Answer with a JSON array of exactly {n}, and nothing outside it.", "item"),
+    "table_rows": ("Include a markdown table with exactly {n} below its header row.", "row"),
+}
+_FIXED_SENTENCES = {
+    "no_digits": "Do not use any digits; write every number out in words.",
+    "is_upper": "Write your entire answer in capital letters.",
+    "is_lower": "Write your entire answer in lowercase letters; no capital letters at all.",
+    "quoted": "Wrap your entire answer in double quotation marks.",
+}
+_QUOTING_SENTENCES = {
+    "startswith": 'Begin your answer with the exact words "{phrase}".',
+    "endswith": 'End your answer with the exact phrase "{phrase}", with nothing after it.',
+    "postscript": 'At the end, add a postscript on its own line starting with "{marker}".',
+}
+_CHAR_NAMES = {
+    ",": "commas",
+    ";": "semicolons",
+    "!": "exclamation marks",
+    "?": "question marks",
+    ":": "colons",
+    "-": "hyphens",
+}
+
+
 def describe(constraint: dict) -> str:
     """The instruction sentence a prompt carries for `constraint`."""
     c = validate(constraint)
     t, n = c["type"], c.get("n")
-    if t == "word_eq":
-        return f"Your answer must be exactly {_plural(n, 'word')} long."
-    if t == "word_min":
-        return f"Answer with at least {_plural(n, 'word')}."
-    if t == "word_max":
-        return f"Answer with at most {_plural(n, 'word')}."
+    if t in _COUNTED_SENTENCES:
+        sentence, unit = _COUNTED_SENTENCES[t]
+        return sentence.format(n=_plural(n, unit))
+    if t in _FIXED_SENTENCES:
+        return _FIXED_SENTENCES[t]
+    if t in _QUOTING_SENTENCES:
+        return _QUOTING_SENTENCES[t].format(**c)
     if t == "word_times":
         return f'Use the word "{c["word"]}" exactly {_plural(n, "time")}.'
-    if t == "sent":
-        return f"Answer in exactly {_plural(n, 'sentence')}."
-    if t == "para":
-        return f"Write exactly {_plural(n, 'paragraph')}, separated by blank lines."
-    if t == "bullet":
-        return (
-            f"Include exactly {_plural(n, 'bullet point')}, "
-            'each on its own line starting with "* ".'
-        )
-    if t == "numbered":
-        return (
-            f"Include a numbered list of exactly {_plural(n, 'item')}, "
-            'numbered "1.", "2.", and so on.'
-        )
-    if t == "contains":
+    if t in ("contains", "no_word"):
         word = "word" if len(c["words"]) == 1 else "words"
-        return f"Include the {word} {_quoted_list(c['words'], 'and')}."
-    if t == "no_word":
-        word = "word" if len(c["words"]) == 1 else "words"
+        if t == "contains":
+            return f"Include the {word} {_quoted_list(c['words'], 'and')}."
         return f"Do not use the {word} {_quoted_list(c['words'], 'or')}."
     if t == "no_char":
-        named = {
-            ",": "commas",
-            ";": "semicolons",
-            "!": "exclamation marks",
-            "?": "question marks",
-            ":": "colons",
-            "-": "hyphens",
-        }
-        if c["chars"] in named:
-            return f"Do not use any {named[c['chars']]}."
+        if c["chars"] in _CHAR_NAMES:
+            return f"Do not use any {_CHAR_NAMES[c['chars']]}."
         return f"Do not use any of these characters: {_quoted_list(list(c['chars']), 'or')}."
-    if t == "no_digits":
-        return "Do not use any digits; write every number out in words."
-    if t == "startswith":
-        return f'Begin your answer with the exact words "{c["phrase"]}".'
-    if t == "endswith":
-        return f'End your answer with the exact phrase "{c["phrase"]}", with nothing after it.'
-    if t == "is_upper":
-        return "Write your entire answer in capital letters."
-    if t == "is_lower":
-        return "Write your entire answer in lowercase letters; no capital letters at all."
-    if t == "quoted":
-        return "Wrap your entire answer in double quotation marks."
-    if t == "postscript":
-        return f'At the end, add a postscript on its own line starting with "{c["marker"]}".'
-    if t == "placeholders":
-        return f"Include at least {_plural(n, 'placeholder')} in square brackets, such as [name]."
-    if t == "highlights":
-        return (
-            f"Highlight at least {_plural(n, 'section')} with markdown, i.e. *highlighted section*."
-        )
     if t == "json_keys":
         keys = c["keys"]
         return (
             f"Answer with a single JSON object with the {'key' if len(keys) == 1 else 'keys'} "
             f"{_quoted_list(keys, 'and')}, and nothing outside it."
         )
-    if t == "json_array_len":
-        return f"Answer with a JSON array of exactly {_plural(n, 'item')}, and nothing outside it."
-    if t == "table_rows":
-        return f"Include a markdown table with exactly {_plural(n, 'row')} below its header row."
     raise AssertionError(f"family {t!r} has a spec but no description")  # pragma: no cover
 
 

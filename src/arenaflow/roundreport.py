@@ -267,12 +267,63 @@ def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
     """base -> ... -> incumbent -> candidates: init edges solid, corpus-policy edges dashed,
     merge edges dotted."""
     plt = _plt()
+    pos = _layout(_round_arms(rnd, arms), arms)
+    levels = {x for x, _ in pos.values()}
+    rows = max(sum(1 for x, _ in pos.values() if x == lv) for lv in levels)
+    fig, ax = plt.subplots(figsize=(2 + 1.8 * len(levels), 1.5 + 0.8 * rows))
+    for a in set(pos) - {"base"}:
+        for src, style in _sources(arms[a]):
+            # a corpus sampled by the init itself adds no information: draw it once, solid
+            if src in pos and (style != "--" or src != arms[a]["init"]):
+                ax.annotate(
+                    "",
+                    pos[a],
+                    pos[src],
+                    arrowprops={
+                        "arrowstyle": "-|>",
+                        "ls": style,
+                        "shrinkA": 16,
+                        "shrinkB": 16,  # stop at boxes
+                        "color": GREY if style == "--" else "black",
+                    },
+                )
+    for a, (x, y) in pos.items():
+        color = _box_color(a, rnd, promoted)
+        ax.text(
+            x,
+            y,
+            a,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="white" if color == BLUE else "black",
+            bbox={"boxstyle": "round", "fc": color, "ec": "black"},
+        )
+    ax.set_xlim(-0.6, max(levels) + 0.6)
+    ax.set_ylim(min(p[1] for p in pos.values()) - 0.8, max(p[1] for p in pos.values()) + 0.8)
+    ax.axis("off")
+    ax.set_title(
+        f"round lineage: init (solid), corpus sampled by (dashed), merged from (dotted); "
+        f"gold = promoted {promoted}",
+        fontsize=9,
+    )
+    _save(plt, fig, path)
+
+
+def _round_arms(rnd: dict, arms: dict) -> set[str]:
+    """The round's arms and everything they come from, and 'base'."""
     keep, stack = {"base"}, [rnd["incumbent"], *rnd["candidates"], rnd.get("control")]
     while stack:
         a = stack.pop()
         if a in arms and a not in keep:  # 'base', 'reference' and None end a walk
             keep.add(a)
             stack += [src for src, _ in _sources(arms[a])]
+    return keep
+
+
+def _layout(keep: set[str], arms: dict) -> dict[str, tuple[float, float]]:
+    """(x, y) of each arm: x its depth from base through init or merge edges, y its place among
+    the arms of that depth, centred."""
     depth = {"base": 0}
 
     def d(a):
@@ -284,60 +335,19 @@ def lineage(path: Path, rnd: dict, arms: dict, promoted: str) -> None:
     levels: dict[int, list[str]] = {}
     for a in sorted(keep):
         levels.setdefault(d(a), []).append(a)
-    pos = {
+    return {
         a: (lv, i - (len(names) - 1) / 2)
         for lv, names in levels.items()
         for i, a in enumerate(names)
     }
-    fig, ax = plt.subplots(
-        figsize=(2 + 1.8 * len(levels), 1.5 + 0.8 * max(map(len, levels.values())))
-    )
-    for a in keep - {"base"}:
-        for src, style in _sources(arms[a]):
-            # a corpus sampled by the init itself adds no information: draw it once, solid
-            if src in pos and (style != "--" or src != arms[a]["init"]):
-                (x0, y0), (x1, y1) = pos[src], pos[a]
-                ax.annotate(
-                    "",
-                    (x1, y1),
-                    (x0, y0),
-                    arrowprops={
-                        "arrowstyle": "-|>",
-                        "ls": style,
-                        "shrinkA": 16,
-                        "shrinkB": 16,  # stop at the boxes
-                        "color": GREY if style == "--" else "black",
-                    },
-                )
-    for a, (x, y) in pos.items():
-        color = (
-            GOLD
-            if a == promoted
-            else BLUE
-            if a == rnd["incumbent"]
-            else "#c8e6c9"
-            if a in rnd["candidates"]
-            else "#eeeeee"
-        )
-        ax.text(
-            x,
-            y,
-            a,
-            ha="center",
-            va="center",
-            fontsize=9,
-            bbox={"boxstyle": "round", "fc": color, "ec": "black"},
-            color="white" if color == BLUE else "black",
-        )
-    ax.set_xlim(-0.6, max(levels) + 0.6)
-    ax.set_ylim(min(p[1] for p in pos.values()) - 0.8, max(p[1] for p in pos.values()) + 0.8)
-    ax.axis("off")
-    ax.set_title(
-        f"round lineage: init (solid), corpus sampled by (dashed), merged from (dotted); "
-        f"gold = promoted {promoted}",
-        fontsize=9,
-    )
-    _save(plt, fig, path)
+
+
+def _box_color(a: str, rnd: dict, promoted: str) -> str:
+    if a == promoted:
+        return GOLD
+    if a == rnd["incumbent"]:
+        return BLUE
+    return "#c8e6c9" if a in rnd["candidates"] else "#eeeeee"
 
 
 def _fmt(x) -> str:
