@@ -25,10 +25,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_nominate import write_readout  # the same readout rows the nomination tests judge
 
 from arenaflow import (
     bundles,
@@ -294,28 +294,6 @@ def test_tampered_corpus_before_training(corpus, tmp_path):
         manifest.ManifestError, match=r"training \(corpus\) refused .*sft\.npz: sha256"
     ):
         data.load_corpus(bad)  # what train.loop.run calls first (tests/unit/test_train.py: the CLI)
-
-
-def write_readout(path: Path, arm: str, correct: list[bool]) -> str:
-    n = len(correct)
-    df = pd.DataFrame(
-        {
-            "arm": arm,
-            "item_id": [f"i{j}" for j in range(n)],
-            "category": "add",
-            "prompt_sha256": [f"p{j}" for j in range(n)],
-            "target_sha256": [f"t{j}" for j in range(n)],
-            "completion": ["2 + 2 = 4. The answer is 4."] * n,
-            "n_tokens": 12,
-            "stopped": True,
-            "pred": "4",
-            "strict": correct,
-            "correct": correct,
-            "replicate": 0,
-        }
-    )
-    evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": 0})
-    return str(path)
 
 
 ROUND = {
