@@ -10,6 +10,10 @@ between the train and eval splits: every subject and every value of every constr
 belongs to exactly one split, fixed by a hash of (family, param, value) and independent of the
 seed, so no eval prompt shares a subject or a value with any training prompt. Families with no
 value (no commas, all caps, quoted, ...) differ between the splits only by subject.
+
+A third split, `probe` (arenaflow.ifprobe: lineage 002's probe2), shares no subject, task
+template, constraint phrasing or constraint value with either: its values lie past the edges
+of the train/eval ranges.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import hashlib
 import json
 import random
 
-from arenaflow import ifcheck
+from arenaflow import ifcheck, ifprobe
 
+SPLITS = ("train", "eval", "probe")
 EVAL_SHARE = 5  # about 1 value in 5 of every range (at least 1) belongs to eval
 
 SUBJECTS = (
@@ -294,6 +299,9 @@ def partition(tag: str, domain: tuple) -> dict[str, tuple]:
 
 def split_values(split: str) -> tuple[tuple, dict[tuple[str, str], tuple]]:
     """(subjects, {(family, param): values}) of `split`."""
+    if split == "probe":
+        values = {(f, p): d for f, ps in ifprobe.PROBE_DOMAINS.items() for p, d in ps.items()}
+        return ifprobe.PROBE_SUBJECTS, values
     subjects = partition("subject", SUBJECTS)[split]
     values = {
         (f, p): partition(f"{f}.{p}", d)[split] for f, ps in DOMAINS.items() for p, d in ps.items()
@@ -330,14 +338,20 @@ def generate(
 ) -> list[dict]:
     """`n` distinct prompts of `split`; each carries 1..max_constraints constraints of distinct,
     compatible families; its category is its first (primary) constraint's family."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     families = list(families or DOMAINS)
     unknown = [f for f in families if f not in DOMAINS]
     if unknown:
         raise ValueError(f"unknown constraint families {unknown}; known: {list(DOMAINS)}")
     rng = random.Random(seed)
     subjects, values = split_values(split)
+    probe = split == "probe"  # the probe's own tasks and phrasings; `source` indexes its subjects
+    tasks, describe = (
+        (ifprobe.PROBE_TASKS, ifprobe.describe) if probe else (TASKS, ifcheck.describe)
+    )
+    where = "probe_subject" if probe else "subject"
+    named = subjects if probe else SUBJECTS
     decks = {key: _Deck(v, rng) for key, v in values.items()}
     subject_deck, primary_deck = _Deck(subjects, rng), _Deck(tuple(families), rng)
     rows, seen, attempts = [], set(), 0
@@ -358,21 +372,19 @@ def generate(
             if all(frozenset((f, c)) not in CONFLICTS for c in chosen):
                 chosen.append(f)
         constraints = [_constraint(f, decks, rng) for f in chosen]
-        subject, task = subject_deck.draw()[0], rng.randrange(len(TASKS))
+        subject, task = subject_deck.draw()[0], rng.randrange(len(tasks))
         key = (subject, task, json.dumps(constraints, sort_keys=True))
         if key in seen:
             continue
         seen.add(key)
-        prompt = " ".join(
-            [TASKS[task].format(s=subject), *(ifcheck.describe(c) for c in constraints)]
-        )
+        prompt = " ".join([tasks[task].format(s=subject), *(describe(c) for c in constraints)])
         rows.append(
             {
                 "id": f"{prefix}-{len(rows):05d}",
                 "prompt": prompt,
                 "constraints": constraints,
                 "category": constraints[0]["type"],
-                "source": f"synthetic-if:seed={seed}:subject={SUBJECTS.index(subject)}:task={task}",
+                "source": f"synthetic-if:seed={seed}:{where}={named.index(subject)}:task={task}",
             }
         )
     return rows
@@ -380,7 +392,7 @@ def generate(
 
 def _constraint(family: str, decks: dict, rng: random.Random) -> dict:
     c = {"type": family, **FIXED.get(family, {})}
-    for param in DOMAINS[family]:
+    for param in [p for f, p in decks if f == family]:  # the split's params (DOMAINS order)
         deck = decks[(family, param)]
         if family in LIST_SIZES:
             lo, hi = LIST_SIZES[family]
