@@ -34,7 +34,7 @@ import pandas as pd
 
 from arenaflow import bar as afbar
 from arenaflow import config as afconfig
-from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
+from arenaflow import degeneracy, families, io, jobclock, manifest, stats, verify
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
@@ -123,6 +123,10 @@ def readout(
                 "strict": v.get("strict", v["correct"]),
                 "reasons": "; ".join(v.get("reasons", [])),
                 "correct": v["correct"],
+                # per-constraint verdicts, for the per-family table (arenaflow.families)
+                "checks": families.checks_of(o["text"], r["constraints"])
+                if "constraints" in r
+                else None,
             }
         )
     return structure(pd.DataFrame.from_records(recs))
@@ -257,17 +261,29 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         )
     )
     if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
-        words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
-        out["words_delta"] = float(words.mean()) if len(words) else 0.0
-        out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
-        out["words_sign_p"] = stats.sign_test(words)
-        out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
-        for c in out["by_category"]:  # the battery's rates and lengths per category too
-            out["by_category"][c]["levels"] = {
-                "cand": levels(cand[cand["category"] == c]),
-                "ref": levels(ref[ref["category"] == c]),
-            }
+        out.update(_battery(m, cand, ref, out["by_category"]))
+    if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
+        by_family = families.table(m, where)
+        if by_family:
+            out["by_family"] = by_family
+            out.update(families.summary(by_family))
     out["replicates"] = int(m["replicate"].nunique())
+    return out
+
+
+def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict) -> dict:
+    """The structural battery's paired word counts and each side's levels, overall and per
+    category (written into `by_category`)."""
+    words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
+    out = {"words_delta": float(words.mean()) if len(words) else 0.0}
+    out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
+    out["words_sign_p"] = stats.sign_test(words)
+    out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
+    for c in by_category:  # the battery's rates and lengths per category too
+        by_category[c]["levels"] = {
+            "cand": levels(cand[cand["category"] == c]),
+            "ref": levels(ref[ref["category"] == c]),
+        }
     return out
 
 
