@@ -29,7 +29,7 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
     """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
     a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
     params = {**afconfig.schema_defaults("corpus"), **params}
-    prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]
     dec = sampling.Decoding(
         temperature=params["temperature"],
         top_p=params["top_p"],

@@ -351,7 +351,7 @@ def resolve(
         ConfigError,
     )
     continual.resolve_refs(cfg, raw, files, config_file, ConfigError)
-    for key, msg in afpools.check_exclude(cfg["pools"]):
+    for key, msg in afpools.check_exclude(cfg["pools"]) + afpools.check_bands(cfg["pools"]):
         raise ConfigError(f"{config_file}: key '{key}': {msg}")
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
     arms = _resolve_arms(cfg, raw, files, arms_dir)

@@ -9,7 +9,12 @@ has id, prompt, category and source; by kind:
   arenaflow.ifpool (n, seed, split, constraint_families, max_constraints) or imported
   (`file` with `prompt` and `constraints`);
 - open: imported open-ended prompts (`file` with `prompt`), each row carrying `min_chars`, the
-  length a response needs to be kept (selection by length and termination, not correctness).
+  length a response needs to be kept (selection by length and termination, not correctness);
+- chat: imported conversations (`file` with `messages`, role/content turns as public chat
+  corpora ship them): prompt (the last user turn), context (the turns before it, if any) and
+  reference (the last assistant turn), for SFT on the corpus (policy `reference`). An import's
+  `band: {index, of}` keeps band `index` of `of` contiguous bands of the file, checked disjoint
+  from the others by text (lineage 002's successive epochs, each on a fresh slice).
 
     python -m arenaflow.pools --pool math_eval --params-json '{"n": 200, ...}' \\
         --out pools/math_eval.jsonl
@@ -171,7 +176,7 @@ def generate(
     return rows
 
 
-KINDS = ("math", "ifeval", "open")
+KINDS = ("math", "ifeval", "open", "chat")
 # MATH subjects' category names: lineage 000's (alg, pre, num, cnt;
 # docs/lineages.md#000-lineage-and-corpora) and the like; other subjects get a slug
 MATH_TYPES = {
@@ -190,7 +195,11 @@ _THOUSANDS = re.compile(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$")
 def validate_rows(rows: list[dict], path: str, kind: str = "math") -> None:
     """Fail on the first bad row with path:line and the reason; nothing is skipped."""
     fields = (
-        ("id", "prompt", "gold", "category") if kind == "math" else ("id", "prompt", "category")
+        ("id", "prompt", "gold", "category")
+        if kind == "math"
+        else ("id", "prompt", "reference", "category")
+        if kind == "chat"
+        else ("id", "prompt", "category")
     )
     seen: dict[str, int] = {}
     for line, row in enumerate(rows, start=1):
@@ -314,6 +323,47 @@ def _open(row: dict, where: str) -> dict:
     return {"prompt": _text(row, "prompt", where), "category": "open"}
 
 
+def _chat(row: dict, where: str) -> dict:
+    """A conversation in the public chat corpora's format (Tulu 3, SmolTalk: a `messages` list
+    of role/content turns ending in an assistant turn): the last user turn is the prompt, the
+    turns before it its `context`, the last assistant turn its `reference`."""
+    msgs = row.get("messages")
+    if not isinstance(msgs, list) or len(msgs) < 2:
+        raise ValueError(f"{where}: 'messages' must be a list of at least 2 turns, got {msgs!r}")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise ValueError(
+                f"{where}: messages[{i}] must be {{role: system|user|assistant, content}}"
+            )
+        _text(m, "content", f"{where}: messages[{i}]")
+    if msgs[-1]["role"] != "assistant" or msgs[-2]["role"] != "user":
+        raise ValueError(f"{where}: 'messages' must end with a user turn and an assistant turn")
+    out = {"prompt": msgs[-2]["content"], "reference": msgs[-1]["content"], "category": "chat"}
+    return {**out, "context": msgs[:-2]} if len(msgs) > 2 else out
+
+
+def band_of(rows: list, band: dict, shown: str) -> list:
+    """Band `index` (from 0) of `of` contiguous bands of `rows` in file order (sizes differ by
+    at most one), after checking that no text of this band occurs in another band, so that
+    successive epochs over the bands never see a text twice (lineage 002's SFT stage:
+    docs/lineages.md#002-sft-dpo-and-if-repair)."""
+    i, k = band["index"], band["of"]
+    if not 0 <= i < k or k > len(rows):
+        raise ValueError(f"{shown}: band {i} of {k} does not exist in {len(rows)} rows")
+    cuts = [len(rows) * j // k for j in range(k + 1)]
+    owner: dict[str, tuple[int, str]] = {}
+    for j in range(k):
+        for r in rows[cuts[j] : cuts[j + 1]]:
+            key = json.dumps([r.get("context"), r["prompt"], r.get("reference")])
+            first = owner.setdefault(key, (j, r["source"]))
+            if first[0] != j and i in (j, first[0]):
+                raise ValueError(
+                    f"{r['source']}: the same text as {first[1]}, in band {first[0]}: bands "
+                    f"{first[0]} and {j} of {k} are not disjoint; drop the duplicate row"
+                )
+    return rows[cuts[i] : cuts[i + 1]]
+
+
 def import_rows(
     pool: str, params: dict, root: Path | None = None, exclude: Excluded | None = None
 ) -> list[dict]:
@@ -327,7 +377,7 @@ def import_rows(
         fmt = params.get("format") or _detect(table[0], shown)
         convert = {"gsm8k": _gsm8k, "math": _math}[fmt]
     else:
-        convert = {"ifeval": _ifeval, "open": _open}[kind]
+        convert = {"ifeval": _ifeval, "open": _open, "chat": _chat}[kind]
     has_ids = any(row.get("id") is not None for _, row in table)
     rows, seen = [], {}
     for line, raw in table:
@@ -350,6 +400,8 @@ def import_rows(
         if kind == "open":
             row["min_chars"] = params["min_chars"]
         rows.append({"id": rid, **row, "source": where})
+    if "band" in params:  # bands of the whole file: excluding rows must not move them
+        rows = band_of(rows, params["band"], shown)
     if exclude:  # before the sample, so that n rows are still kept
         rows = _unexcluded(pool, params, rows, exclude)
     if "n" in params:
@@ -435,7 +487,7 @@ def build(
     elif kind == "ifeval":
         rows = _ifeval_rows(pool, params, exclude)
     else:
-        raise ValueError(f"pool {pool}: kind 'open' needs a 'file' of prompts")
+        raise ValueError(f"pool {pool}: kind {kind!r} needs a 'file' of prompts")
     validate_rows(rows, f"pools/{pool}.jsonl", kind)
     return rows
 
@@ -503,6 +555,44 @@ def check_exclude(pools: dict) -> list[tuple[str, str]]:
                 f"pools exclude each other in a cycle: {' excludes '.join(cycle)}",
             )
         )
+    return problems
+
+
+def check_bands(pools: dict) -> list[tuple[str, str]]:
+    """Problems with the pools' `band`s, as (key, message): two pools banding one file must cut
+    it into the same number of bands (else the bands overlap) and take different ones (else two
+    epochs read the same slice)."""
+    problems, seen = [], {}
+    for pid, pool in pools.items():
+        if "band" not in pool:
+            continue
+        band, f = pool["band"], pool.get("file")
+        if band["index"] >= band["of"]:
+            problems.append(
+                (
+                    f"pools/{pid}/band/index",
+                    f"band {band['index']} of {band['of']}: "
+                    f"bands are numbered 0 to {band['of'] - 1}",
+                )
+            )
+        for other in seen.get(f, []):
+            o = pools[other]["band"]
+            if o["of"] != band["of"]:
+                problems.append(
+                    (
+                        f"pools/{pid}/band/of",
+                        f"pool {other!r} cuts {f} into {o['of']} "
+                        f"bands, this pool into {band['of']}: the bands would overlap",
+                    )
+                )
+            elif o["index"] == band["index"]:
+                problems.append(
+                    (
+                        f"pools/{pid}/band/index",
+                        f"pool {other!r} already reads band {band['index']} of {f}",
+                    )
+                )
+        seen.setdefault(f, []).append(pid)
     return problems
 
 
