@@ -38,6 +38,8 @@ LEVELS = (
     "empty_rate",
     "loop_rate",
     "fffd_rate",
+    "tool_leak_rate",
+    "answer_usable_rate",
     "mean_words",
     "mean_tokens",
 )  # what arenaflow.evals.levels() returns per side

@@ -34,7 +34,7 @@ import pandas as pd
 
 from arenaflow import bar as afbar
 from arenaflow import config as afconfig
-from arenaflow import degeneracy, families, io, jobclock, manifest, stats, verify
+from arenaflow import degeneracy, families, io, jobclock, manifest, stats, toolleak, verify
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
@@ -64,6 +64,13 @@ def structure(df: pd.DataFrame) -> pd.DataFrame:
     df["loop"] = flags["loop"]
     df["fffd"] = flags["fffd"]
     df["n_words"] = text.map(lambda s: len(s.split()))
+    # lineage 002's tool-leak audit and answer-usable read (arenaflow.toolleak, degeneracy)
+    df["tool_leak"] = text.map(lambda s: toolleak.leak(s) is not None).astype(bool)
+    df["answer_usable"] = pd.Series(
+        [degeneracy.answer_usable(t, bool(s)) for t, s in zip(text, df["stopped"])],
+        index=df.index,
+        dtype=bool,
+    )
     return df
 
 
@@ -182,19 +189,27 @@ def load(paths: list[str]) -> pd.DataFrame:
     for p in paths:
         df = read_readout(p)
         outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
-        frames.append(df if "loop" in df.columns else structure(df))  # older readouts
+        frames.append(df if "answer_usable" in df.columns else structure(df))  # older readouts
     return pd.concat(frames, ignore_index=True)
 
 
 def levels(df: pd.DataFrame) -> dict:
-    """One side's levels over all its rows: rates in points, means in words/tokens."""
-    pct = lambda col: float(df[col].astype(bool).mean() * 100) if len(df) else 0.0  # noqa: E731
+    """One side's levels over all its rows: rates in points, means in words/tokens. A rate
+    whose column a hand-made frame lacks is None (a bar clause on it is then undefined)."""
+
+    def pct(col: str) -> float | None:
+        if col not in df:
+            return None
+        return float(df[col].astype(bool).mean() * 100) if len(df) else 0.0
+
     return {
         "accuracy": pct("correct"),
         "truncation_rate": pct("truncated"),
         "empty_rate": pct("empty"),
         "loop_rate": pct("loop"),
         "fffd_rate": pct("fffd"),
+        "tool_leak_rate": pct("tool_leak"),
+        "answer_usable_rate": pct("answer_usable"),
         "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
         "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0,
     }
@@ -271,6 +286,9 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     return out
 
 
+_USABLE = ("n", "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value")
+
+
 def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict) -> dict:
     """The structural battery's paired word counts and each side's levels, overall and per
     category (written into `by_category`)."""
@@ -279,6 +297,9 @@ def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category
     out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
     out["words_sign_p"] = stats.sign_test(words)
     out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
+    if "answer_usable" in m and "answer_usable_ref" in m:  # paired, as lineage 002 read it
+        usable = stats.paired(m["answer_usable"].to_numpy(), m["answer_usable_ref"].to_numpy())
+        out["answer_usable"] = {k: usable[k] for k in _USABLE}
     for c in by_category:  # the battery's rates and lengths per category too
         by_category[c]["levels"] = {
             "cand": levels(cand[cand["category"] == c]),
