@@ -100,7 +100,7 @@ def readout(
     constraint checked; open-ended, stopped, non-degenerate and long enough."""
     from arenaflow import candidates, chat, sampling  # torch-heavy: only the readout needs them
 
-    prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]  # + context
     dec = sampling.Decoding(**afconfig.decoding_of(regime))
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(
