@@ -410,6 +410,11 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
             raise ConfigError(
                 f"{where}/pool': unknown pool {c['pool']!r}; known: {sorted(cfg['pools'])}"
             )
+        if cfg["pools"][c["pool"]].get("turns", 1) > 1:  # a readout instrument only
+            raise ConfigError(
+                f"{where}/pool': pool {c['pool']!r} holds multi-turn conversations (turns > 1), "
+                "which only readouts decode (arenaflow.multiturn); a corpus needs single prompts"
+            )
         if c["policy"] not in RESERVED and c["policy"] not in raw:
             raise ConfigError(
                 f"{where}/policy': {c['policy']!r} is not 'base', 'reference' "

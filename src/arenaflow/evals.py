@@ -34,7 +34,17 @@ import pandas as pd
 
 from arenaflow import bar as afbar
 from arenaflow import config as afconfig
-from arenaflow import degeneracy, families, io, jobclock, manifest, stats, toolleak, verify
+from arenaflow import (
+    degeneracy,
+    families,
+    io,
+    jobclock,
+    manifest,
+    multiturn,
+    stats,
+    toolleak,
+    verify,
+)
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
@@ -100,8 +110,13 @@ def readout(
     constraint checked; open-ended, stopped, non-degenerate and long enough."""
     from arenaflow import candidates, chat, sampling  # torch-heavy: only the readout needs them
 
-    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]  # + context
     dec = sampling.Decoding(**afconfig.decoding_of(regime))
+    if any("turns" in r for r in pool):  # conversations, read turn by turn (arenaflow.multiturn)
+        args = (system_prompt, dec, seed, batch_size, desc, engine)
+        return structure(
+            pd.DataFrame.from_records(multiturn.readout(pool, model, tokenizer, *args))
+        )
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]  # + context
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(
         model,
@@ -243,6 +258,14 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     m = paired_rows(cand, ref, where)
     m["correct"] = outcomes(m, "correct", f"{where}: candidate {_arms(cand)}")
     m["correct_ref"] = outcomes(m, "correct_ref", f"{where}: reference {_arms(ref)}")
+    extra = {}
+    if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
+        by_family = families.table(m, where)  # at check level, turn by turn in conversations
+        if by_family:
+            extra = {"by_family": by_family, **families.summary(by_family)}
+    if "conversation" in m.columns:  # multi-turn: the outcome is "every turn passes"
+        extra["by_turn"] = multiturn.by_turn(m)
+        m = multiturn.conversations(m)
     out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
     out["by_category"] = {
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
@@ -253,22 +276,7 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         for r, g in m.groupby("replicate", sort=True)
     }
     out["by_replicate"] = [
-        {
-            "replicate": int(r),
-            **{
-                k: p[k]
-                for k in (
-                    "accuracy",
-                    "ref_accuracy",
-                    "delta",
-                    "wins",
-                    "losses",
-                    "p_value",
-                    "t_items",
-                )
-            },
-        }
-        for r, p in per_rep.items()
+        {"replicate": int(r), **{k: p[k] for k in _PER_REPLICATE}} for r, p in per_rep.items()
     ]
     out.update(
         stats.t_over_replicates(
@@ -277,15 +285,12 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     )
     if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
         out.update(_battery(m, cand, ref, out["by_category"]))
-    if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
-        by_family = families.table(m, where)
-        if by_family:
-            out["by_family"] = by_family
-            out.update(families.summary(by_family))
+    out.update(extra)
     out["replicates"] = int(m["replicate"].nunique())
     return out
 
 
+_PER_REPLICATE = ("accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")
 _USABLE = ("n", "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value")
 
 

@@ -159,3 +159,17 @@ def describe(c: dict) -> str:
     if t == "json_keys":
         return _OTHER[t].format(q=_quote(c["keys"], "and"))
     return _OTHER[t].format(**c)
+
+
+# multi-turn conversations (ifpool.conversations): the probe's own follow-up turns
+PROBE_FOLLOW_UPS = (
+    "Pick one detail from that and develop it.",
+    "Say it all again as if to a ten-year-old.",
+    "Turn that into advice someone could act on today.",
+    "Tell me which part of that is most debated.",
+    "Relate that to daily life in a big city.",
+    "Close the topic with your own verdict.",
+)
+PROBE_KEEP = (
+    "An extra rule applies starting with this reply: {c} The rules given before still apply."
+)
