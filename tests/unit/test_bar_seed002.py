@@ -48,12 +48,12 @@ def suite_rows(suite: str, per_family: dict) -> tuple[list, list, list]:
     return items, cand, ref
 
 
-def write(path, arm, items, passed):
+def write(path, arm, items, passed, replicate=0):
     df = pd.DataFrame(
         {
             "arm": arm,
             "item_id": [i for i, _ in items],
-            "replicate": 0,
+            "replicate": replicate,
             "category": [f for _, f in items],
             "prompt_sha256": [f"p-{i}" for i, _ in items],
             "target_sha256": [f"t-{f}" for _, f in items],
@@ -64,7 +64,7 @@ def write(path, arm, items, passed):
             "checks": [json.dumps([{"type": f, "passed": p}]) for (_, f), p in zip(items, passed)],
         }
     )
-    evals.write_readout(evals.structure(df), path, {"arm": arm})
+    evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": replicate})
     return str(path)
 
 
@@ -88,7 +88,9 @@ def round_(bar_):
     }
 
 
-def run_round(tmp_path, bar_, h6=None) -> dict:
+def run_round(tmp_path, bar_, h6=None, extra=None) -> dict:
+    """Register the round, then read out (readouts must postdate the bar), compare and judge;
+    `extra(tmp_path)` makes further (compares, noises, readouts) after the registration."""
     rnd, reg = round_(bar_), str(tmp_path / "nominations/r8.bar.json")
     nominate.main(["register", "--round", "r8", "--round-json", json.dumps(rnd), "--out", reg])
     compares, readouts = [], []
@@ -104,9 +106,11 @@ def run_round(tmp_path, bar_, h6=None) -> dict:
         compares.append(out)
         readouts.append(c)
     out = tmp_path / "nominations/r8.json"
+    more_compares, noises, more_readouts = extra(tmp_path) if extra else ([], [], [])
     nominate.main(
         ["judge", "--round", "r8", "--round-json", json.dumps(rnd), "--registration", reg]
-        + ["--compare", *compares, "--readouts", *readouts, "--out", str(out)]
+        + ["--compare", *compares, *more_compares, "--noise", *noises]
+        + ["--readouts", *readouts, *more_readouts, "--out", str(out)]
     )
     return io.read_json(out)
 
@@ -146,6 +150,54 @@ def test_a_noise_aware_clause_keeps_the_incumbent(tmp_path):
     assert out["promoted"] == "v6141" and not v["clears"] and v["failed"] == [4]
     assert "p_value" in out["reason"] and "v6141 stays" in out["reason"]
     assert [c["holds"] for c in v["clauses"]] == [True, True, True, False]
+
+
+NOISE_FLOOR = [
+    *CARD_RULE,
+    {
+        "regime": "sampled",
+        "metric": "delta",
+        "op": ">=",
+        "noise": {"stat": "max_abs_delta", "times": 1},
+        "note": "larger than the incumbent against itself",
+    },
+]
+
+
+def sampled_reads(tmp_path) -> tuple[list, list, list]:
+    """h6 under a sampled regime, K = 2 replicates per arm: the incumbent's two reads differ by
+    12 of 800 prompts (1.5 points, the size of the card's seed-to-seed spread); v749's are its
+    greedy read with the same 12 prompts flipped, so its pooled delta stays +0.125 point.
+    (compares, noises, candidate readouts)"""
+    items, cand, ref = suite_rows("h6", H6)
+    flip = [i for i, r in enumerate(ref) if not r and not cand[i]][:12]
+    reads = {}
+    for arm, base in (("v749", cand), ("v6141", ref)):
+        second = [not v if i in flip else v for i, v in enumerate(base)]
+        reads[arm] = [
+            write(tmp_path / f"h6s.{arm}.r{k}.parquet", arm, items, passed, replicate=k)
+            for k, passed in enumerate((base, second))
+        ]
+    out = str(tmp_path / "compare/h6/sampled/v749__v6141.json")
+    evals.main(
+        ["compare", "--suite", "h6", "--regime", "sampled", "--cand", *reads["v749"]]
+        + ["--ref", *reads["v6141"], "--out", out]
+    )
+    noise = str(tmp_path / "noise/h6/sampled/v6141.json")
+    evals.main(
+        ["noise", "--suite", "h6", "--regime", "sampled", "--readouts", *reads["v6141"]]
+        + ["--out", noise]
+    )
+    return [out], [noise], reads["v749"]
+
+
+def test_a_noise_floor_clause_keeps_the_incumbent_too(tmp_path):
+    out = run_round(tmp_path, NOISE_FLOOR, extra=sampled_reads)
+    (v,) = out["candidates"]
+    floor = v["clauses"][3]
+    assert floor["threshold"] == pytest.approx(100 * 12 / 800)  # max |delta| of v6141 vs itself
+    assert floor["observed"] == pytest.approx(100 * 2 / 1600) and not floor["holds"]
+    assert out["promoted"] == "v6141" and v["failed"] == [4]
 
 
 def test_a_collapsed_family_fails_the_floor_clause(tmp_path):
