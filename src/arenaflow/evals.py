@@ -9,10 +9,13 @@
     python -m arenaflow.evals noise --suite math --regime served \
         --readouts R2d.r0.parquet R2d.r1.parquet R2d.r2.parquet --out noise/math/served/R2d.json
 
-A readout is one parquet per (suite, arm, regime, replicate), one row per item, carrying the
+A readout is one parquet per (suite, arm, regime, replicate), one row per item (per
+conversation x turn for a multi-turn pool: arenaflow.multiturn), carrying the
 prompt and target hashes so a comparison can prove both sides saw the same items, and the
 structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
-words, tokens). Replicate r decodes with seed + 1000 * r; the same seed gives identical rows.
+words, tokens, tool_leak: arenaflow.toolleak, answer_usable: degeneracy.answer_usable), and on
+items with constraints each constraint's verdict (`checks`, arenaflow.families). Replicate r
+decodes with seed + 1000 * r; the same seed gives identical rows.
 The parquet's schema metadata (key "arenaflow") records when and how it was made (for a math
 suite, `verifier`: arenaflow.verify.verifier): nomination checks `created_utc` against the bar's
 registration time.

@@ -13,8 +13,8 @@ first one found, or None:
   the same wrapped as {"function": {...}} or in a list. A *definition*, whose "parameters" is a
   JSON schema ({"type": "object", "properties": ...}), is not a call, and ordinary JSON answers
   ({"name": "Ada", "age": 36}) have neither key;
-- `functions.NAME(` or `to=functions.NAME` outside fenced code (harmony's recipient syntax; in a
-  code block "functions.append(" is ordinary Python).
+- `functions.NAME(` or `to=functions.NAME` outside code (harmony's recipient syntax; in a code
+  block or `inline code` "functions.append(" is ordinary Python).
 
 A screen, like lineage 002's keyword safety classifier: an answer that *explains* a tool-call
 format is flagged too.
@@ -37,7 +37,7 @@ MARKERS = (
     "<\uff5ctool\u2581call\u2581begin\uff5c>",
     "<|call|>",
 )
-_FENCED = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+_CODE = re.compile(r"```.*?(?:```|\Z)|`[^`\n]+`", re.DOTALL)  # fenced blocks, inline code
 _RECIPIENT = re.compile(r"(?:\bto=functions\.[A-Za-z_]\w*|(?<![\w.])functions\.[A-Za-z_]\w*\()")
 _OPEN = re.compile(r"[\[{]")
 _DECODER = json.JSONDecoder()
@@ -89,6 +89,6 @@ def leak(text: str) -> str | None:
             return marker
     if any(_is_call(v) for v in _json_values(text)):
         return "json call"
-    if _RECIPIENT.search(_FENCED.sub(" ", text)):
+    if _RECIPIENT.search(_CODE.sub(" ", text)):
         return "functions."
     return None

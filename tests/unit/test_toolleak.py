@@ -47,6 +47,7 @@ CLEAN = {
     "python in a fence": "```python\nfunctions = []\nfunctions.append(f)\nfunctions.pop()\n```",
     "markdown and braces": "Use {curly braces} and [brackets]; set {a: 1} in YAML.",
     "prose about functions": "Pure functions (like f(x) = x + 1) have no side effects.",
+    "inline code": "Call `functions.append(f)` to register one; `to=functions.x` is a string.",
     "broken json": '{"name": "x", "arguments": {"a": 1}',
 }
 
