@@ -154,6 +154,9 @@ def test_the_card_bar_judges_sd_clause_by_clause(built):
     assert nom["promoted"] == ("SD" if all(holds) else "R3")
     page = (built["results"] / "reports/r6/nomination.html").read_text()
     assert "family_delta_min" in page and "probe/greedy" in page
+    for fam, r in h6["by_family"].items():  # the per-family table on the page
+        assert f"<tr><th>{fam}</th><td class={'no' if r['delta'] < 0 else 'ok'}>" in page
+        assert f"{r['delta']:+.1f} ({r['wins']}/{r['losses']}, p " in page
 
 
 def test_the_null_grid_reads_each_cell_with_its_sign_test(built):
