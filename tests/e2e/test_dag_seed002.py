@@ -87,7 +87,7 @@ def test_the_dpo_arms_train_on_on_policy_pairs_with_the_nll_term(built):
     grid = {}
     for f in (built["arms"]).glob("D-*.yaml"):
         ev = read(built, f"runs/{f.stem}/final/training_evidence.json")
-        h = ev["hyper"]
+        h = ev["hyperparameters"]
         assert (h["objective"], h["nll_weight"], ev["init"]) == ("dpo", 1.0, "S2")
         grid[(h["beta"], h["lr"])] = f.stem
     assert set(grid) == {(b, lr) for b in (0.1, 0.5) for lr in (5e-4, 2e-3)}
