@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("model", help="pretrain the tiny constrained-writing base")
     # batch 16, not tiny-arith's 64: its rows are ~5x longer (1.4 s a step on 2 shared cores)
-    tinymodel.add_train_args(m, out="models/tiny-ifchat", n_train=20000, lo=0.25, hi=0.6, batch=16)
+    tinymodel.add_train_args(m, out="models/tiny-ifchat", n_train=20000, lo=0.3, hi=0.6, batch=16)
     m.add_argument("--n-eval", type=int, default=120, help="eval-split prompts for pass@1")
     c = sub.add_parser("chatset", help="write the synthetic chat corpus (messages lists)")
     c.add_argument("--n", type=int, default=480)

@@ -116,8 +116,8 @@ def _step(model, opt, tokenizer, batch) -> float:
 
 def fit(model, tokenizer, encoded: list, rng: random.Random, score, args) -> tuple:
     """Pretrain on `encoded` (ids, loss mask) rows; every args.eval_every steps measure
-    score(model, tokenizer, seed=step) and keep the first checkpoint inside [min_pass,
-    max_pass]. Returns the model with that checkpoint loaded and the build record."""
+    score(model, tokenizer, seed=step) and stop at the first checkpoint inside [min_pass,
+    max_pass] (or past it: an error). Returns the model at that checkpoint and the record."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     history, chosen = [], None
     t0 = time.time()
@@ -134,10 +134,10 @@ def fit(model, tokenizer, encoded: list, rng: random.Random, score, args) -> tup
                 }
             )
             print(json.dumps(history[-1]), file=sys.stderr, flush=True)
-            if chosen is None and args.min_pass <= p1 <= args.max_pass:
+            if args.min_pass <= p1 <= args.max_pass:
                 chosen = {"step": step, "pass_at_1": p1, "state": copy.deepcopy(model.state_dict())}
-            if chosen is not None and p1 > args.max_pass:
-                break
+            if chosen is not None or p1 > args.max_pass:
+                break  # the first checkpoint in the window is kept; nothing after it is
     if chosen is None:
         raise SystemExit(
             f"no checkpoint reached pass@1 in [{args.min_pass}, {args.max_pass}]: {history}"
