@@ -392,7 +392,9 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
     for a in [arm, *lineage]:
         run = Path(args.runs) / a / "final"
         manifest.require(run, who)
-        if evidence_file(run) == TRAINING:
+        # a round's nominee (an arm's init or a corpus's policy) is a copy of an arm that the
+        # lineage holds too: verified there, with its corpus
+        if evidence_file(run) == TRAINING and not (run / NOMINEE).exists():
             corpora.add(io.read_json(run / TRAINING)["corpus"])
     for c in sorted(corpora):
         manifest.require(Path(args.corpora) / c, who)
