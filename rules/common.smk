@@ -26,6 +26,12 @@ except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
 
 
+# Jobs inherit these (local runs, and sbatch's default --export=ALL): a lineage's sampling,
+# readout and training jobs compile each graph once. A cache set in the environment wins.
+for _var, _dir in afpaths.COMPILE_CACHE.items():
+    os.environ.setdefault(_var, str(REPO / CFG["results_dir"] / _dir))
+
+
 # Absolute, or the Slurm executor resolves paths against results/ twice
 # (docs/notes.md#workdir-is-absolute).
 workdir: str(REPO / CFG["results_dir"])
@@ -259,11 +265,33 @@ def suite(wc):
     return CFG["evals"][wc.suite]
 
 
-def decoding(wc):
-    # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
-    # Only those the regime sets: the readout takes the others from the schema (decoding_of).
-    regime = suite(wc)["regimes"][wc.regime]
-    return as_json({k: regime[k] for k in afconfig.DECODING_KEYS if k in regime})
+def suite_reads(suite_id):
+    """(regime, replicate) of every readout of a suite, in the order of its regimes."""
+    regimes = CFG["evals"][suite_id]["regimes"]
+    return [(g, r) for g, regime in regimes.items() for r in range(regime["replicates"])]
+
+
+def suite_readouts(suite_id):
+    """Output patterns of readout_<suite>: one parquet per regime and replicate, {rarm} open."""
+    return [afpaths.readout(suite_id, "{rarm}", g, r) for g, r in suite_reads(suite_id)]
+
+
+def readout_plan(suite_id, output):
+    """readout_<suite>'s --plan. Only decoding keys, and only those a regime sets (the readout
+    takes the others from the schema, decoding_of), so that a key left at its default changes
+    no param. One job makes them all: a new regime or replicate reruns the arm's readouts."""
+    regimes = CFG["evals"][suite_id]["regimes"]
+    return as_json(
+        [
+            {
+                "regime": g,
+                "decoding": {k: regimes[g][k] for k in afconfig.DECODING_KEYS if k in regimes[g]},
+                "replicate": r,
+                "out": out,
+            }
+            for (g, r), out in zip(suite_reads(suite_id), output)
+        ]
+    )
 
 
 # ---- rules/judged.smk ---------------------------------------------------------

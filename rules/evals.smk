@@ -1,33 +1,40 @@
-rule readout:
-    input:
-        pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
-        adapter=lambda wc: run_dir(wc.rarm),
-        base=BASE_FILES,
-    output:
-        afpaths.READOUT,
-    log:
-        "logs/readouts/{suite}/{rarm}/{regime}.r{rep}.log",
-    conda:
-        "../envs/arenaflow.yaml"
-    resources:
-        mem_mb=8000,
-        runtime=60,
-        gres="gpu:1",  # Slurm GRES; ignored by local runs
-        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
-    params:
-        regime=decoding,
-        adapter=lambda wc, input: adapter_flag(input.adapter),
-        seed=lambda wc: suite(wc)["seed"],
-        batch=lambda wc: suite(wc)["batch_size"],
-        engine=lambda wc: suite(wc)["engine"],
-        system=CFG["system_prompt"],
-        base=base_dir,
-    shell:
-        "python -m arenaflow.evals readout --suite {wildcards.suite} --arm {wildcards.rarm} "
-        "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
-        "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
-        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt {params.system:q} "
-        "--out {output} > {log} 2>&1"
+# One job per suite and arm: a process loads the model once and reads every regime x
+# replicate of the suite (one parquet each, as compare, noise and the judged reads take them).
+# A rule per suite, readout_<suite>, because suites differ in their regimes and replicates.
+for _suite in CFG["evals"]:
+
+    rule:
+        name:
+            f"readout_{_suite}"
+        input:
+            pool=afpaths.pool(CFG["evals"][_suite]["pool"]),
+            adapter=lambda wc: run_dir(wc.rarm),
+            base=BASE_FILES,
+        output:
+            suite_readouts(_suite),
+        log:
+            f"logs/readouts/{_suite}/{{rarm}}.log",
+        conda:
+            "../envs/arenaflow.yaml"
+        resources:
+            mem_mb=8000,
+            runtime=60,
+            gres="gpu:1",  # Slurm GRES; ignored by local runs
+            local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+        params:
+            suite=_suite,
+            plan=lambda wc, output, s=_suite: readout_plan(s, output),
+            adapter=lambda wc, input: adapter_flag(input.adapter),
+            seed=CFG["evals"][_suite]["seed"],
+            batch=CFG["evals"][_suite]["batch_size"],
+            engine=CFG["evals"][_suite]["engine"],
+            system=CFG["system_prompt"],
+            base=base_dir,
+        shell:
+            "python -m arenaflow.evals readout --suite {params.suite} --arm {wildcards.rarm} "
+            "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
+            "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
+            "--engine {params.engine} --system-prompt {params.system:q} > {log} 2>&1"
 
 
 # Pools every replicate of the regime; reports each replicate and the paired t over replicates.

@@ -14,6 +14,9 @@ COMPARE = "compare/{suite}/{regime}/{rarm}__{ref}.json"
 NOISE = "noise/{suite}/{regime}/{rarm}.json"
 REGISTRATION = "nominations/{rnd}.bar.json"
 NOMINATION = "nominations/{rnd}.json"
+# torch.compile's caches (inductor's FX graphs and autotuning, Triton's binaries), shared by a
+# lineage's jobs so that each graph is compiled once per results directory.
+COMPILE_CACHE = {"TORCHINDUCTOR_CACHE_DIR": ".cache/inductor", "TRITON_CACHE_DIR": ".cache/triton"}
 
 
 def pool(pool_id: str) -> str:
