@@ -19,15 +19,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 
-from arenaflow import chat, degeneracy, ifcheck, io, jobclock, models, sampling, verify
+from arenaflow import chat, degeneracy, ifcheck, io, jobclock, verify
 from arenaflow import config as afconfig
+
+# torch, transformers and the decode loop (seconds of imports) are imported where a sample is
+# drawn, so that verifying, a CPU job, does without them.
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
     """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
     a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
+    from arenaflow import sampling
+
     params = {**afconfig.schema_defaults("corpus"), **params}
     prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
     dec = sampling.Decoding(
@@ -84,16 +91,22 @@ def verdict(sample_row: dict, pool_row: dict) -> dict:
     return out
 
 
-def verify_all(pool: list[dict], samples: list[dict], samples_path: str) -> list[dict]:
+def verify_all(
+    pool: list[dict], samples: list[dict], samples_path: str, workers: int = 1
+) -> list[dict]:
+    """A verdict per sample, in order. `workers` > 1 spreads them over processes (math-verify's
+    timeouts need each verdict in a main thread, which a worker process's task runs in)."""
     rows = {r["id"]: r for r in pool}
-    out = []
     for line, s in enumerate(samples, start=1):
         if s.get("prompt_id") not in rows:
             raise ValueError(
                 f"{samples_path}:{line}: prompt_id {s.get('prompt_id')!r} is not in the pool"
             )
-        out.append(verdict(s, rows[s["prompt_id"]]))
-    return out
+    pairs = [rows[s["prompt_id"]] for s in samples]
+    if workers <= 1 or len(samples) < 2 * workers:
+        return list(map(verdict, samples, pairs))
+    with ProcessPoolExecutor(workers) as ex:
+        return list(ex.map(verdict, samples, pairs, chunksize=-(-len(samples) // (4 * workers))))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,11 +125,22 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--pool", required=True)
     v.add_argument("--samples", required=True)
     v.add_argument("--out", required=True, help="candidates/{corpus}/verdicts.jsonl")
+    v.add_argument(
+        "--workers",
+        type=int,
+        default=min(8, len(os.sched_getaffinity(0))),
+        help="processes verifying at once (default: the CPUs this job may use, at most 8; "
+        "under Slurm, those it was allocated)",
+    )
     args = ap.parse_args(argv)
     pool = io.read_jsonl(args.pool)
     if args.cmd == "sample":
+        from arenaflow import models
+
         params = json.loads(args.params_json)
-        model, tok = models.load_policy(args.base_model, args.adapter, consumer="sampling")
+        model, tok = models.load_policy(
+            args.base_model, args.adapter, consumer="sampling", job=args.out
+        )
         jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
         t0 = time.perf_counter()
         rows = sample(pool, model, tok, args.system_prompt, params)
@@ -125,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
         print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
     else:
-        rows = verify_all(pool, io.read_jsonl(args.samples), args.samples)
+        rows = verify_all(pool, io.read_jsonl(args.samples), args.samples, args.workers)
         io.write_jsonl(args.out, rows)
         print(f"{sum(r['correct'] for r in rows)}/{len(rows)} samples correct -> {args.out}")
 

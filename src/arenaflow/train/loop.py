@@ -221,9 +221,11 @@ def setup(args, hyper: dict) -> Run:
     fits."""
     import deepspeed
 
+    jobclock.mark(args.out, "imports")
     ensure_dist_env()
     cuda = torch.cuda.is_available()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    jobclock.mark(args.out, "distributed")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
@@ -251,8 +253,10 @@ def setup_data(r: Run) -> None:
             f"objective {hyper['objective']!r} needs a "
             f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one"
         )
+    jobclock.mark(args.out, "corpus")
     torch.manual_seed(hyper["seed"])
     r.net = tmodel.build(args.base_model, args.init, hyper)
+    jobclock.mark(args.out, "model")
     tokenizer = models.load_tokenizer(args.base_model)
     r.pad = models.pad_id(tokenizer)
     rows = corpus["chosen"] if preference else corpus["sft"]
@@ -296,6 +300,7 @@ def setup_engine(r: Run) -> None:
         log.info(
             "fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor")
         )
+    jobclock.mark(r.args.out, "setup")  # data plan, DPO reference, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=r.cuda or None),
