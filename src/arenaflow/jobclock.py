@@ -35,6 +35,15 @@ def process_start() -> float:
 
 
 PROCESS_START = process_start()
+_MARKS: list[tuple[str, float]] = []  # this process's start-up phases, in order
+
+
+def adopt(process_start: float) -> None:
+    """This process runs a job that started at `process_start` in another process (a fork of
+    arenaflow.zygote's server for a client started then): its clock starts there."""
+    global PROCESS_START
+    PROCESS_START = process_start
+    _MARKS.clear()
 
 
 def event(job: str, name: str, **fields) -> dict:
@@ -53,9 +62,6 @@ def event(job: str, name: str, **fields) -> dict:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec, sort_keys=True) + "\n")
     return rec
-
-
-_MARKS: list[tuple[str, float]] = []  # this process's start-up phases, in order
 
 
 def mark(job: str, phase: str) -> dict:
