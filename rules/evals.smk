@@ -59,3 +59,21 @@ rule noise:
     shell:
         "python -m arenaflow.evals noise --suite {wildcards.suite} --regime {wildcards.regime} "
         "--readouts {input} --out {output} > {log} 2>&1"
+
+
+# Failure analysis by checker reason (instruction-following suites): per constraint family, the
+# prompts carrying it, failing it, and fixed / lost against the reference.
+rule failure_table:
+    input:
+        pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
+        cand=lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
+        ref=lambda wc: readouts(wc.suite, wc.ref, wc.regime),
+    output:
+        afpaths.FAILURES,
+    log:
+        "logs/failures/{suite}/{regime}/{rarm}__{ref}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
+        "--out {output} > {log} 2>&1"

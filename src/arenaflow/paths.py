@@ -12,6 +12,7 @@ RUN = "runs/{arm}/final"
 READOUT = "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet"
 COMPARE = "compare/{suite}/{regime}/{rarm}__{ref}.json"
 NOISE = "noise/{suite}/{regime}/{rarm}.json"
+FAILURES = "failures/{suite}/{regime}/{rarm}__{ref}.json"
 REGISTRATION = "nominations/{rnd}.bar.json"
 NOMINATION = "nominations/{rnd}.json"
 
@@ -38,6 +39,10 @@ def compare(suite: str, regime: str, cand: str, ref: str) -> str:
 
 def noise(suite: str, regime: str, arm: str) -> str:
     return NOISE.format(suite=suite, regime=regime, rarm=arm)
+
+
+def failures(suite: str, regime: str, cand: str, ref: str) -> str:
+    return FAILURES.format(suite=suite, regime=regime, rarm=cand, ref=ref)
 
 
 def registration(rnd: str) -> str:
