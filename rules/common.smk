@@ -2,7 +2,9 @@
 # stops `snakemake -n` with one message naming the file and key (arenaflow.config).
 # Every input and param function of the rules lives here, by stage (rules/<stage>.smk holds
 # rules only), so each rule file reads as its jobs.
+import json
 import os
+import shlex
 from pathlib import Path
 
 from snakemake.logging import logger
@@ -146,6 +148,12 @@ def corpus_pool(wc):
     return afpaths.pool(CFG["corpora"][wc.corpus]["pool"])
 
 
+def scaffold_marker(wc):
+    """A scaffolded corpus's marker (its verdicts judge only the answer after it), else ''."""
+    scaffold = CFG["corpora"][wc.corpus].get("scaffold")
+    return scaffold["marker"] if scaffold else ""
+
+
 # ---- rules/corpora.smk --------------------------------------------------------
 
 
@@ -186,6 +194,20 @@ def arm_hyper(wc):
 
 def arm_nodes(wc):
     return arm_hyper(wc)["nodes"]
+
+
+def mix_flags(wc, input):
+    """A mixture's sources and counts (arm `corpus: {id: rows | all}`), and its file for errors;
+    nothing for an arm that names one corpus."""
+    a = arm(wc)
+    if a["corpus"] in a["mix"]:  # named by its id, not a mixture
+        return ""
+    return f"--mix-json {shlex.quote(as_json_ordered(a['mix']))} --arm-file {input.arm_file}"
+
+
+def as_json_ordered(section):
+    """JSON keeping the keys' order (a mixture's sources are concatenated in it)."""
+    return json.dumps(section, separators=(",", ":"))
 
 
 def launcher(wc):
@@ -321,7 +343,7 @@ def bundle_arm(wc):
 def bundle_inputs(wc):
     b, served = CFG["bundles"][wc.bundle], bundle_arm(wc)
     lineage = [served, *CFG["arms"][served]["lineage"]]
-    corpora = {CFG["arms"][a]["corpus"] for a in lineage} - {None}  # a merge has none
+    corpora = {c for a in lineage for c in CFG["arms"][a]["mix"]}  # a merge has none
     out = {
         "runs": [afpaths.run(a) for a in lineage],
         "corpora": [f"corpora/{c}/manifest.json" for c in sorted(corpora)],
@@ -411,7 +433,7 @@ def round_report_inputs(wc):
 
 def report_arm(v):
     if v["kind"] == afconfig.TRAINED:
-        policy = CFG["corpora"][v["corpus"]]["policy"]
+        policy = CFG["corpora"][next(iter(v["mix"]))]["policy"]  # a mixture: its first source's
         return {"init": v["init"], "policy": policy, "lr": v["hyper"]["lr"]}
     if v["kind"] == afconfig.NOMINEE:
         return {"init": v["init"], "nominee": v["round"], "parents": v["parents"]}

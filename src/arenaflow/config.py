@@ -387,6 +387,11 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
                 f"or an arm in {arms_dir}"
             )
         cfg["corpora"][cid] = _defaults(corpus_props, c)
+        if "scaffold" in c:  # its marker's default filled: the verify rule passes it
+            if c["policy"] == "reference":
+                raise ConfigError(f"{where}/scaffold': policy 'reference' samples nothing")
+            scaffold = corpus_props["properties"]["scaffold"]
+            cfg["corpora"][cid]["scaffold"] = _defaults(scaffold, c["scaffold"])
 
 
 def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
@@ -420,27 +425,57 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
     where = f"{file}: key"
     if data["init"] != BASE and data["init"] not in raw:
         raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
-    if data["corpus"] not in cfg["corpora"]:
-        raise ConfigError(
-            f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}"
-        )
+    mix = _mixture(cfg, data["corpus"], where)
     hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
     objective = with_hyper_defaults(hyper)["objective"]
-    fmt = cfg["corpora"][data["corpus"]]["format"]
-    if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
-        raise ConfigError(
-            f"{where} 'hyper/objective': {objective!r} cannot train on corpus {data['corpus']!r} "
-            f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
-        )
+    for cid in mix:
+        fmt = cfg["corpora"][cid]["format"]
+        if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
+            raise ConfigError(
+                f"{where} 'hyper/objective': {objective!r} cannot train on corpus {cid!r} "
+                f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
+            )
     return {
         "kind": TRAINED,
         "init": data["init"],
-        "corpus": data["corpus"],
+        "corpus": corpus_label(data["corpus"]),
+        "mix": mix,
         "description": data.get("description", ""),
         "priority": data["priority"],
         "hyper": hyper,
         "file": str(file),
     }
+
+
+def corpus_label(corpus) -> str:
+    """An arm's corpus as one string: its id, or a mixture as lineage 003 wrote it
+    ('iflensyn:33000,tulu3:all')."""
+    if isinstance(corpus, str):
+        return corpus
+    return ",".join(f"{c}:{n}" for c, n in corpus.items())
+
+
+def _mixture(cfg: dict, corpus, where: str) -> dict:
+    """{corpus id: rows or 'all'} of an arm's `corpus` (an id is every row of that corpus).
+    Each source is a known corpus, and a count is no larger than its pool (one row per prompt
+    at most); the built corpus's own row count is checked by the training job."""
+    mix = {corpus: "all"} if isinstance(corpus, str) else dict(corpus)
+    for cid, count in mix.items():
+        key = "corpus" if isinstance(corpus, str) else f"corpus/{cid}"
+        if cid not in cfg["corpora"]:
+            raise ConfigError(
+                f"{where} '{key}': unknown corpus {cid!r}; known: {sorted(cfg['corpora'])}"
+            )
+        c = cfg["corpora"][cid]
+        if len(mix) > 1 and c["format"] == "pairs":
+            raise ConfigError(f"{where} '{key}': a mixture is of sft corpora; {cid!r} is pairs")
+        most = cfg["pools"][c["pool"]].get("n")
+        if count != "all" and most is not None and count > most:
+            raise ConfigError(
+                f"{where} '{key}': {count} rows asked, but corpus {cid!r} has at most {most} "
+                f"(one row per prompt of pool {c['pool']!r})"
+            )
+    return mix
 
 
 def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
@@ -476,6 +511,7 @@ def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
         "kind": arm_kind(data),
         "init": init,
         "corpus": None,
+        "mix": {},
         "description": data.get("description", ""),
         "priority": data["priority"],
         "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")},
@@ -659,10 +695,8 @@ def _deps(a: dict, corpora: dict) -> list[tuple[str, str, str]]:
         return [
             (a["kind"], p, f"{a['kind']} weight {w:g}") for p, w in a["merge"]["weights"].items()
         ]
-    corpus = a["corpus"]
-    return [
-        ("init", a["init"], "init"),
-        ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}"),
+    return [("init", a["init"], "init")] + [
+        ("corpus", corpora[c]["policy"], f"the policy of corpus {c!r}") for c in a["mix"]
     ]
 
 
@@ -701,6 +735,7 @@ SAMPLING_KEYS = (
     "seed",
     "batch_size",
     "engine",
+    "scaffold",
 )
 
 
