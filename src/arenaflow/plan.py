@@ -42,16 +42,17 @@ def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:
     arms = sorted(estimates)
     if not arms:
         return set()
-    corpora = sorted({e.corpus for e in estimates.values() if e.sampling > 0})
-    total = sum(e.own for e in estimates.values()) + sum(
-        max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora
-    )
+    samp: dict[str, float] = {}
+    for e in estimates.values():  # a mixture's arm may need several corpora sampled
+        for c, m in e.sampled().items():
+            samp[c] = max(samp.get(c, 0.0), m)
+    corpora = sorted(samp)
+    total = sum(e.own for e in estimates.values()) + sum(samp.values())
     eps = TIE / (1.0 + total)
     left = total if math.isinf(left) else left  # no budget: everything fits
     prob = pulp.LpProblem("arenaflow_plan", pulp.LpMaximize)
     x = {a: binary(prob, f"x_{i}") for i, a in enumerate(arms)}
     y = {c: binary(prob, f"y_{i}") for i, c in enumerate(corpora)}
-    samp = {c: max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora}
     cost = pulp.lpSum(estimates[a].own * x[a] for a in arms) + pulp.lpSum(
         samp[c] * y[c] for c in corpora
     )
@@ -64,8 +65,8 @@ def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:
                 prob += x[a] <= x[d], f"needs_{a}_{d}"
             else:  # a pending dependency outside the candidates: cannot run
                 prob += x[a] == 0, f"blocked_{a}_{d}"
-        if e.corpus in y:
-            prob += x[a] <= y[e.corpus], f"corpus_{a}"
+        for j, c in enumerate(e.sampled()):
+            prob += x[a] <= y[c], f"corpus_{a}_{j}"
     status = prob.solve(cbc())
     if pulp.LpStatus[status] != "Optimal":
         raise RuntimeError(f"the integer program is {pulp.LpStatus[status]}")

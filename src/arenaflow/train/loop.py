@@ -183,6 +183,7 @@ class Run:
     world: int
     corpus: dict = None
     corpus_record: dict = None
+    sources: list | None = None  # a mixture's per-source statistics
     preference: bool = False
     net: Any = None
     pad: int = 0
@@ -240,10 +241,34 @@ def setup(args, hyper: dict) -> Run:
     return r
 
 
+def load_data(r: Run) -> None:
+    """The corpus, or a mixture of several (arm `corpus: {id: count | all}`): its rows, a record
+    with its digest and files, and per source the rows, tokens and supervised fraction taken."""
+    args = r.args
+    if args.mix_json is None:
+        if len(args.corpus) != 1:
+            raise SystemExit(f"{len(args.corpus)} corpora given without --mix-json")
+        r.corpus, r.corpus_record = data.load_corpus(Path(args.corpus[0]))
+        return
+    mix = json.loads(args.mix_json)
+    r.corpus, r.corpus_record, r.sources = data.load_mixture(
+        [Path(c) for c in args.corpus], mix, r.hyper["seed"], args.arm_file
+    )
+    for s in r.sources:
+        log.info(
+            "mixture source %s: %d of %d rows, %d tokens, supervised fraction %.3f",
+            s["corpus"],
+            s["rows"],
+            s["rows_available"],
+            s["tokens"],
+            s["supervised_fraction"],
+        )
+
+
 def setup_data(r: Run) -> None:
     """Corpus, model, tokenizer, DPO reference, step count and the checkpoint plan."""
     args, hyper = r.args, r.hyper
-    r.corpus, r.corpus_record = data.load_corpus(Path(args.corpus))
+    load_data(r)
     corpus = r.corpus
     r.preference = preference = hyper["objective"] in ("dpo", "simpo")
     if preference != ("chosen" in corpus):
@@ -447,6 +472,13 @@ def save(r: Run) -> None:
             )
 
 
+def corpus_evidence(r: Run) -> dict:
+    """The corpus's manifest sha256; a mixture's sources instead (each with its manifest's)."""
+    if r.sources is None:
+        return {"manifest_sha256": manifest.sha256_file(Path(r.args.corpus[0]) / manifest.MANIFEST)}
+    return {"mixture": r.sources, "mixture_seed": r.hyper["seed"]}
+
+
 def training_evidence(r: Run) -> dict:
     args, cuda, wall, metrics = r.args, r.cuda, r.wall, r.metrics
     return {
@@ -461,8 +493,8 @@ def training_evidence(r: Run) -> dict:
         "tokens_seen": r.tokens_seen,
         "dataset_sha256": r.corpus_record["digest"],
         "dataset_files_sha256": {k: v["sha256"] for k, v in r.corpus_record["files"].items()},
-        "manifest_sha256": manifest.sha256_file(Path(args.corpus) / manifest.MANIFEST),
-        "corpus": args.corpus_id or Path(args.corpus).name,
+        "corpus": args.corpus_id or Path(args.corpus[0]).name,
+        **corpus_evidence(r),
         "base_model": args.base_name or args.base_model,
         "base_revision": r.base_rev,
         "init": Path(args.init).parent.name if args.init != "base" else "base",
