@@ -61,6 +61,7 @@ wildcard_constraints:
     rnd=ids(CFG["rounds"]),
     bundle=ids(CFG["bundles"]),
     read=ids(CFG["judged"]),
+    guard=ids(CFG.get("mc_guards", {})),
     rarm=ids(READOUT_ARMS),
     ref=ids(READOUT_ARMS),
     regime="[A-Za-z0-9][A-Za-z0-9_-]*",
@@ -286,6 +287,12 @@ def decoding(wc):
     # Only those the regime sets: the readout takes the others from the schema (decoding_of).
     regime = suite(wc)["regimes"][wc.regime]
     return as_json({k: regime[k] for k in afconfig.DECODING_KEYS if k in regime})
+
+
+def guard_items(wc):
+    """A multiple-choice guard's items file (relative to the workflow's root)."""
+    f = CFG["mc_guards"][wc.guard]["items"]
+    return f if Path(f).is_absolute() else str(REPO / f)
 
 
 # ---- rules/judged.smk ---------------------------------------------------------

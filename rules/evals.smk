@@ -77,3 +77,28 @@ rule failure_table:
     shell:
         "python -m arenaflow.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
         "--out {output} > {log} 2>&1"
+
+
+# A multiple-choice capability guard, scored by log-likelihood (lm-eval's acc and acc_norm).
+rule mc_guard:
+    input:
+        mc=guard_items,
+        adapter=lambda wc: run_dir(wc.rarm),
+        base=BASE_FILES,
+    output:
+        afpaths.GUARD,
+    log:
+        "logs/guards/{guard}/{rarm}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=60,
+        gres="gpu:1",  # Slurm GRES; ignored by local runs
+        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+    params:
+        adapter=lambda wc, input: adapter_flag(input.adapter),
+        base=base_dir,
+    shell:
+        "python -m arenaflow.mcguard --items {input.mc} --base-model {params.base:q} "
+        "{params.adapter} --arm {wildcards.rarm} --out {output} > {log} 2>&1"

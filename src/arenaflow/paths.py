@@ -13,6 +13,7 @@ READOUT = "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet"
 COMPARE = "compare/{suite}/{regime}/{rarm}__{ref}.json"
 NOISE = "noise/{suite}/{regime}/{rarm}.json"
 FAILURES = "failures/{suite}/{regime}/{rarm}__{ref}.json"
+GUARD = "guards/{guard}/{rarm}.json"
 REGISTRATION = "nominations/{rnd}.bar.json"
 NOMINATION = "nominations/{rnd}.json"
 
@@ -43,6 +44,10 @@ def noise(suite: str, regime: str, arm: str) -> str:
 
 def failures(suite: str, regime: str, cand: str, ref: str) -> str:
     return FAILURES.format(suite=suite, regime=regime, rarm=cand, ref=ref)
+
+
+def guard(guard_id: str, arm: str) -> str:
+    return GUARD.format(guard=guard_id, rarm=arm)
 
 
 def registration(rnd: str) -> str:
