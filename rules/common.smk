@@ -110,6 +110,19 @@ from arenaflow import budget as afbudget
 
 BUDGET = afbudget.Budget(CFG, results=REPO / CFG["results_dir"]) if "budget" in CFG else None
 
+# Admission arm by arm, as Slurm's GrpTRESMins (arenaflow.admission): before the DAG is built,
+# pending arms are admitted in priority order while they fit under the cap; a refused one (and
+# any that requires it) is dropped from its rounds' candidates, the rest of the lineage runs, and
+# budget/table.json records the refusal. Decided from the results on disk when Snakemake starts
+# (a job process re-decides from the same files, so its rounds match the main process's unless a
+# finished arm's measured cost let a refused one fit since).
+from arenaflow import admission as afadmission
+
+ADMISSION = afadmission.admit(BUDGET) if BUDGET is not None else {}
+for _note in afadmission.drop_refused(CFG, ADMISSION):
+    if workflow.is_main_process:
+        logger.warning(_note)
+
 
 def budget_gate(wc):
     if (
@@ -124,6 +137,14 @@ def budget_gate(wc):
         BUDGET.check(BUDGET.gate_arms(wc.arm), wc.arm)
     except afbudget.BudgetError as e:
         raise WorkflowError(str(e)) from None
+    # it fits alone, but arms of higher priority were admitted first (arenaflow.admission)
+    decision = ADMISSION.get(wc.arm, {})
+    if decision.get("status") in (afadmission.REFUSED, afadmission.BLOCKED):
+        raise WorkflowError(
+            f"GPU-minute budget: arm {wc.arm!r} would overrun the budget and was not admitted: "
+            f"{decision['reason']}. Nothing was submitted. Give it a higher `priority:` than "
+            "the arms admitted before it, or raise budget.gpu_minutes if the allocation allows."
+        )
     return []
 
 
@@ -373,6 +394,31 @@ def bundle_source(wc):
 
 
 # ---- rules/report.smk ---------------------------------------------------------
+
+
+def budget_targets():
+    """budget/table.json when the config has a budget (a target of `all`)."""
+    return ["budget/table.json"] if BUDGET is not None else []
+
+
+def budget_table_inputs(wc):
+    """The table is written last: after every admitted arm's run and every round's nomination
+    (so the readouts it counts are on disk)."""
+    declared = [r for r in CFG["rounds"] if not afcontinual.is_template_round(CFG, r)]
+    arms = {
+        a
+        for r in declared
+        for m in [*CFG["rounds"][r]["candidates"], CFG["rounds"][r]["incumbent"]]
+        if m in CFG["arms"]
+        for a in BUDGET.gate_arms(m)
+    }  # a continual round's arms run as its stop rules say, not for the table
+    gone = afadmission.not_started(ADMISSION)
+    return {
+        "runs": [afpaths.run(a) for a in sorted(arms - gone)],
+        "nominations": [afpaths.nomination(r) for r in declared],
+    }
+
+
 REPORTING = {"on": False}  # set while `snakemake --report` writes the report
 
 
