@@ -21,7 +21,7 @@ rule sample_candidates:
         base=base_dir,
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
-        "{params.adapter} --system-prompt {params.system:q} --params-json {params.cfg:q} "
+        "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
         "--out {output} > {log} 2>&1"
 
 

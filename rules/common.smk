@@ -62,6 +62,7 @@ wildcard_constraints:
     bundle=ids(CFG["bundles"]),
     read=ids(CFG["judged"]),
     guard=ids(CFG.get("mc_guards", {})),
+    search=ids(CFG.get("prompt_search", {})),
     rarm=ids(READOUT_ARMS),
     ref=ids(READOUT_ARMS),
     regime="[A-Za-z0-9][A-Za-z0-9_-]*",
@@ -82,7 +83,7 @@ def adapter_flag(paths):
 
 
 def readouts(suite, arm, regime):
-    reps = range(CFG["evals"][suite]["regimes"][regime]["replicates"])  # per regime (config.py)
+    reps = range(afconfig.regime(CFG, suite, regime)["replicates"])  # per regime (config.py)
     return [afpaths.readout(suite, arm, regime, r) for r in reps]
 
 
@@ -306,8 +307,28 @@ def suite(wc):
 def decoding(wc):
     # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
     # Only those the regime sets: the readout takes the others from the schema (decoding_of).
-    regime = suite(wc)["regimes"][wc.regime]
+    regime = afconfig.regime(CFG, wc.suite, wc.regime)
     return as_json({k: regime[k] for k in afconfig.DECODING_KEYS if k in regime})
+
+
+def readout_system(wc):
+    """The system turn of this regime's readouts: its own `system_prompt`, else the config's."""
+    return afconfig.system_prompt_of(CFG, wc.suite, wc.regime)
+
+
+def search_readouts(wc):
+    """{candidate: readouts} of a prompt search: the arm under each system prompt and none."""
+    ps = CFG["prompt_search"][wc.search]
+    keys = [afconfig.PROMPT_NONE, *CFG["evals"][ps["suite"]]["system_prompts"]]
+    return {k: readouts(ps["suite"], ps["arm"], f"{ps['regime']}-{k}") for k in keys}
+
+
+def search_flags(wc, input):
+    """--readouts KEY=PATH for every readout, the arm and the candidates' texts as JSON."""
+    ps = CFG["prompt_search"][wc.search]
+    prompts = {afconfig.PROMPT_NONE: "", **CFG["evals"][ps["suite"]]["system_prompts"]}
+    flags = [f"--readouts {k}={p}" for k in prompts for p in input[k]]
+    return " ".join(flags) + f" --arm {ps['arm']} --prompts-json " + shlex.quote(as_json(prompts))
 
 
 def guard_items(wc):
@@ -379,7 +400,13 @@ def bundle_inputs(wc):
     }
     if "round" in b:
         out["nomination"] = afpaths.nomination(b["round"])
+    if isinstance(b["system_prompt"], dict):  # {search: S}: the search's chosen prompt
+        out["prompt_search"] = afpaths.prompt_search(b["system_prompt"]["search"])
     return out
+
+
+def prompt_search_flag(wc, input):
+    return f"--prompt-search {input.prompt_search}" if "prompt_search" in input.keys() else ""
 
 
 def template_file(wc):

@@ -20,13 +20,13 @@ rule readout:
         seed=lambda wc: suite(wc)["seed"],
         batch=lambda wc: suite(wc)["batch_size"],
         engine=lambda wc: suite(wc)["engine"],
-        system=CFG["system_prompt"],
+        system=readout_system,
         base=base_dir,
     shell:
         "python -m arenaflow.evals readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
-        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt {params.system:q} "
+        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt={params.system:q} "
         "--out {output} > {log} 2>&1"
 
 
@@ -102,3 +102,20 @@ rule mc_guard:
     shell:
         "python -m arenaflow.mcguard --items {input.mc} --base-model {params.base:q} "
         "{params.adapter} --arm {wildcards.rarm} --out {output} > {log} 2>&1"
+
+
+# System-prompt search: one arm under each of a suite's system_prompts and none, paired.
+rule prompt_search:
+    input:
+        unpack(search_readouts),
+    output:
+        afpaths.PROMPT_SEARCH,
+    log:
+        "logs/prompt_search/{search}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    params:
+        flags=search_flags,
+    shell:
+        "python -m arenaflow.promptsearch --search {wildcards.search} {params.flags} "
+        "--out {output} > {log} 2>&1"

@@ -414,6 +414,7 @@ def build(args) -> None:
     """Assemble the bundle in a temporary directory, check it, then move it into place: the
     served arm and its sources verified, the serving files, the checks, the model card."""
     cfg = json.loads(args.bundle_json)
+    searched = chosen_prompt(args, cfg)
     nomination = sealed_nomination(args.nomination) if args.nomination else None
     arm = served_arm(args, nomination)
     run_dir = Path(args.runs) / arm / "final"
@@ -423,6 +424,8 @@ def build(args) -> None:
     with io.atomic_dir(Path(args.out)) as tmp:
         tok = write_serving_files(tmp, args.base_model, run_dir, evidence, arm, cfg, template)
         checks = run_checks(tmp, args, cfg, template, run_dir, corpus_dir)
+        if searched:
+            checks["system_prompt"] = searched
         if nomination:
             checks["nomination"] = {
                 "verdict": "PASS",
@@ -441,6 +444,30 @@ def build(args) -> None:
         f"bundle {args.bundle}: arm {arm}, checks "
         + ", ".join(f"{k}={v}" for k, v in verdicts.items())
     )
+
+
+def chosen_prompt(args, cfg: dict) -> dict | None:
+    """For `system_prompt: {search: S}`, put the prompt search's chosen text in cfg (what
+    system_prompt.txt and the reload check use) and return the check that records it; the
+    search's file must be the sealed record of that search."""
+    spec = cfg["system_prompt"]
+    if not isinstance(spec, dict):
+        return None
+    if not args.prompt_search:
+        raise BundleCheckError(f"system_prompt {spec} needs --prompt-search FILE")
+    rec = manifest.check_seal(io.read_json(args.prompt_search), args.prompt_search)
+    if rec.get("search") != spec["search"]:
+        raise BundleCheckError(
+            f"{args.prompt_search} is prompt search {rec.get('search')!r}, not {spec['search']!r}"
+        )
+    cfg["system_prompt"] = rec["chosen_text"]
+    return {
+        "verdict": "PASS",
+        "detail": (
+            f"system prompt {rec['chosen']!r} chosen by prompt search {rec['search']!r} on arm "
+            f"{rec['arm']!r} ({args.prompt_search}, {manifest.SEAL} {rec[manifest.SEAL][:16]}…)"
+        ),
+    }
 
 
 def served_arm(args, nomination: dict | None) -> str:
@@ -547,6 +574,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
     b.add_argument(
         "--chat-template", help="'chatml' or a template file (default: the bundle config's)"
+    )
+    b.add_argument(
+        "--prompt-search", help="prompt_search/{search}.json, for system_prompt: {search: S}"
     )
     b.add_argument("--out", required=True, help="bundles/{bundle}")
     d = sub.add_parser("diff", help="which files differ and whether the weights are identical")

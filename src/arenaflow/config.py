@@ -359,6 +359,7 @@ def resolve(
     known_arms = set(arms) | {BASE}
     _check_rounds(cfg, known_arms, config_file)
     _resolve_judged(cfg, schema, known_arms, root, config_file)
+    _resolve_prompt_search(cfg, known_arms, config_file)
     _resolve_budget(cfg, schema)
     _resolve_bundles(cfg, schema, arms, config_file)
     for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
@@ -549,12 +550,60 @@ def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
         suite = cfg["evals"][sid] = _defaults(_part(schema, "suite"), suite, schema["$defs"])
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
+        _prompt_regimes(suite, f"{config_file}: key 'evals/{sid}/system_prompts'")
     for cid, c in cfg["corpora"].items():
         if c["pool"] in eval_pools:
             raise ConfigError(
                 f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
                 "training on it would contaminate every readout"
             )
+
+
+PROMPT_NONE = "none"  # the search candidate with no system prompt
+
+
+def _prompt_regimes(suite: dict, where: str) -> None:
+    """A suite's `system_prompts` {k: text}: for each regime R, search regimes R-k (and R-none,
+    no system prompt) under `prompt_regimes`, read out only for a prompt search (not by rounds,
+    bundles' lineage comparisons or the budget's per-arm estimate)."""
+    prompts = suite.get("system_prompts")
+    if not prompts:
+        return
+    if PROMPT_NONE in prompts:
+        raise ConfigError(f"{where}: {PROMPT_NONE!r} is reserved (the search's no-prompt side)")
+    suite["prompt_regimes"] = {}
+    for rid, regime in suite["regimes"].items():
+        for k, text in {PROMPT_NONE: "", **prompts}.items():
+            if f"{rid}-{k}" in suite["regimes"]:
+                raise ConfigError(f"{where}: search regime '{rid}-{k}' is also a declared regime")
+            suite["prompt_regimes"][f"{rid}-{k}"] = {**regime, "system_prompt": text}
+
+
+def regime(cfg: dict, suite: str, rid: str) -> dict:
+    """A suite's regime: a declared one, or a prompt search's (_prompt_regimes)."""
+    s = cfg["evals"][suite]
+    return s["regimes"][rid] if rid in s["regimes"] else s["prompt_regimes"][rid]
+
+
+def system_prompt_of(cfg: dict, suite: str, rid: str) -> str:
+    """What a readout of this regime puts in the system turn ('' none): the regime's
+    `system_prompt`, else the config's."""
+    return regime(cfg, suite, rid).get("system_prompt", cfg["system_prompt"])
+
+
+def _resolve_prompt_search(cfg: dict, known_arms: set, config_file: str) -> None:
+    """Each prompt search reads a known arm under a suite's system_prompts, in a known regime."""
+    for sid, ps in cfg.get("prompt_search", {}).items():
+        where = f"{config_file}: key 'prompt_search/{sid}"
+        s = cfg["evals"].get(ps["suite"])
+        if s is None:
+            raise ConfigError(f"{where}/suite': unknown suite {ps['suite']!r}")
+        if not s.get("system_prompts"):
+            raise ConfigError(f"{where}/suite': suite {ps['suite']!r} has no system_prompts")
+        if ps["regime"] not in s["regimes"]:
+            raise ConfigError(f"{where}/regime': suite {ps['suite']!r} has no {ps['regime']!r}")
+        if ps["arm"] not in known_arms:
+            raise ConfigError(f"{where}/arm': unknown arm {ps['arm']!r}")
 
 
 def _replicates(cfg: dict, suite: str, regime: str) -> int | None:
@@ -639,6 +688,12 @@ def _resolve_bundles(cfg: dict, schema: dict, arms: dict, config_file: str) -> N
         b = _defaults(bundle_props, b)
         b["serving"] = _defaults(bundle_props["properties"]["serving"], b["serving"])
         b.setdefault("system_prompt", cfg["system_prompt"])
+        if isinstance(b["system_prompt"], dict):  # {search: S}: the search's chosen prompt
+            if b["system_prompt"]["search"] not in cfg.get("prompt_search", {}):
+                raise ConfigError(
+                    f"{where}/system_prompt/search': unknown prompt search "
+                    f"{b['system_prompt']['search']!r}"
+                )
         cfg["bundles"][bid] = b
 
 

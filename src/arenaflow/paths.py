@@ -14,6 +14,7 @@ COMPARE = "compare/{suite}/{regime}/{rarm}__{ref}.json"
 NOISE = "noise/{suite}/{regime}/{rarm}.json"
 FAILURES = "failures/{suite}/{regime}/{rarm}__{ref}.json"
 GUARD = "guards/{guard}/{rarm}.json"
+PROMPT_SEARCH = "prompt_search/{search}.json"
 REGISTRATION = "nominations/{rnd}.bar.json"
 NOMINATION = "nominations/{rnd}.json"
 
@@ -48,6 +49,10 @@ def failures(suite: str, regime: str, cand: str, ref: str) -> str:
 
 def guard(guard_id: str, arm: str) -> str:
     return GUARD.format(guard=guard_id, rarm=arm)
+
+
+def prompt_search(search_id: str) -> str:
+    return PROMPT_SEARCH.format(search=search_id)
 
 
 def registration(rnd: str) -> str:
