@@ -2,6 +2,8 @@
 #   snakemake --cores 2 bundles/B3f          # local, on the embedded default
 #   snakemake --profile profiles/slurm bundles/B3f
 # Wiring only: the logic lives in src/arenaflow, one module per stage.
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -9,17 +11,23 @@ min_version("9.0")
 
 from arenaflow import config as afconfig
 
+# Every --configfile is merged over config/config.yaml, unless the files name another file as
+# `merge_over`, or null: a standalone lineage config (config/seeds/*.yaml). `config` holds the
+# --configfile and --config values here already.
+MERGED_OVER = afconfig.merged_over(config)
+UNDER = Path(workflow.basedir) / MERGED_OVER if MERGED_OVER is not None else None
+
 # Snakemake's own loader names no line ("not valid JSON or YAML"): read it first, to name one.
 # (Files given with --configfile are read by Snakemake before this file is; `python -m
 # arenaflow.config FILE` names the line of an error in one of them.)
-try:
-    afconfig.load_yaml(f"{workflow.basedir}/config/config.yaml")
-except afconfig.ConfigError as e:
-    raise WorkflowError(f"arenaflow config error: {e}") from None
+if UNDER is not None:
+    try:
+        afconfig.load_yaml(UNDER)
+    except afconfig.ConfigError as e:
+        raise WorkflowError(f"arenaflow config error: {e}") from None
 
-
-# Absolute: `workdir:` moves the cwd to results/, and --report re-reads config files from there.
-configfile: f"{workflow.basedir}/config/config.yaml"
+    # Absolute: `workdir:` moves the cwd to results/, and --report re-reads config files there.
+    configfile: str(UNDER)
 
 
 include: "rules/common.smk"

@@ -21,8 +21,8 @@ try:
         config,
         repo_root=REPO,
         schema_dir=REPO / "workflow" / "schemas",
-        config_file=" + ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"])),
-        sources=[REPO / "config" / "config.yaml", *workflow.overwrite_configfiles],
+        config_file=" + ".join(map(str, workflow.overwrite_configfiles or [MERGED_OVER])),
+        sources=[*([UNDER] if UNDER else []), *workflow.overwrite_configfiles],
     )
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None

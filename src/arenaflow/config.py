@@ -277,6 +277,35 @@ def load_yaml(path: str | os.PathLike):
         raise ConfigError(f"{path}: YAML error: {e}") from None
 
 
+DEFAULT_CONFIG = "config/config.yaml"  # what --configfile files are merged over (Snakefile)
+
+
+def merged_over(config: dict) -> str | None:
+    """The file, relative to the repo root, that the --configfile files (merged: `config`) are
+    merged over: config/config.yaml, another file their `merge_over` names, or None where it is
+    null (a standalone lineage config). One level: the named file's own merge_over is not
+    followed."""
+    return config.get("merge_over", DEFAULT_CONFIG)
+
+
+def load_configs(configfiles, overrides=()) -> tuple[dict, list[str]]:
+    """As Snakemake builds `config`: the files merged in order over the file they name as
+    merge_over (config/config.yaml by default), then key=value overrides as --config. Returns
+    the config and the files read, in order."""
+    cfg: dict = {}
+    for f in configfiles:
+        cfg = merge(cfg, load_yaml(f) or {})
+    for kv in overrides:
+        key, _, value = kv.partition("=")
+        cfg[key] = yaml.safe_load(value)
+    under = merged_over(cfg)
+    files = [str(f) for f in configfiles]
+    if under is not None:
+        cfg = merge(load_yaml(REPO_ROOT / under) or {}, cfg)
+        files.insert(0, str(REPO_ROOT / under))
+    return cfg, files
+
+
 def key_line(sources, keys: tuple[str, ...]) -> str | None:
     """'file:line' where the last of the YAML files `sources` that sets `keys` sets it."""
     for src in reversed([str(s) for s in sources]):
@@ -806,10 +835,13 @@ def sampling_params(corpus: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Validate a config and print each arm's lineage.")
-    ap.add_argument("config", help="config/config.yaml")
+    ap.add_argument(
+        "configfile", nargs="+", help="config files, merged as snakemake --configfile merges them"
+    )
     args = ap.parse_args(argv)
     try:
-        cfg = resolve(load_yaml(args.config), config_file=args.config, sources=[args.config])
+        raw, files = load_configs(args.configfile)
+        cfg = resolve(raw, config_file=" + ".join(args.configfile), sources=files)
     except ConfigError as e:
         raise SystemExit(f"arenaflow config error: {e}") from None
     for arm, a in cfg["arms"].items():

@@ -1,8 +1,11 @@
 """Which pending arms to run under the GPU-minute budget.
 
     python -m arenaflow.plan                                   # config/config.yaml
-    python -m arenaflow.plan --configfile config/config.yaml tests/e2e/config.yaml \\
+    python -m arenaflow.plan --configfile tests/e2e/config.yaml \\
         --config results_dir=/tmp/r --gpu-minutes 120 [--json]
+
+Config files are merged as Snakemake merges them: over config/config.yaml unless one names
+another file, or none, as `merge_over` (arenaflow.config.load_configs).
 
 Lists every pending arm (no runs/{arm}/final yet) with its estimate (arenaflow.budget: training,
 readouts, the sampling of its corpus), the budget and what is left of it, and picks the arms to
@@ -25,10 +28,8 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 
 import pulp
-import yaml
 
 from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
@@ -151,25 +152,16 @@ def render(p: dict) -> str:
     return "\n".join(lines)
 
 
-def load_config(configfiles: list[str], overrides: list[str]) -> tuple[dict, str]:
-    """Config files merged in order, then key=value overrides: as snakemake
-    --configfile/--config."""
-    cfg: dict = {}
-    for f in configfiles:
-        cfg = afconfig.merge(cfg, yaml.safe_load(Path(f).read_text()) or {})
-    for kv in overrides:
-        key, _, value = kv.partition("=")
-        cfg[key] = yaml.safe_load(value)
-    return cfg, " + ".join(configfiles)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description="Pending arms, their GPU-minute estimates and the ones "
         "to run under the budget (an integer program)."
     )
     ap.add_argument(
-        "--configfile", nargs="+", default=[str(afconfig.REPO_ROOT / "config/config.yaml")]
+        "--configfile",
+        nargs="*",
+        default=[],
+        help="as snakemake's: merged over config/config.yaml unless one sets merge_over",
     )
     ap.add_argument(
         "--config",
@@ -183,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
-    raw, where = load_config(args.configfile, args.config)
+    raw, files = afconfig.load_configs(args.configfile, args.config)
+    where = " + ".join(files)
     try:
         cfg = afconfig.resolve(raw, config_file=where)
     except afconfig.ConfigError as e:

@@ -79,8 +79,8 @@ def e2e_config(
     for arm, extra in (arm_overrides or {}).items():
         data_ = yaml.safe_load((arms / f"{arm}.yaml").read_text())
         (arms / f"{arm}.yaml").write_text(yaml.safe_dump(afconfig.merge(data_, extra)))
-    raw, _ = afplan.load_config(
-        [str(REPO / "config/config.yaml"), str(REPO / "tests/e2e/config.yaml")],
+    raw, _ = afconfig.load_configs(
+        [str(REPO / "tests/e2e/config.yaml")],
         [f"results_dir={tmp_path / 'results'}", f"arms_dir={arms}"],
     )
     if budget is not None:
