@@ -27,7 +27,7 @@ import torch
 
 from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
-from arenaflow.train import checkpoints, data, lora_fused, objective
+from arenaflow.train import checkpoints, data, heldout, lora_fused, objective
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
@@ -185,6 +185,8 @@ class Run:
     corpus_record: dict = None
     sources: list | None = None  # a mixture's per-source statistics
     preference: bool = False
+    heldout: list | None = None  # rows held out of training (heldout_rows), and their indices
+    heldout_idx: list | None = None
     net: Any = None
     pad: int = 0
     rows: list = None
@@ -281,6 +283,11 @@ def setup_data(r: Run) -> None:
     tokenizer = models.load_tokenizer(args.base_model)
     r.pad = models.pad_id(tokenizer)
     rows = corpus["chosen"] if preference else corpus["sft"]
+    if hyper["heldout_rows"]:
+        if preference:
+            raise SystemExit(f"heldout_rows needs an sft objective, not {hyper['objective']!r}")
+        rows, r.heldout, r.heldout_idx = heldout.split(rows, hyper["heldout_rows"], hyper["seed"])
+        corpus["sft"] = rows
     if hyper["packing"] and not preference:
         rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
     r.rows = rows
@@ -348,6 +355,10 @@ def train(r: Run) -> None:
         if step <= r.start:
             continue
         m, lrs = train_step(r, step, glob)
+        if r.heldout and heldout.due(step, r.n_steps, r.hyper["heldout_every"]):
+            m["heldout_loss"] = heldout.evaluate(
+                r.engine, r.heldout, r.hyper, r.pad, r.world, r.rank
+            )["loss"]
         r.metrics.append(m)
         progress.step(m, lrs)
         if (
@@ -506,6 +517,29 @@ def training_evidence(r: Run) -> dict:
         "gpu_hours": round(wall * r.world / 3600, 4) if cuda else 0.0,
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "final_loss": metrics[-1]["loss"] if metrics else None,
+        **heldout_evidence(r),
+    }
+
+
+def heldout_evidence(r: Run) -> dict:
+    """The held-out rows (indices in the corpus, or a mixture's concatenated rows) and their loss
+    at every evaluation; the last is after the final step, on the final weights."""
+    if not r.heldout:
+        return {}
+    curve = [
+        {"step": m["step"], "loss": m["heldout_loss"]} for m in r.metrics if "heldout_loss" in m
+    ]
+    return {
+        "heldout": {
+            "rows": len(r.heldout),
+            "row_indices": [int(i) for i in r.heldout_idx],
+            "supervised_tokens": data.supervised_tokens(
+                r.heldout, range(len(r.heldout)), r.hyper["seq_len"]
+            ),
+            "every": r.hyper["heldout_every"],
+            "curve": curve,
+            "final_loss": curve[-1]["loss"] if curve else None,
+        }
     }
 
 
