@@ -4,14 +4,32 @@ after the last step equals an independent forward pass with the final weights.""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from arenaflow import models, pools
+from arenaflow import corpora, models, pools
 from arenaflow.train import data, heldout
+
+# a LoRA run of the tiny model, as conftest's train_arm_cli trains one
+LORA = {
+    "method": "lora",
+    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+    "lr": 5e-3,
+    "weight_decay": 0.0,
+    "warmup_ratio": 0.0,
+    "min_lr_ratio": 0.1,
+    "max_grad_norm": 1.0,
+    "epochs": 1,
+    "grad_accum": 1,
+    "seq_len": 256,
+    "seed": 0,
+}
 
 
 def rows(n):
@@ -87,3 +105,76 @@ def test_the_final_held_out_loss_equals_a_forward_pass_with_the_final_weights(ru
             count += int(keep.sum())
     assert ev["heldout"]["supervised_tokens"] == count
     assert ev["heldout"]["final_loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def independent_loss(repo_root, run_dir, corpus_dir, indices):
+    """Mean token NLL of the corpus rows `indices` under the merged final weights."""
+    corpus, _ = data.load_corpus(corpus_dir)
+    model, _ = models.load_policy(repo_root / "models/tiny-arith", run_dir)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in indices:
+            ids, mask = corpus["sft"][i]
+            logits = model(input_ids=torch.as_tensor(ids, dtype=torch.long)[None]).logits
+            keep = torch.as_tensor(mask[1:]) == 1
+            target = torch.as_tensor(ids[1:], dtype=torch.long)[keep]
+            total += float(F.cross_entropy(logits[0, :-1].float()[keep], target, reduction="sum"))
+            count += int(keep.sum())
+    return total / count
+
+
+def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(tmp_path, repo_root):
+    base = repo_root / "models/tiny-arith"
+    corpus = tmp_path / "corpora/c"
+    corpora.build(
+        corpus,
+        pools.generate(11, 6, "train", {"add": 1}, "t"),
+        models.load_tokenizer(base),
+        "",
+        {},
+    )
+    # 3 held-out rows, one per micro-batch: rank 0 evaluates rows 0 and 2, rank 1 row 1 and
+    # then a filler forward (ZeRO-3 gathers each layer collectively: a rank that skipped it
+    # would hang the other)
+    hyper = {
+        **LORA,
+        "max_steps": None,
+        "micro_batch_size": 1,
+        "heldout_rows": 3,
+        "heldout_every": 2,
+        "zero3_persistence_threshold": 0,
+    }
+    out = tmp_path / "runs/A/final"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "arenaflow.train",
+            "--arm",
+            "A",
+            "--params-json",
+            json.dumps(hyper),
+            "--corpus",
+            str(corpus),
+            "--init",
+            "base",
+            "--base-model",
+            str(base),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    ev = json.loads((out / "training_evidence.json").read_text())
+    assert ev["world_size"] == 2 and ev["optimizer_steps"] == 4
+    assert [c["step"] for c in ev["heldout"]["curve"]] == [2, 4]
+    want = independent_loss(repo_root, out, corpus, ev["heldout"]["row_indices"])
+    assert ev["heldout"]["final_loss"] == pytest.approx(want, rel=1e-5)
