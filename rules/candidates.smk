@@ -39,4 +39,4 @@ rule verify_candidates:
         marker=scaffold_marker,
     shell:
         "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
-        "--marker {params.marker:q} --out {output} > {log} 2>&1"
+        "--marker={params.marker:q} --out {output} > {log} 2>&1"
