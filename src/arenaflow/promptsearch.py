@@ -16,8 +16,9 @@ item's target hash.
 The JSON (sealed, with each readout's sha256): `table`, one row per candidate in config order
 (correct, n, accuracy in points, and against `none`: delta, wins, losses, exact McNemar p),
 `pairs`, every candidate against every other (a against b: wins = items a gets right and b
-wrong), and `chosen`: the candidate with the most correct (the first in config order on a tie),
-with its text, which a bundle with `system_prompt: {search: S}` serves.
+wrong), and `chosen`: the candidate with the most correct, `none` included (on a tie: none,
+then the first in config order), with its text ('' for none), which a bundle with
+`system_prompt: {search: S}` serves.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def search(readouts: dict[str, pd.DataFrame], order: list[str]) -> dict:
         {"a": a, "b": b, **_paired(readouts[a], readouts[b], f"{a} vs {b}")}
         for a, b in itertools.combinations(order, 2)
     ]
-    best = max(table[1:], key=lambda r: r["correct"])  # max keeps the first of equal ones
+    # none too: a prompt that reads worse than no prompt is not served; max keeps the first of
+    # equal ones, so none wins a tie (no prompt without evidence for one)
+    best = max(table, key=lambda r: r["correct"])
     return {"table": table, "pairs": pairs, "chosen": best["prompt"]}
 
 

@@ -51,6 +51,12 @@ def test_table_pairs_and_choice_match_hand_counts():
     assert res["chosen"] == "k0"  # a tie on correct goes to the first in config order
 
 
+def test_no_prompt_is_chosen_when_every_candidate_reads_worse_or_equal():
+    out = {"none": [1, 1, 1, 0], "k0": [1, 1, 0, 0], "k1": [0, 1, 1, 1]}
+    res = promptsearch.search({k: frame(k, v) for k, v in out.items()}, ["k0", "k1"])
+    assert res["chosen"] == "none"  # k1 ties none at 3: no prompt without evidence for one
+
+
 def test_items_read_under_one_prompt_only_or_other_targets_are_refused():
     short = frame("k1", OUTCOMES["k1"]).iloc[:-1]
     with pytest.raises(ValueError, match=r"k1 vs none: item 'i7' is read out under one prompt"):
