@@ -465,6 +465,10 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
                 f"{where} 'hyper/objective': {objective!r} cannot train on corpus {cid!r} "
                 f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
             )
+    if with_hyper_defaults(hyper)["heldout_rows"] and objective != "sft":
+        raise ConfigError(
+            f"{where} 'hyper/heldout_rows': a held-out loss needs objective 'sft', not {objective!r}"
+        )
     return {
         "kind": TRAINED,
         "init": data["init"],

@@ -178,3 +178,26 @@ def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(tmp_
     assert [c["step"] for c in ev["heldout"]["curve"]] == [2, 4]
     want = independent_loss(repo_root, out, corpus, ev["heldout"]["row_indices"])
     assert ev["heldout"]["final_loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_config_refuses_held_out_rows_for_a_preference_arm(repo_root, tmp_path):
+    import copy
+    import shutil
+
+    import yaml
+
+    from arenaflow import config
+
+    raw = yaml.safe_load((repo_root / "config/config.yaml").read_text())
+    arms = tmp_path / "arms"
+    shutil.copytree(repo_root / "config/arms", arms)
+    cfg = copy.deepcopy(raw)
+    cfg["arms_dir"] = str(arms)
+    cfg["corpora"]["pref"] = {"pool": "math_r1", "policy": "S1", "format": "pairs"}
+    (arms / "P.yaml").write_text(
+        yaml.safe_dump(
+            {"init": "S1", "corpus": "pref", "hyper": {"objective": "simpo", "heldout_rows": 10}}
+        )
+    )
+    with pytest.raises(config.ConfigError, match=r"P.yaml: key 'hyper/heldout_rows'.*'simpo'"):
+        config.resolve(cfg, repo_root=repo_root, config_file="c.yaml")
