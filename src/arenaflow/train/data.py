@@ -88,15 +88,21 @@ def load_mixture(dirs: list[Path], mix: dict, seed: int, where: str) -> tuple[di
                 f"{len(src)} ({d}/stats.json); ask for at most {len(src)} or 'all'"
             )
         picked = [src[i] for i in sample_rows(len(src), count, seed, cid)]
-        sources.append(source_stats(picked, cid, len(src), record, Path(d) / manifest.MANIFEST))
+        stats = source_stats(picked, cid, len(src), record, Path(d) / manifest.MANIFEST)
+        sources.append({**stats, "asked": count})
         rows += picked
         files.update({f"{cid}/{k}": v for k, v in record["files"].items()})
-    spec = [
-        {"corpus": s["corpus"], "digest": s["digest"], "rows": c}
-        for s, c in zip(sources, mix.values())
-    ]
-    digest = manifest.sha256_text(json.dumps({"seed": seed, "sources": spec}, sort_keys=True))
+    digest = mixture_digest(seed, sources, list(mix.values()))
     return {"sft": rows}, {"digest": digest, "files": files}, sources
+
+
+def mixture_digest(seed: int, sources: list[dict], counts: list) -> str:
+    """A mixture's dataset sha256: of its sources' digests, the counts asked and the seed (which
+    decide the rows); a bundle recomputes it from the evidence and the corpora it verifies."""
+    spec = [
+        {"corpus": s["corpus"], "digest": s["digest"], "rows": c} for s, c in zip(sources, counts)
+    ]
+    return manifest.sha256_text(json.dumps({"seed": seed, "sources": spec}, sort_keys=True))
 
 
 def pack(rows: list, seq_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
