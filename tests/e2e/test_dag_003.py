@@ -62,6 +62,7 @@ def test_the_standalone_config_reads_nothing_of_lineage_000(built):
 def test_full_fine_tunes_on_mixtures_record_each_source(built):
     ev = read(built, "runs/b1/final/training_evidence.json")
     assert ev["hyperparameters"]["method"] == "full" and ev["hyperparameters"]["packing"]
+    assert ev["world_size"] == 2  # ZeRO-3 over two ranks, each taking the same mixture's rows
     for src in ev["mixture"]:  # tulu3:all,smoltalk:all: every row of each, as its build counted
         stats = read(built, f"corpora/{src['corpus']}/stats.json")
         assert (src["rows"], src["tokens"]) == (stats["rows"], stats["tokens"])
