@@ -423,9 +423,12 @@ def bundle_source(wc):
 # ---- rules/report.smk ---------------------------------------------------------
 
 
-def budget_targets():
-    """budget/table.json when the config has a budget (a target of `all`)."""
-    return ["budget/table.json"] if BUDGET is not None else []
+def budget_targets(wc):
+    """budget/table.json when the config has a budget (a target of `all`); under --report only
+    once it is built (Snakemake refuses a report whose marked file does not exist)."""
+    if BUDGET is None or (REPORTING["on"] and not os.path.exists("budget/table.html")):
+        return []
+    return ["budget/table.json"]
 
 
 def budget_table_inputs(wc):

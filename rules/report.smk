@@ -73,6 +73,11 @@ rule budget_table:
     output:
         json="budget/table.json",
         md="budget/table.md",
+        html=report(
+            "budget/table.html",
+            caption="../workflow/report/budget.rst",
+            category="GPU-minute budget",
+        ),
     log:
         "logs/budget_table.log",
     conda:
@@ -81,4 +86,4 @@ rule budget_table:
         cfg=as_json(config),
     shell:
         "python -m arenaflow.admission --config-json {params.cfg:q} --results . "
-        "--out {output.json} --md {output.md} > {log} 2>&1"
+        "--out {output.json} --md {output.md} --html {output.html} > {log} 2>&1"

@@ -31,6 +31,7 @@ it starts; the estimate plays that part here.
 from __future__ import annotations
 
 import argparse
+import html
 import json
 from pathlib import Path
 
@@ -196,12 +197,40 @@ def markdown(t: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def html_page(t: dict) -> str:
+    """The table as a page of `snakemake --report` (refused and blocked rows in red)."""
+    e, s = html.escape, t["spent"]
+    rows = "".join(
+        f"<tr class={'no' if r['status'] in (REFUSED, BLOCKED) else 'ok'}>"
+        f"<th>{e(r['arm'])}</th><td>{e(r['corpus'] or '-')}</td><td>{e(r['status'])}</td>"
+        f"<td>{r.get('gpus') or '-'}</td><td>{r.get('steps', '-')}</td>"
+        f"<td>{r.get('cost', r.get('estimate', 0.0)):.1f}"
+        f"{' (measured + estimated)' if r['status'] == RAN else ' (estimate)'}</td>"
+        f"<td>{e(r.get('reason', ''))}</td></tr>\n"
+        for r in t["arms"]
+    )
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>GPU-minute budget</title>\n'
+        "<style>body{font-family:sans-serif} td,th{border:1px solid #ccc;padding:4px 8px}\n"
+        "table{border-collapse:collapse} .ok{background:#e8f5e9} .no{background:#ffebee}"
+        "</style></head><body>\n"
+        f"<h2>GPU-minute cap {t['cap_gpu_minutes']:.1f}: spent {s['total']:.1f}, "
+        f"left {t['left']:.1f}</h2>\n"
+        f"<p>Before these results {s['before']:.1f}; training measured {s['training_measured']:.1f}"
+        f" over {s['runs']} runs; readouts and sampling estimated "
+        f"{s['generation_estimated']:.1f}. {e(t['rule'])}.</p>\n"
+        "<table><tr><th>arm</th><th>corpus</th><th>status</th><th>GPUs</th><th>steps</th>"
+        f"<th>GPU-minutes</th><th>note</th></tr>\n{rows}</table></body></html>\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="The budget table: cap, cost per arm, refusals.")
     ap.add_argument("--config-json", required=True, help="the workflow's config, as JSON")
     ap.add_argument("--results", default=".", help="the results directory")
     ap.add_argument("--out", required=True, help="budget/table.json")
     ap.add_argument("--md", required=True, help="budget/table.md")
+    ap.add_argument("--html", required=True, help="budget/table.html (a page of --report)")
     args = ap.parse_args(argv)
     cfg = afconfig.resolve(json.loads(args.config_json))
     if "budget" not in cfg:
@@ -209,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     t = table(afbudget.Budget(cfg, results=Path(args.results)))
     io.write_json(args.out, t)
     io.write_text(args.md, markdown(t))
+    io.write_text(args.html, html_page(t))
     print(markdown(t))
 
 

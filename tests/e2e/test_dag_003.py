@@ -103,6 +103,8 @@ def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
         "| smk | iflensyn:24,tulu3:24 | refused | 4 |"
         in (built["results"] / "budget/table.md").read_text()
     )
+    page = (built["results"] / "budget/table.html").read_text()  # a page of --report
+    assert "<tr class=no><th>smk</th>" in page and page.count("<tr class=ok>") == 4
     nom = read(built, "nominations/la.json")
     assert [c["arm"] for c in nom["candidates"]] == list(SWEEP)
 
