@@ -31,10 +31,12 @@ import sys
 
 import pulp
 
+from arenaflow import admission as afadmission
 from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
 from arenaflow.coverage import binary, cbc
 
+STATUSES = (afadmission.ADMITTED, afadmission.REFUSED, afadmission.BLOCKED)
 TIE = 1e-6  # the cost tie-break is worth less than this much priority
 
 
@@ -92,6 +94,8 @@ def plan(b: afbudget.Budget) -> dict:
         "chosen": sorted(chosen),
         "chosen_cost": b.cost(chosen),
         "all_cost": b.cost(pending),
+        # what the workflow itself will start: arm by arm in priority order (arenaflow.admission)
+        "admission": afadmission.admit(b),
     }
 
 
@@ -149,6 +153,13 @@ def render(p: dict) -> str:
     ]
     if p["chosen"]:
         lines.append("run: snakemake " + " ".join(f"runs/{a}/final" for a in p["chosen"]))
+    by = {st: [a for a, d in p["admission"].items() if d["status"] == st] for st in STATUSES}
+    lines.append(
+        "the workflow (GrpTRESMins, by priority) starts: "
+        + (" ".join(by[afadmission.ADMITTED]) or "(none)")
+        + "; does not start: "
+        + (" ".join(by[afadmission.REFUSED] + by[afadmission.BLOCKED]) or "(none)")
+    )
     return "\n".join(lines)
 
 

@@ -109,3 +109,15 @@ def test_the_workflow_runs_the_lineage_without_the_refused_arms(tmp_path):
     # asking for a refused arm itself is still refused whole, before anything runs
     proc = snakemake_dry(tmp_path, "runs/B3/final", {"gpu_minutes": cap})
     assert proc.returncode != 0 and "arm 'B3' would overrun the budget" in proc.stdout + proc.stderr
+
+
+def test_plan_says_which_arms_the_workflow_starts_and_which_it_does_not(tmp_path):
+    from arenaflow import plan as afplan
+
+    cap = cap_for(tmp_path / "a", [*R2D_LINE, "B1", "B2"])
+    b = afbudget.Budget(e2e_config(tmp_path, {"gpu_minutes": cap}))
+    text = afplan.render(afplan.plan(b))
+    line = text.splitlines()[-1]
+    starts, _, rest = line.partition("; does not start: ")
+    assert set(starts.split(": ")[1].split()) == {*R2D_LINE, "B1", "B2"}
+    assert {"B3", "B4", "soup"} <= set(rest.split())
