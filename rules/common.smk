@@ -114,12 +114,20 @@ BUDGET = afbudget.Budget(CFG, results=REPO / CFG["results_dir"]) if "budget" in 
 # Admission arm by arm, as Slurm's GrpTRESMins (arenaflow.admission): before the DAG is built,
 # pending arms are admitted in priority order while they fit under the cap; a refused one (and
 # any that requires it) is dropped from its rounds' candidates, the rest of the lineage runs, and
-# budget/table.json records the refusal. Decided from the results on disk when Snakemake starts
-# (a job process re-decides from the same files, so its rounds match the main process's unless a
-# finished arm's measured cost let a refused one fit since).
+# budget/table.json records the refusal. The main process decides from the results on disk when
+# it starts and passes the arms it did not admit to its jobs (a registered envvar): a job process
+# (Slurm) re-parses this file later, when a finished arm's measured cost may let a refused one
+# fit, and would otherwise judge a round on other candidates than the main process planned.
 from arenaflow import admission as afadmission
 
-ADMISSION = afadmission.admit(BUDGET) if BUDGET is not None else {}
+ADMISSION = {}
+if BUDGET is not None:
+    if workflow.is_main_process or afadmission.ENV not in os.environ:
+        ADMISSION = afadmission.admit(BUDGET)
+        os.environ[afadmission.ENV] = afadmission.to_env(ADMISSION)
+    else:
+        ADMISSION = afadmission.from_env(os.environ[afadmission.ENV], BUDGET)
+    workflow.register_envvars(afadmission.ENV)
 for _note in afadmission.drop_refused(CFG, ADMISSION):
     if workflow.is_main_process:
         logger.warning(_note)

@@ -41,6 +41,7 @@ from arenaflow import continual, io, paths
 
 ADMITTED, RAN, REFUSED, BLOCKED = "admitted", "ran", "refused", "blocked"
 REASON = "AssocGrpGRESMinutes"
+ENV = "ARENAFLOW_NOT_ADMITTED"  # the main process's refusals, passed to its jobs
 
 
 def declared_rounds(cfg: dict) -> dict:
@@ -112,6 +113,23 @@ def admit(b: afbudget.Budget) -> dict[str, dict]:
             "gpu_minutes": need,
         }
     return {a: out[a] for a in arms}
+
+
+def to_env(decisions: dict) -> str:
+    """The arms not admitted, as the main process passes them to its jobs (ENV)."""
+    return ",".join(sorted(not_started(decisions)))
+
+
+def from_env(value: str, b: afbudget.Budget) -> dict:
+    """A job process's decisions: the main process's refusals (to_env), every other admissible
+    arm as it stands now."""
+    gone = set(filter(None, value.split(",")))
+    return {
+        a: {"status": REFUSED, "reason": "not admitted by the main process"}
+        if a in gone
+        else {"status": RAN if not b.pending(a) else ADMITTED}
+        for a in admissible(b.cfg)
+    }
 
 
 def not_started(decisions: dict) -> set[str]:

@@ -121,3 +121,26 @@ def test_plan_says_which_arms_the_workflow_starts_and_which_it_does_not(tmp_path
     starts, _, rest = line.partition("; does not start: ")
     assert set(starts.split(": ")[1].split()) == {*R2D_LINE, "B1", "B2"}
     assert {"B3", "B4", "soup"} <= set(rest.split())
+
+
+def test_a_job_process_keeps_the_main_processes_refusals_when_costs_have_moved(tmp_path):
+    # the main process refuses B3 and B4; then the lineage's arms finish far cheaper than their
+    # estimates, so deciding again would admit B3: a job process (which re-parses the workflow
+    # later, under Slurm) must still judge the round the main process planned
+    cap = cap_for(tmp_path / "a", [*R2D_LINE, "B1", "B2"], slack=0.5)
+    cfg = e2e_config(tmp_path, {"gpu_minutes": cap, "estimate": {"overhead_minutes": 1.0}})
+    results = tmp_path / "results"
+    first = admission.admit(afbudget.Budget(cfg, results=results))
+    env = admission.to_env(first)
+    assert {"B3", "B4"} <= set(env.split(","))
+    for arm in [*R2D_LINE, "B1"]:
+        evidence(results, arm, wall=0.1, steps=1, hyper={**cfg["arms"][arm]["hyper"], "nproc": 1})
+    later = afbudget.Budget(cfg, results=results)
+    assert admission.admit(later)["B3"]["status"] == admission.ADMITTED  # costs moved
+    job = admission.from_env(env, later)
+    assert admission.not_started(job) == admission.not_started(first)
+    assert job["B1"]["status"] == admission.RAN and job["B2"]["status"] == admission.ADMITTED
+    main_cfg, job_cfg = copy.deepcopy(cfg), copy.deepcopy(cfg)
+    admission.drop_refused(main_cfg, first)
+    admission.drop_refused(job_cfg, job)
+    assert job_cfg["rounds"] == main_cfg["rounds"]
