@@ -25,7 +25,9 @@ spent before, what each arm cost (its training measured from its evidence, its r
 sampling estimated, as arenaflow.budget counts them), and each refusal with its numbers. A
 target that asks for a refused arm itself is still refused whole, before anything is submitted
 (the train rule's budget gate). Slurm's Safe enforcement reserves a job's whole time limit when
-it starts; the estimate plays that part here.
+it starts; the estimate plays that part here. The main Snakemake process decides once and passes
+the arms it did not admit to its jobs (ENV), so a job process re-parsing the workflow later judges
+the rounds it planned.
 """
 
 from __future__ import annotations
