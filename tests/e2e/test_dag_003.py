@@ -3,7 +3,7 @@
 step-dose sweep, the GPU-minute cap refusing the lowest-priority 4-GPU arm while the rest of the
 lineage runs, and the three tables of the card's report checked against the files they were
 made from: the budget table, the failure analysis by checker reason and the prompt search.
-About 3 minutes on 2 cores.
+About 2 minutes on 2 cores.
 """
 
 from __future__ import annotations
