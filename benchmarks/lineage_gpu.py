@@ -144,6 +144,8 @@ def busy(samples: list[tuple[float, float]], a: float, b: float) -> tuple[float 
 def stage(rule: str, wildcards: str) -> tuple[str, str]:
     """A job's stage and wildcards: readout_<suite> (a rule per suite) is stage `readout`, its
     suite a wildcard."""
+    if rule == "readout_search":  # a prompt search's readouts: suite among the wildcards
+        return "readout", wildcards
     if rule.startswith("readout_"):
         return "readout", ", ".join(x for x in (f"suite={rule[8:]}", wildcards) if x)
     return rule, wildcards

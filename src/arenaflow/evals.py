@@ -419,7 +419,7 @@ def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, floa
         pool,
         model,
         tok,
-        args.system_prompt,
+        read.get("system_prompt", args.system_prompt),  # the plan's, per regime
         read["decoding"],
         seed,
         args.batch_size,
