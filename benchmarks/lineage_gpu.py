@@ -731,7 +731,8 @@ def run(args) -> Path:
             REPO / "tests/e2e/mini.yaml",
         ]
     else:
-        configfiles = [REPO / "config/config.yaml", *(REPO / o for o in args.overlay)]
+        # merged over config/config.yaml by Snakemake itself, unless they say merge_over
+        configfiles = [REPO / o for o in args.overlay]
     overrides: dict = {}
     if args.micro_batch:
         set_path(overrides, "train_defaults.micro_batch_size", args.micro_batch)
@@ -793,7 +794,7 @@ def run(args) -> Path:
         "--config",
         f"results_dir={results}",
         "--",
-        args.target,
+        *args.target,
     ]
     run_meta.update(
         command=" ".join(cmd),
@@ -911,9 +912,10 @@ def main(argv: list[str] | None = None) -> int:
         "--overlay",
         nargs="+",
         default=["config/smollm2-gpu.yaml"],
-        help="config files over config/config.yaml",
+        help="config files, merged over config/config.yaml as Snakemake merges them (a "
+        "standalone lineage, e.g. config/seeds/003.yaml, sets merge_over: null)",
     )
-    ap.add_argument("--target", default="bundles/B3f")
+    ap.add_argument("--target", nargs="+", default=["bundles/B3f"], help="Snakemake's targets")
     ap.add_argument("--cores", type=int, default=None, help="default 16 (--smoke: 2)")
     ap.add_argument(
         "--gpu-slots",
