@@ -84,6 +84,8 @@ rule budget_table:
         "../envs/arenaflow.yaml"
     params:
         cfg=as_json(config),
+        decisions=as_json(ADMISSION),  # this run's, made by the main process as it started
     shell:
         "python -m arenaflow.admission --config-json {params.cfg:q} --results . "
+        "--decisions-json {params.decisions:q} "
         "--out {output.json} --md {output.md} --html {output.html} > {log} 2>&1"

@@ -182,8 +182,22 @@ def arm_row(b: afbudget.Budget, arm: str, decision: dict) -> dict:
     return row
 
 
-def table(b: afbudget.Budget) -> dict:
-    decisions = admit(b)
+def table(b: afbudget.Budget, decided: dict | None = None) -> dict:
+    """The cap, what was spent and each arm's row. `decided`: the decisions this run started
+    with (the main process's, with their numbers); an arm they admitted is shown as it stands
+    now, ran or still pending. Without them the arms are decided again from the results on
+    disk, where measured costs can admit an arm this run refused."""
+    if decided is None:
+        decisions = admit(b)
+    else:
+        decisions = {
+            a: d if d["status"] in (REFUSED, BLOCKED) else {"status": ADMITTED}
+            for a, d in decided.items()
+        }
+        decisions = {
+            a: {"status": RAN} if d["status"] == ADMITTED and not b.pending(a) else d
+            for a, d in decisions.items()
+        }
     spent = b.spent()
     return {
         "cap_gpu_minutes": b.settings["gpu_minutes"],
@@ -251,11 +265,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="budget/table.json")
     ap.add_argument("--md", required=True, help="budget/table.md")
     ap.add_argument("--html", required=True, help="budget/table.html (a page of --report)")
+    ap.add_argument(
+        "--decisions-json",
+        default=None,
+        help="the decisions the run started with (admit's, as JSON): what it refused",
+    )
     args = ap.parse_args(argv)
     cfg = afconfig.resolve(json.loads(args.config_json))
     if "budget" not in cfg:
         raise SystemExit("the config has no budget: section; there is no table to write")
-    t = table(afbudget.Budget(cfg, results=Path(args.results)))
+    decided = json.loads(args.decisions_json) if args.decisions_json else None
+    t = table(afbudget.Budget(cfg, results=Path(args.results)), decided)
     io.write_json(args.out, t)
     io.write_text(args.md, markdown(t))
     io.write_text(args.html, html_page(t))

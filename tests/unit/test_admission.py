@@ -144,3 +144,14 @@ def test_a_job_process_keeps_the_main_processes_refusals_when_costs_have_moved(t
     admission.drop_refused(main_cfg, first)
     admission.drop_refused(job_cfg, job)
     assert job_cfg["rounds"] == main_cfg["rounds"]
+    # the budget table this run writes says what the run started with, with the refusal's
+    # numbers, not what deciding again now would admit (the H200 run of config/seeds/003-gpu
+    # showed smk 'admitted' though its run had refused it)
+    t = admission.table(later, first)
+    rows = {r["arm"]: r for r in t["arms"]}
+    assert (
+        rows["B3"]["status"] == admission.REFUSED and "AssocGrpGRESMinutes" in rows["B3"]["reason"]
+    )
+    assert rows["B1"]["status"] == admission.RAN and rows["B2"]["status"] == admission.ADMITTED
+    assert t["refused"] == sorted(admission.not_started(first))
+    assert admission.table(later)["refused"] != t["refused"]  # deciding again would differ
