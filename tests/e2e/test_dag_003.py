@@ -80,6 +80,19 @@ def test_full_fine_tunes_on_mixtures_record_each_source(built):
         )
 
 
+def test_b1_holds_rows_out_and_records_their_loss_during_training(built):
+    """seeds/000's held-out rows (150 there, 16 here): logged while b1 trains, in the evidence."""
+    ev = read(built, "runs/b1/final/training_evidence.json")
+    h = ev["heldout"]
+    assert h["rows"] == 16 == len(set(h["row_indices"])) and h["supervised_tokens"] > 0
+    steps = [m for m in map(json.loads, (built["results"] / "runs/b1/metrics.jsonl").open())]
+    logged = [(m["step"], m["heldout_loss"]) for m in steps if "heldout_loss" in m]
+    assert logged == [(c["step"], c["loss"]) for c in h["curve"]] and len(logged) >= 2
+    assert logged[-1][0] == ev["optimizer_steps"] and h["final_loss"] == logged[-1][1]
+    total = sum(s["rows"] for s in ev["mixture"])
+    assert all(0 <= i < total for i in h["row_indices"])
+
+
 def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
     t = read(built, "budget/table.json")
     assert t["cap_gpu_minutes"] == 60000 and t["spent"]["before"] == 59988
