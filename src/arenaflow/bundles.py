@@ -483,7 +483,7 @@ def chosen_prompt(args, cfg: dict) -> dict | None:
     """For `system_prompt: {search: S}`, put the prompt search's chosen text in cfg (what
     system_prompt.txt and the reload check use) and return the check that records it; the
     search's file must be the sealed record of that search."""
-    spec = cfg["system_prompt"]
+    spec = cfg.get("system_prompt")  # the resolved bundle always has one; by hand, maybe not
     if not isinstance(spec, dict):
         return None
     if not args.prompt_search:
