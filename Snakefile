@@ -49,3 +49,4 @@ rule all:
     input:
         expand("bundles/{bundle}", bundle=CFG["bundles"]),
         report_pages,  # the pages of --report (rules/report.smk)
+        budget_targets,  # with a budget: the cap, each arm's cost, the refusals

@@ -13,7 +13,7 @@ Snakemake's output is kept with a timestamp per line (bench/snakemake.log): when
 started and finished. Each GPU job (sample_candidates, train_arm, readout) appends to
 $ARENAFLOW_EVENTS (arenaflow.jobclock) when its model is loaded and when its work ends, with the
 tokens it generated or trained on. Compiled kernels are cached in the results directory, so a
-run starts with a cold cache and its jobs share it.
+run starts with a cold cache and its jobs share it (the workflow's default, arenaflow.paths).
 
 Reported per job, then per stage (rule): wall time; for GPU jobs start-up (process start to model
 loaded: interpreter, imports, model load, DeepSpeed set-up) apart from work, the first batch or
@@ -44,6 +44,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from arenaflow import paths as afpaths
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RULES = ("sample_candidates", "train_arm", "readout")
@@ -139,6 +141,16 @@ def busy(samples: list[tuple[float, float]], a: float, b: float) -> tuple[float 
     return (sum(vals) / len(vals) / 100 if vals else None), len(vals)
 
 
+def stage(rule: str, wildcards: str) -> tuple[str, str]:
+    """A job's stage and wildcards: readout_<suite> (a rule per suite) is stage `readout`, its
+    suite a wildcard."""
+    if rule == "readout_search":  # a prompt search's readouts: suite among the wildcards
+        return "readout", wildcards
+    if rule.startswith("readout_"):
+        return "readout", ", ".join(x for x in (f"suite={rule[8:]}", wildcards) if x)
+    return rule, wildcards
+
+
 # -- what Snakemake printed, line by line with the time each line arrived ------------------------
 def parse_snakemake(lines: list[tuple[float, str]]) -> dict[str, dict]:
     """Jobs by Snakemake job id: rule, output (first), log, wildcards, start (the job's block was
@@ -202,6 +214,9 @@ def read_events(path: Path) -> dict[str, dict]:
             continue
         rec = out.setdefault(e["job"], {})
         rec["process_start"] = e["process_start"]
+        if e["event"] == "mark":  # a start-up phase ended (arenaflow.jobclock.mark)
+            rec.setdefault("marks", []).append((e["phase"], e["t"]))
+            continue
         rec[e["event"]] = e["t"]
         if e["event"] == "end":
             rec.update(tokens=e.get("tokens"), seconds=e.get("seconds"))
@@ -262,10 +277,11 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
     steps_done = [m for m in steps_done if m]
     jobs = []
     for jid, j in sm.items():
+        rule, wildcards = stage(j["rule"], j.get("wildcards", ""))
         rec = {
             "jobid": int(jid),
-            "rule": j["rule"],
-            "wildcards": j.get("wildcards", ""),
+            "rule": rule,
+            "wildcards": wildcards,
             "output": j.get("output"),
             "start": j["start"],
             "end": j["end"],
@@ -273,7 +289,7 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
             "wall_s": None if j["end"] is None else round(j["end"] - j["start"], 3),
         }
         ev = events.get(j.get("output") or "")
-        if j["rule"] in GPU_RULES:
+        if rule in GPU_RULES:
             rec["gpu"] = True
         if ev and "loaded" in ev:
             end = ev.get("end") or j["end"]
@@ -286,6 +302,7 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                 work_s=None if end is None else round(end - ev["loaded"], 3),
                 tokens=ev.get("tokens"),
                 work_seconds=ev.get("seconds"),
+                startup_phases=startup_phases(ev),
             )
             if ev.get("tokens") and ev.get("seconds"):
                 rec["tokens_per_s"] = round(ev["tokens"] / ev["seconds"], 1)
@@ -322,7 +339,7 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                     ),
                     3,
                 )
-        elif j["rule"] in ("sample_candidates", "readout") and j.get("log"):
+        elif rule in ("sample_candidates", "readout") and j.get("log"):
             prog = progress_lines(results / j["log"])
             rec["batches"] = len(prog)
             rec["first_unit_s"], rec["steady_tokens_per_s"] = first_and_steady(
@@ -400,6 +417,15 @@ def _union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def startup_phases(ev: dict) -> dict[str, float]:
+    """Seconds of each start-up phase a job marked: process start to the first mark, mark to
+    mark, and 'rest' from the last mark to the model loaded."""
+    marks = ev.get("marks", [])
+    names = [p for p, _ in marks] + ["rest"]
+    times = [ev["process_start"]] + [t for _, t in marks] + [ev["loaded"]]
+    return {n: round(b - a, 3) for n, a, b in zip(names, times, times[1:])}
+
+
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return round(statistics.median(xs), 3) if xs else None
@@ -428,6 +454,10 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
             s.update(
                 startup_s_sum=round(sum(r["startup_s"] for r in gpu), 1),
                 startup_s_median=_median([r["startup_s"] for r in gpu]),
+                startup_phases_median={
+                    p: _median([r["startup_phases"].get(p) for r in gpu])
+                    for p in dict.fromkeys(p for r in gpu for p in r.get("startup_phases", {}))
+                },
                 first_unit_s_median=_median([r.get("first_unit_s") for r in gpu]),
                 work_s_sum=round(sum(r.get("work_s") or 0 for r in gpu), 1),
                 tokens=tok,
@@ -508,6 +538,7 @@ def report(results: Path, meta: dict) -> dict:
         "gpu_startup_s_sum": round(sum(r.get("startup_s") or 0 for r in jobs), 1),
         "gpu_work_s_sum": round(sum(r.get("work_s") or 0 for r in jobs), 1),
         "import_s": run.get("import_s"),
+        "zygote_start_s": run.get("zygote_start_s"),  # before the DAG's clock starts
     }
     if summary["gpu_busy_whole_run"] is not None:
         summary["gpu_busy_whole_run"] = round(summary["gpu_busy_whole_run"], 3)
@@ -551,6 +582,11 @@ def table(rep: dict) -> str:
         f"GPU busy over the run: {_f(s['gpu_busy_whole_run'], pct=True)} "
         f"({s['gpu_samples']} samples); GPU jobs' start-up {_f(s['gpu_startup_s_sum'])} s, "
         f"work {_f(s['gpu_work_s_sum'])} s (summed)"
+        + (
+            f"; the zygote server's imports took {_f(s['zygote_start_s'])} s before it"
+            if s.get("zygote_start_s")
+            else ""
+        )
     ]
     c = s.get("critical_chain") or {}
     if c.get("jobs"):
@@ -581,6 +617,12 @@ def table(rep: dict) -> str:
             f"{_f(st.get('gpu_busy_steady_median'), pct=True)} | "
             f"{_f(st.get('overlap_median'), pct=True)} |"
         )
+    rows += [""] + [
+        f"start-up of {rule} (median s): "
+        + ", ".join(f"{p} {_f(v)}" for p, v in st["startup_phases_median"].items())
+        for rule, st in rep["stages"].items()
+        if st.get("startup_phases_median")
+    ]
     t = rep["targets"]
     rows.append("")
     if not t["measured"]:
@@ -689,7 +731,8 @@ def run(args) -> Path:
             REPO / "tests/e2e/mini.yaml",
         ]
     else:
-        configfiles = [REPO / "config/config.yaml", *(REPO / o for o in args.overlay)]
+        # merged over config/config.yaml by Snakemake itself, unless they say merge_over
+        configfiles = [REPO / o for o in args.overlay]
     overrides: dict = {}
     if args.micro_batch:
         set_path(overrides, "train_defaults.micro_batch_size", args.micro_batch)
@@ -720,11 +763,9 @@ def run(args) -> Path:
         print(f"imported the model into {base} in {run_meta['import_s']} s", flush=True)
 
     env = {**os.environ, "ARENAFLOW_EVENTS": str(bench / "events.jsonl"), "PYTHONUNBUFFERED": "1"}
-    if not args.shared_cache:  # cold at the start of a run, shared by its jobs
-        env.update(
-            TORCHINDUCTOR_CACHE_DIR=str(results / ".cache/inductor"),
-            TRITON_CACHE_DIR=str(results / ".cache/triton"),
-        )
+    if args.shared_cache:  # the workflow's default is the results directory's: cold, shared
+        cache = Path.home() / ".cache/arenaflow-compile"
+        env.update({var: str(cache / Path(d).name) for var, d in afpaths.COMPILE_CACHE.items()})
     for kv in args.env:
         k, _, v = kv.partition("=")
         env[k] = v
@@ -753,13 +794,14 @@ def run(args) -> Path:
         "--config",
         f"results_dir={results}",
         "--",
-        args.target,
+        *args.target,
     ]
     run_meta.update(
         command=" ".join(cmd),
         env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition("=")[0] for kv in args.env))},
     )
 
+    server = start_zygote(bench, env, run_meta) if args.zygote else None
     sampler = GpuSampler(bench / "gpu_util.tsv")
     sampler.start()
     time.sleep(1.0)  # a sample or two of the idle GPU first
@@ -806,6 +848,9 @@ def run(args) -> Path:
         kill_tree(proc.pid)
         proc.wait()
     t1 = time.time()
+    if server is not None:
+        server.terminate()
+        server.wait(timeout=30)
     reader.join(timeout=10)
     log.close()
     time.sleep(0.6)
@@ -820,6 +865,29 @@ def run(args) -> Path:
     )
     (bench / "run.json").write_text(json.dumps(run_meta, indent=2))
     return results
+
+
+def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
+    """arenaflow.zygote's fork server, its imports done before Snakemake starts (their seconds
+    recorded as zygote_start_s, apart from the DAG's wall time); every job's env names it."""
+    sock, log = bench / "zygote.sock", bench / "zygote.log"
+    t = time.time()
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "arenaflow.zygote", "serve", "--socket", str(sock)],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    while "serving on" not in log.read_text():
+        if server.poll() is not None:
+            raise SystemExit(f"the zygote server stopped: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    run_meta["zygote_start_s"] = round(time.time() - t, 1)
+    print(f"zygote serving after {run_meta['zygote_start_s']} s", flush=True)
+    env["ARENAFLOW_ZYGOTE"] = str(sock)
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -844,9 +912,10 @@ def main(argv: list[str] | None = None) -> int:
         "--overlay",
         nargs="+",
         default=["config/smollm2-gpu.yaml"],
-        help="config files over config/config.yaml",
+        help="config files, merged over config/config.yaml as Snakemake merges them (a "
+        "standalone lineage, e.g. config/seeds/003.yaml, sets merge_over: null)",
     )
-    ap.add_argument("--target", default="bundles/B3f")
+    ap.add_argument("--target", nargs="+", default=["bundles/B3f"], help="Snakemake's targets")
     ap.add_argument("--cores", type=int, default=None, help="default 16 (--smoke: 2)")
     ap.add_argument(
         "--gpu-slots",
@@ -875,9 +944,15 @@ def main(argv: list[str] | None = None) -> int:
         "--env", action="append", default=[], metavar="NAME=VALUE", help="environment of every job"
     )
     ap.add_argument(
+        "--zygote",
+        action="store_true",
+        help="run every job as a fork of an arenaflow.zygote server (imports done once)",
+    )
+    ap.add_argument(
         "--shared-cache",
         action="store_true",
-        help="use torch's default compile caches (warm from earlier runs) instead of a fresh one",
+        help="compile caches in ~/.cache/arenaflow-compile (warm from earlier runs) instead of "
+        "the results directory's (the workflow's default: cold at a run's start)",
     )
     ap.add_argument(
         "--deadline",

@@ -17,8 +17,9 @@ rule build_bundle:
         lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
         base=base_dir,
         template=lambda wc, input: input.template[0] if input.template else "chatml",
+        search=prompt_search_flag,
     shell:
         "python -m arenaflow.bundles build --bundle {wildcards.bundle} {params.source} "
         "--lineage-json {params.lineage:q} --runs runs --corpora corpora --compare {params.compare} "
-        "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} "
+        "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} {params.search} "
         "--out {output} > {log} 2>&1"

@@ -21,7 +21,7 @@ rule sample_candidates:
         base=base_dir,
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
-        "{params.adapter} --system-prompt {params.system:q} --params-json {params.cfg:q} "
+        "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
         "--out {output} > {log} 2>&1"
 
 
@@ -35,6 +35,8 @@ rule verify_candidates:
         "logs/candidates/{corpus}.verify.log",
     conda:
         "../envs/arenaflow.yaml"
+    params:
+        marker=scaffold_marker,
     shell:
         "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
-        "--out {output} > {log} 2>&1"
+        "--marker={params.marker:q} --out {output} > {log} 2>&1"

@@ -2,7 +2,9 @@
 # stops `snakemake -n` with one message naming the file and key (arenaflow.config).
 # Every input and param function of the rules lives here, by stage (rules/<stage>.smk holds
 # rules only), so each rule file reads as its jobs.
+import json
 import os
+import shlex
 from pathlib import Path
 
 from snakemake.logging import logger
@@ -19,11 +21,17 @@ try:
         config,
         repo_root=REPO,
         schema_dir=REPO / "workflow" / "schemas",
-        config_file=" + ".join(map(str, workflow.overwrite_configfiles or [MERGED_OVER])),
+        config_file=afconfig.files_label(workflow.overwrite_configfiles or [MERGED_OVER]),
         sources=[*([UNDER] if UNDER else []), *workflow.overwrite_configfiles],
     )
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
+
+
+# Jobs inherit these (local runs, and sbatch's default --export=ALL): a lineage's sampling,
+# readout and training jobs compile each graph once. A cache set in the environment wins.
+for _var, _dir in afpaths.COMPILE_CACHE.items():
+    os.environ.setdefault(_var, str(REPO / CFG["results_dir"] / _dir))
 
 
 # Absolute, or the Slurm executor resolves paths against results/ twice
@@ -40,6 +48,8 @@ MERGED_IDS = sorted(
 )
 NOMINEE_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afconfig.NOMINEE)
 READOUT_ARMS = ["base", *ARM_IDS]
+# a prompt search's regimes (R-<prompt>, R-none): read by rule readout_search, one job each
+SEARCH_REGIMES = sorted({g for s in CFG["evals"].values() for g in s.get("prompt_regimes", {})})
 
 
 def base_dir(wc, input):
@@ -59,6 +69,8 @@ wildcard_constraints:
     rnd=ids(CFG["rounds"]),
     bundle=ids(CFG["bundles"]),
     read=ids(CFG["judged"]),
+    guard=ids(CFG.get("mc_guards", {})),
+    search=ids(CFG.get("prompt_search", {})),
     rarm=ids(READOUT_ARMS),
     ref=ids(READOUT_ARMS),
     regime="[A-Za-z0-9][A-Za-z0-9_-]*",
@@ -79,7 +91,7 @@ def adapter_flag(paths):
 
 
 def readouts(suite, arm, regime):
-    reps = range(CFG["evals"][suite]["regimes"][regime]["replicates"])  # per regime (config.py)
+    reps = range(afconfig.regime(CFG, suite, regime)["replicates"])  # per regime (config.py)
     return [afpaths.readout(suite, arm, regime, r) for r in reps]
 
 
@@ -107,6 +119,27 @@ from arenaflow import budget as afbudget
 
 BUDGET = afbudget.Budget(CFG, results=REPO / CFG["results_dir"]) if "budget" in CFG else None
 
+# Admission arm by arm, as Slurm's GrpTRESMins (arenaflow.admission): before the DAG is built,
+# pending arms are admitted in priority order while they fit under the cap; a refused one (and
+# any that requires it) is dropped from its rounds' candidates, the rest of the lineage runs, and
+# budget/table.json records the refusal. The main process decides from the results on disk when
+# it starts and passes the arms it did not admit to its jobs (a registered envvar): a job process
+# (Slurm) re-parses this file later, when a finished arm's measured cost may let a refused one
+# fit, and would otherwise judge a round on other candidates than the main process planned.
+from arenaflow import admission as afadmission
+
+ADMISSION = {}
+if BUDGET is not None:
+    if workflow.is_main_process or afadmission.ENV not in os.environ:
+        ADMISSION = afadmission.admit(BUDGET)
+        os.environ[afadmission.ENV] = afadmission.to_env(ADMISSION)
+    else:
+        ADMISSION = afadmission.from_env(os.environ[afadmission.ENV], BUDGET)
+    workflow.register_envvars(afadmission.ENV)
+for _note in afadmission.drop_refused(CFG, ADMISSION):
+    if workflow.is_main_process:
+        logger.warning(_note)
+
 
 def budget_gate(wc):
     if (
@@ -121,6 +154,14 @@ def budget_gate(wc):
         BUDGET.check(BUDGET.gate_arms(wc.arm), wc.arm)
     except afbudget.BudgetError as e:
         raise WorkflowError(str(e)) from None
+    # it fits alone, but arms of higher priority were admitted first (arenaflow.admission)
+    decision = ADMISSION.get(wc.arm, {})
+    if decision.get("status") in (afadmission.REFUSED, afadmission.BLOCKED):
+        raise WorkflowError(
+            f"GPU-minute budget: arm {wc.arm!r} would overrun the budget and was not admitted: "
+            f"{decision['reason']}. Nothing was submitted. Give it a higher `priority:` than "
+            "the arms admitted before it, or raise budget.gpu_minutes if the allocation allows."
+        )
     return []
 
 
@@ -144,6 +185,12 @@ def pool_excludes(wc):
 
 def corpus_pool(wc):
     return afpaths.pool(CFG["corpora"][wc.corpus]["pool"])
+
+
+def scaffold_marker(wc):
+    """A scaffolded corpus's marker (its verdicts judge only the answer after it), else ''."""
+    scaffold = CFG["corpora"][wc.corpus].get("scaffold")
+    return scaffold["marker"] if scaffold else ""
 
 
 # ---- rules/corpora.smk --------------------------------------------------------
@@ -186,6 +233,20 @@ def arm_hyper(wc):
 
 def arm_nodes(wc):
     return arm_hyper(wc)["nodes"]
+
+
+def mix_flags(wc, input):
+    """A mixture's sources and counts (arm `corpus: {id: rows | all}`), and its file for errors;
+    nothing for an arm that names one corpus."""
+    a = arm(wc)
+    if a["corpus"] in a["mix"]:  # named by its id, not a mixture
+        return ""
+    return f"--mix-json {shlex.quote(as_json_ordered(a['mix']))} --arm-file {input.arm_file}"
+
+
+def as_json_ordered(section):
+    """JSON keeping the keys' order (a mixture's sources are concatenated in it)."""
+    return json.dumps(section, separators=(",", ":"))
 
 
 def launcher(wc):
@@ -259,11 +320,67 @@ def suite(wc):
     return CFG["evals"][wc.suite]
 
 
+def suite_reads(suite_id):
+    """(regime, replicate) of every readout of a suite, in the order of its regimes."""
+    regimes = CFG["evals"][suite_id]["regimes"]
+    return [(g, r) for g, regime in regimes.items() for r in range(regime["replicates"])]
+
+
+def suite_readouts(suite_id):
+    """Output patterns of readout_<suite>: one parquet per regime and replicate, {rarm} open."""
+    return [afpaths.readout(suite_id, "{rarm}", g, r) for g, r in suite_reads(suite_id)]
+
+
+def readout_plan(suite_id, output):
+    """readout_<suite>'s --plan, each read with its regime's system turn. Only decoding keys, and only those a regime sets (the readout
+    takes the others from the schema, decoding_of), so that a key left at its default changes
+    no param. One job makes them all: a new regime or replicate reruns the arm's readouts."""
+    regimes = CFG["evals"][suite_id]["regimes"]
+    return as_json(
+        [
+            {
+                "regime": g,
+                "decoding": {k: regimes[g][k] for k in afconfig.DECODING_KEYS if k in regimes[g]},
+                "replicate": r,
+                "system_prompt": afconfig.system_prompt_of(CFG, suite_id, g),
+                "out": out,
+            }
+            for (g, r), out in zip(suite_reads(suite_id), output)
+        ]
+    )
+
+
 def decoding(wc):
     # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
     # Only those the regime sets: the readout takes the others from the schema (decoding_of).
-    regime = suite(wc)["regimes"][wc.regime]
+    regime = afconfig.regime(CFG, wc.suite, wc.regime)
     return as_json({k: regime[k] for k in afconfig.DECODING_KEYS if k in regime})
+
+
+def readout_system(wc):
+    """The system turn of this regime's readouts: its own `system_prompt`, else the config's."""
+    return afconfig.system_prompt_of(CFG, wc.suite, wc.regime)
+
+
+def search_readouts(wc):
+    """{candidate: readouts} of a prompt search: the arm under each system prompt and none."""
+    ps = CFG["prompt_search"][wc.search]
+    keys = [afconfig.PROMPT_NONE, *CFG["evals"][ps["suite"]]["system_prompts"]]
+    return {k: readouts(ps["suite"], ps["arm"], f"{ps['regime']}-{k}") for k in keys}
+
+
+def search_flags(wc, input):
+    """--readouts KEY=PATH for every readout, the arm and the candidates' texts as JSON."""
+    ps = CFG["prompt_search"][wc.search]
+    prompts = {afconfig.PROMPT_NONE: "", **CFG["evals"][ps["suite"]]["system_prompts"]}
+    flags = [f"--readouts {k}={p}" for k in prompts for p in input[k]]
+    return f"{' '.join(flags)} --arm {ps['arm']} --prompts-json {shlex.quote(as_json(prompts))}"
+
+
+def guard_items(wc):
+    """A multiple-choice guard's items file (relative to the workflow's root)."""
+    f = CFG["mc_guards"][wc.guard]["items"]
+    return f if Path(f).is_absolute() else str(REPO / f)
 
 
 # ---- rules/judged.smk ---------------------------------------------------------
@@ -321,7 +438,7 @@ def bundle_arm(wc):
 def bundle_inputs(wc):
     b, served = CFG["bundles"][wc.bundle], bundle_arm(wc)
     lineage = [served, *CFG["arms"][served]["lineage"]]
-    corpora = {CFG["arms"][a]["corpus"] for a in lineage} - {None}  # a merge has none
+    corpora = {c for a in lineage for c in CFG["arms"][a]["mix"]}  # a merge has none
     out = {
         "runs": [afpaths.run(a) for a in lineage],
         "corpora": [f"corpora/{c}/manifest.json" for c in sorted(corpora)],
@@ -329,7 +446,13 @@ def bundle_inputs(wc):
     }
     if "round" in b:
         out["nomination"] = afpaths.nomination(b["round"])
+    if isinstance(b["system_prompt"], dict):  # {search: S}: the search's chosen prompt
+        out["prompt_search"] = afpaths.prompt_search(b["system_prompt"]["search"])
     return out
+
+
+def prompt_search_flag(wc, input):
+    return f"--prompt-search {input.prompt_search}" if "prompt_search" in input.keys() else ""
 
 
 def template_file(wc):
@@ -344,6 +467,34 @@ def bundle_source(wc):
 
 
 # ---- rules/report.smk ---------------------------------------------------------
+
+
+def budget_targets(wc):
+    """budget/table.json when the config has a budget (a target of `all`); under --report only
+    once it is built (Snakemake refuses a report whose marked file does not exist)."""
+    if BUDGET is None or (REPORTING["on"] and not os.path.exists("budget/table.html")):
+        return []
+    return ["budget/table.json"]
+
+
+def budget_table_inputs(wc):
+    """The table is written last: after every admitted arm's run and every round's nomination
+    (so the readouts it counts are on disk)."""
+    declared = [r for r in CFG["rounds"] if not afcontinual.is_template_round(CFG, r)]
+    arms = {
+        a
+        for r in declared
+        for m in [*CFG["rounds"][r]["candidates"], CFG["rounds"][r]["incumbent"]]
+        if m in CFG["arms"]
+        for a in BUDGET.gate_arms(m)
+    }  # a continual round's arms run as its stop rules say, not for the table
+    gone = afadmission.not_started(ADMISSION)
+    return {
+        "runs": [afpaths.run(a) for a in sorted(arms - gone)],
+        "nominations": [afpaths.nomination(r) for r in declared],
+    }
+
+
 REPORTING = {"on": False}  # set while `snakemake --report` writes the report
 
 
@@ -411,7 +562,7 @@ def round_report_inputs(wc):
 
 def report_arm(v):
     if v["kind"] == afconfig.TRAINED:
-        policy = CFG["corpora"][v["corpus"]]["policy"]
+        policy = CFG["corpora"][next(iter(v["mix"]))]["policy"]  # a mixture: its first source's
         return {"init": v["init"], "policy": policy, "lr": v["hyper"]["lr"]}
     if v["kind"] == afconfig.NOMINEE:
         return {"init": v["init"], "nominee": v["round"], "parents": v["parents"]}

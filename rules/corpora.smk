@@ -21,5 +21,5 @@ rule build_corpus:
         base=base_dir,
     shell:
         "python -m arenaflow.corpora --corpus {wildcards.corpus} --pool {input.pool} "
-        "{params.candidates} {params.evals} --tokenizer {params.base:q} --system-prompt {params.system:q} "
+        "{params.candidates} {params.evals} --tokenizer {params.base:q} --system-prompt={params.system:q} "
         "--params-json {params.cfg:q} --out corpora/{wildcards.corpus} > {log} 2>&1"

@@ -1,4 +1,44 @@
-rule readout:
+# One job per suite and arm: a process loads the model once and reads every regime x
+# replicate of the suite (one parquet each, as compare, noise and the judged reads take them).
+# A rule per suite, readout_<suite>, because suites differ in their regimes and replicates.
+for _suite in CFG["evals"]:
+
+    rule:
+        name:
+            f"readout_{_suite}"
+        input:
+            pool=afpaths.pool(CFG["evals"][_suite]["pool"]),
+            adapter=lambda wc: run_dir(wc.rarm),
+            base=BASE_FILES,
+        output:
+            suite_readouts(_suite),
+        log:
+            f"logs/readouts/{_suite}/{{rarm}}.log",
+        conda:
+            "../envs/arenaflow.yaml"
+        resources:
+            mem_mb=8000,
+            runtime=60,
+            gres="gpu:1",  # Slurm GRES; ignored by local runs
+            local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+        params:
+            suite=_suite,
+            plan=lambda wc, output, s=_suite: readout_plan(s, output),
+            adapter=lambda wc, input: adapter_flag(input.adapter),
+            seed=CFG["evals"][_suite]["seed"],
+            batch=CFG["evals"][_suite]["batch_size"],
+            engine=CFG["evals"][_suite]["engine"],
+            base=base_dir,
+        shell:
+            "python -m arenaflow.evals readout --suite {params.suite} --arm {wildcards.rarm} "
+            "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
+            "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
+            "--engine {params.engine} > {log} 2>&1"
+
+
+# A prompt search's readouts (regimes R-<prompt> and R-none, arenaflow.config): one job each,
+# made only when a search asks for them, not with every readout of the arm.
+rule readout_search:
     input:
         pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
         adapter=lambda wc: run_dir(wc.rarm),
@@ -7,6 +47,8 @@ rule readout:
         afpaths.READOUT,
     log:
         "logs/readouts/{suite}/{rarm}/{regime}.r{rep}.log",
+    wildcard_constraints:
+        regime=ids(SEARCH_REGIMES),
     conda:
         "../envs/arenaflow.yaml"
     resources:
@@ -20,13 +62,13 @@ rule readout:
         seed=lambda wc: suite(wc)["seed"],
         batch=lambda wc: suite(wc)["batch_size"],
         engine=lambda wc: suite(wc)["engine"],
-        system=CFG["system_prompt"],
+        system=readout_system,
         base=base_dir,
     shell:
         "python -m arenaflow.evals readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
-        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt {params.system:q} "
+        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt={params.system:q} "
         "--out {output} > {log} 2>&1"
 
 
@@ -59,3 +101,63 @@ rule noise:
     shell:
         "python -m arenaflow.evals noise --suite {wildcards.suite} --regime {wildcards.regime} "
         "--readouts {input} --out {output} > {log} 2>&1"
+
+
+# Failure analysis by checker reason (instruction-following suites): per constraint family, the
+# prompts carrying it, failing it, and fixed / lost against the reference.
+rule failure_table:
+    input:
+        pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
+        cand=lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
+        ref=lambda wc: readouts(wc.suite, wc.ref, wc.regime),
+    output:
+        afpaths.FAILURES,
+    log:
+        "logs/failures/{suite}/{regime}/{rarm}__{ref}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    shell:
+        "python -m arenaflow.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
+        "--out {output} > {log} 2>&1"
+
+
+# A multiple-choice capability guard, scored by log-likelihood (lm-eval's acc and acc_norm).
+rule mc_guard:
+    input:
+        mc=guard_items,
+        adapter=lambda wc: run_dir(wc.rarm),
+        base=BASE_FILES,
+    output:
+        afpaths.GUARD,
+    log:
+        "logs/guards/{guard}/{rarm}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=60,
+        gres="gpu:1",  # Slurm GRES; ignored by local runs
+        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+    params:
+        adapter=lambda wc, input: adapter_flag(input.adapter),
+        base=base_dir,
+    shell:
+        "python -m arenaflow.mcguard --items {input.mc} --base-model {params.base:q} "
+        "{params.adapter} --arm {wildcards.rarm} --out {output} > {log} 2>&1"
+
+
+# System-prompt search: one arm under each of a suite's system_prompts and none, paired.
+rule prompt_search:
+    input:
+        unpack(search_readouts),
+    output:
+        afpaths.PROMPT_SEARCH,
+    log:
+        "logs/prompt_search/{search}.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    params:
+        flags=search_flags,
+    shell:
+        "python -m arenaflow.promptsearch --search {wildcards.search} {params.flags} "
+        "--out {output} > {log} 2>&1"

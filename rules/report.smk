@@ -63,3 +63,29 @@ rule round_report:
         "--arms-json {params.arms:q} --nomination {input.nomination} "
         "--registration {input.registration} --compare {input.compare} --noise {input.noise} "
         "--runs {input.runs} --out-dir reports/{wildcards.rnd} > {log} 2>&1"
+
+
+# The GPU-minute cap, what each arm cost and what was refused (arenaflow.admission); with a
+# `budget:` only, after everything else the lineage runs.
+rule budget_table:
+    input:
+        unpack(budget_table_inputs),
+    output:
+        json="budget/table.json",
+        md="budget/table.md",
+        html=report(
+            "budget/table.html",
+            caption="../workflow/report/budget.rst",
+            category="GPU-minute budget",
+        ),
+    log:
+        "logs/budget_table.log",
+    conda:
+        "../envs/arenaflow.yaml"
+    params:
+        cfg=as_json(config),
+        decisions=as_json(ADMISSION),  # this run's, made by the main process as it started
+    shell:
+        "python -m arenaflow.admission --config-json {params.cfg:q} --results . "
+        "--decisions-json {params.decisions:q} "
+        "--out {output.json} --md {output.md} --html {output.html} > {log} 2>&1"

@@ -1,6 +1,6 @@
 rule train_arm:
     input:
-        corpus=lambda wc: f"corpora/{arm(wc)['corpus']}/manifest.json",
+        corpus=lambda wc: [f"corpora/{c}/manifest.json" for c in arm(wc)["mix"]],
         init=lambda wc: run_dir(arm(wc)["init"]),
         arm_file=lambda wc: arm(wc)["file"],
         base=BASE_FILES,
@@ -34,13 +34,15 @@ rule train_arm:
     params:
         hyper=lambda wc: afconfig.result_hyper(arm(wc)["hyper"]),
         init=lambda wc, input: input.init[0] if input.init else "base",
-        corpus=lambda wc: arm(wc)["corpus"],
+        corpus=lambda wc, input: " ".join(str(Path(m).parent) for m in input.corpus),
+        corpus_id=lambda wc: arm(wc)["corpus"],
+        mix=mix_flags,
         launcher=launcher,
         base=base_dir,
         base_name=CFG["base"]["name"],
         base_rev=f"--base-revision {CFG['base']['revision']}" if "revision" in CFG["base"] else "",
     shell:
         "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
-        "--params-json {params.hyper:q} --checkpoint-every {resources.checkpoint_every} --corpus corpora/{params.corpus} --corpus-id {params.corpus} "
+        "--params-json {params.hyper:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
         "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
         "{params.base_rev} --out {output} > {log} 2>&1"

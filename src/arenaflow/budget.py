@@ -143,13 +143,20 @@ class ArmEstimate:
     steps: int
     train: float
     readouts: float
-    corpus: str
+    corpus: str  # its id, or a mixture's label ('iflensyn:33000,tulu3:all')
     sampling: float  # of its corpus, when not on disk (shared with other arms on it)
     needs: list[str] = field(default_factory=list)  # pending arms it cannot run without
+    samplings: dict[str, float] | None = None  # a mixture's: per source corpus still to sample
 
     @property
     def own(self) -> float:
         return self.train + self.readouts
+
+    def sampled(self) -> dict[str, float]:
+        """{corpus: GPU-minutes of sampling it} of each corpus this arm needs sampled."""
+        if self.samplings is not None:
+            return self.samplings
+        return {self.corpus: self.sampling} if self.sampling > 0 else {}
 
 
 class Budget:
@@ -223,6 +230,14 @@ class Budget:
         f = Path(p["file"])
         return count_rows(f if f.is_absolute() else self.repo / f)
 
+    def mix_rows(self, mix: dict) -> int:
+        """Rows a mixture trains on: each source's count (no more than a built corpus has), or
+        all its rows."""
+        return sum(
+            self.corpus_rows(c) if n == "all" else min(n, self.corpus_rows(c))
+            for c, n in mix.items()
+        )
+
     def corpus_rows(self, corpus: str) -> int:
         stats = self.results / "corpora" / corpus / "stats.json"
         if stats.exists():
@@ -233,7 +248,7 @@ class Budget:
     def train(self, arm: str) -> tuple[int, int, float]:
         """(rows, steps, GPU-minutes) of training `arm`."""
         hyper = self.cfg["arms"][arm]["hyper"]
-        rows = self.corpus_rows(self.cfg["arms"][arm]["corpus"])
+        rows = self.mix_rows(self.cfg["arms"][arm]["mix"])
         return (
             rows,
             train_steps(rows, hyper),
@@ -305,7 +320,8 @@ class Budget:
                 )
                 return self._estimates[arm]
             rows, steps, train = self.train(arm)
-            policy = self.cfg["corpora"][a["corpus"]]["policy"]
+            policies = [self.cfg["corpora"][c]["policy"] for c in a["mix"]]
+            samplings = {c: self.sampling(c) for c in a["mix"] if self.sampling_pending(c)}
             self._estimates[arm] = ArmEstimate(
                 arm=arm,
                 priority=self.priority(arm),
@@ -315,8 +331,9 @@ class Budget:
                 train=train,
                 readouts=readouts,
                 corpus=a["corpus"],
-                sampling=self.sampling(a["corpus"]) if self.sampling_pending(a["corpus"]) else 0.0,
-                needs=self.pending_of([a["init"], policy]),
+                sampling=sum(samplings.values()),
+                needs=self.pending_of([a["init"], *policies]),
+                samplings=samplings,
             )
         return self._estimates[arm]
 
@@ -347,7 +364,7 @@ class Budget:
     def cost(self, arms) -> float:
         """GPU-minutes of running `arms` (pending ones; a shared corpus is sampled once)."""
         ests = [self.estimate(a) for a in arms if self.pending(a)]
-        corpora = {e.corpus: e.sampling for e in ests}
+        corpora = {c: m for e in ests for c, m in e.sampled().items()}
         return sum(e.own for e in ests) + sum(corpora.values())
 
     # ---- spending ----------------------------------------------------------------------

@@ -51,12 +51,9 @@ def weight_files(run_dir: Path) -> list[str]:
     if (run_dir / "adapter_config.json").exists():
         return list(ADAPTER_FILES)
     names = sorted(p.name for p in run_dir.glob("*.safetensors")) + ["config.json"]
-    names += [
-        n
-        for n in ("model.safetensors.index.json", "generation_config.json")
-        if (run_dir / n).exists()
-    ]
-    return names
+    # not generation_config.json: the bundle writes its own from `serving:` (a full fine-tune's
+    # run saves the base's, which the weights check then found "different")
+    return names + [n for n in ("model.safetensors.index.json",) if (run_dir / n).exists()]
 
 
 SHAPES = {
@@ -196,17 +193,44 @@ def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path | None) -> 
         detail = _check_merge_parents(io.read_json(bundle_dir / MERGE), run_dir.parent.parent)
     else:
         evidence = io.read_json(bundle_dir / TRAINING)
-        digest = manifest.verify(corpus_dir)["digest"]
+        if "mixture" in evidence:
+            digest = _check_mixture(evidence, corpus_dir)
+            detail = f"dataset sha256 = the mixture's of {len(evidence['mixture'])} corpora"
+        else:
+            digest = manifest.verify(corpus_dir)["digest"]
+            detail = f"dataset sha256 = corpus digest {digest[:16]}…"
         if evidence["dataset_sha256"] != digest:
             raise BundleCheckError(
                 f"{TRAINING} dataset_sha256 {evidence['dataset_sha256']} "
                 f"is not {corpus_dir}'s digest {digest}"
             )
-        detail = f"dataset sha256 = corpus digest {digest[:16]}…"
     for f in weight_files(run_dir):
         if manifest.sha256_file(bundle_dir / f) != manifest.sha256_file(run_dir / f):
             raise BundleCheckError(f"{f} differs from {run_dir / f}")
     return {"verdict": "PASS", "detail": f"{detail}; adapter = {run_dir.name} of the arm"}
+
+
+def _check_mixture(evidence: dict, corpora: Path) -> str:
+    """A mixture's digest recomputed from its sources as they verify now (arenaflow.train.data):
+    each source corpus must still be the one trained on."""
+    from arenaflow.train.data import mixture_digest
+
+    for src in evidence["mixture"]:
+        digest = manifest.verify(corpora / src["corpus"])["digest"]
+        if digest != src["digest"]:
+            raise BundleCheckError(
+                f"{TRAINING}: mixture source {src['corpus']} was digest {src['digest'][:16]}…, "
+                f"{corpora / src['corpus']} is {digest[:16]}…"
+            )
+    sources = evidence["mixture"]
+    return mixture_digest(evidence["mixture_seed"], sources, [s["asked"] for s in sources])
+
+
+def evidence_corpora(evidence: dict) -> list[str]:
+    """The corpora a trained arm's evidence names: its corpus, or each source of its mixture."""
+    if "mixture" in evidence:
+        return [s["corpus"] for s in evidence["mixture"]]
+    return [evidence["corpus"]]
 
 
 def _check_merge_parents(evidence: dict, runs: Path) -> str:
@@ -267,7 +291,10 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
             training.append(_merge_row(a, io.read_json(run / MERGE)))
             continue
         ev = io.read_json(run / TRAINING)
-        rows = io.read_json(corpora / ev["corpus"] / "stats.json")["rows"]
+        if "mixture" in ev:  # the rows trained on, from each source
+            rows = sum(s["rows"] for s in ev["mixture"])
+        else:
+            rows = io.read_json(corpora / ev["corpus"] / "stats.json")["rows"]
         training.append(
             {
                 "arm": a,
@@ -280,7 +307,7 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
                 "job": ev["job_id"],
             }
         )
-        corpus_ids.append(ev["corpus"])
+        corpus_ids += evidence_corpora(ev)
     corpora_ctx = []
     for c in dict.fromkeys(corpus_ids):
         st = io.read_json(corpora / c / "stats.json")
@@ -393,9 +420,9 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
         run = Path(args.runs) / a / "final"
         manifest.require(run, who)
         # a round's nominee (an arm's init or a corpus's policy) is a copy of an arm that the
-        # lineage holds too: verified there, with its corpus
+        # lineage holds too: verified there, with its corpora
         if evidence_file(run) == TRAINING and not (run / NOMINEE).exists():
-            corpora.add(io.read_json(run / TRAINING)["corpus"])
+            corpora.update(evidence_corpora(io.read_json(run / TRAINING)))
     for c in sorted(corpora):
         manifest.require(Path(args.corpora) / c, who)
     for path in args.compare:
@@ -416,15 +443,24 @@ def build(args) -> None:
     """Assemble the bundle in a temporary directory, check it, then move it into place: the
     served arm and its sources verified, the serving files, the checks, the model card."""
     cfg = json.loads(args.bundle_json)
+    searched = chosen_prompt(args, cfg)
     nomination = sealed_nomination(args.nomination) if args.nomination else None
     arm = served_arm(args, nomination)
     run_dir = Path(args.runs) / arm / "final"
     evidence = served_evidence(run_dir, Path(args.runs))
-    corpus_dir = Path(args.corpora) / evidence["corpus"] if "corpus" in evidence else None
+    corpus_dir = (
+        None
+        if "corpus" not in evidence
+        else Path(args.corpora)  # a mixture: its sources, under corpora/
+        if "mixture" in evidence
+        else Path(args.corpora) / evidence["corpus"]
+    )
     template = load_template(args.chat_template or cfg["chat_template"])
     with io.atomic_dir(Path(args.out)) as tmp:
         tok = write_serving_files(tmp, args.base_model, run_dir, evidence, arm, cfg, template)
         checks = run_checks(tmp, args, cfg, template, run_dir, corpus_dir)
+        if searched:
+            checks["system_prompt"] = searched
         if nomination:
             checks["nomination"] = {
                 "verdict": "PASS",
@@ -443,6 +479,30 @@ def build(args) -> None:
         f"bundle {args.bundle}: arm {arm}, checks "
         + ", ".join(f"{k}={v}" for k, v in verdicts.items())
     )
+
+
+def chosen_prompt(args, cfg: dict) -> dict | None:
+    """For `system_prompt: {search: S}`, put the prompt search's chosen text in cfg (what
+    system_prompt.txt and the reload check use) and return the check that records it; the
+    search's file must be the sealed record of that search."""
+    spec = cfg.get("system_prompt")  # the resolved bundle always has one; by hand, maybe not
+    if not isinstance(spec, dict):
+        return None
+    if not args.prompt_search:
+        raise BundleCheckError(f"system_prompt {spec} needs --prompt-search FILE")
+    rec = manifest.check_seal(io.read_json(args.prompt_search), args.prompt_search)
+    if rec.get("search") != spec["search"]:
+        raise BundleCheckError(
+            f"{args.prompt_search} is prompt search {rec.get('search')!r}, not {spec['search']!r}"
+        )
+    cfg["system_prompt"] = rec["chosen_text"]
+    return {
+        "verdict": "PASS",
+        "detail": (
+            f"system prompt {rec['chosen']!r} chosen by prompt search {rec['search']!r} on arm "
+            f"{rec['arm']!r} ({args.prompt_search}, {manifest.SEAL} {rec[manifest.SEAL][:16]}…)"
+        ),
+    }
 
 
 def served_arm(args, nomination: dict | None) -> str:
@@ -549,6 +609,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
     b.add_argument(
         "--chat-template", help="'chatml' or a template file (default: the bundle config's)"
+    )
+    b.add_argument(
+        "--prompt-search", help="prompt_search/{search}.json, for system_prompt: {search: S}"
     )
     b.add_argument("--out", required=True, help="bundles/{bundle}")
     d = sub.add_parser("diff", help="which files differ and whether the weights are identical")

@@ -4,7 +4,7 @@
         [--adapter runs/A/final] --system-prompt S
         --params-json '{"k": 4, "temperature": 0.8, ...}' --out candidates/C/samples.jsonl
     python -m arenaflow.candidates verify --pool pools/P.jsonl --samples candidates/C/samples.jsonl
-        --out candidates/C/verdicts.jsonl
+        [--marker FINAL:] --out candidates/C/verdicts.jsonl
 
 A verdict records length, whether the sample stopped on a stop token and the degeneracy flags
 (empty, loop = rep_ratio(6) >= 0.25, low n-gram uniqueness, truncated, U+FFFD), plus, by pool kind:
@@ -13,22 +13,38 @@ checker's verdict and a reason per failed check. `correct` (what rejection sampl
 verify.check's `correct`; instruction following, every check passes and no loop; open-ended, no
 loop, no low uniqueness and at least the row's min_chars; and for all, stopped, non-empty, free of
 U+FFFD.
+
+Scaffolded generation (a corpus's `scaffold: {system, marker}`, lineage 003's lensyn stage:
+docs/lineages.md#003-scaffolded-generation): the policy samples under the scaffold's system
+message (draft, count, revise, then the answer after the marker), and a verdict judges only the
+final answer, the text after the last marker (stripped), which it records as `final`; a sample
+without the marker, or with nothing after it, is rejected with that reason. The corpus trains on
+`final` under the serving system prompt (arenaflow.corpora), never on the draft.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 
-from arenaflow import chat, degeneracy, ifcheck, io, jobclock, models, sampling, verify
+from arenaflow import chat, degeneracy, ifcheck, io, jobclock, verify
 from arenaflow import config as afconfig
+
+# torch, transformers and the decode loop (seconds of imports) are imported where a sample is
+# drawn, so that verifying, a CPU job, does without them.
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
     """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
     a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
+    from arenaflow import sampling
+
     params = {**afconfig.schema_defaults("corpus"), **params}
+    if params.get("scaffold"):  # sampled under the scaffold; trained under the serving prompt
+        system_prompt = params["scaffold"]["system"]
     prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]
     dec = sampling.Decoding(
         temperature=params["temperature"],
@@ -53,10 +69,42 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
     return rows
 
 
-def verdict(sample_row: dict, pool_row: dict) -> dict:
+def final_answer(text: str, marker: str) -> str | None:
+    """The scaffold's final answer: the text after the last `marker`, stripped; None without
+    one."""
+    at = text.rfind(marker)
+    return None if at < 0 else text[at + len(marker) :].strip()
+
+
+def _unscaffolded(sample_row: dict, reason: str) -> dict:
+    """The verdict of a scaffolded sample with no final answer: rejected, with the reason."""
+    return {
+        "id": sample_row["id"],
+        "prompt_id": sample_row["prompt_id"],
+        "sample": sample_row["sample"],
+        "chars": 0,
+        "n_tokens": sample_row["n_tokens"],
+        "stopped": sample_row["stopped"],
+        **degeneracy.flags("", sample_row["stopped"]),
+        "final": None,
+        "passed": False,
+        "reasons": [reason],
+        "correct": False,
+    }
+
+
+def verdict(sample_row: dict, pool_row: dict, marker: str | None = None) -> dict:
     """One sample's verdict, by what the pool row carries: `gold` (math), `constraints`
-    (instruction following) or neither (open-ended, judged on form and length alone)."""
+    (instruction following) or neither (open-ended, judged on form and length alone). With a
+    scaffold `marker`, only the final answer after it is judged (and recorded as `final`)."""
     text = sample_row["text"]
+    if marker is not None:
+        text = final_answer(text, marker)
+        if not text:
+            what = (
+                f"no {marker!r} marker" if text is None else f"nothing after the {marker!r} marker"
+            )
+            return _unscaffolded(sample_row, f"scaffold: {what}")
     flags = degeneracy.flags(text, sample_row["stopped"])
     clean = sample_row["stopped"] and not (flags["empty"] or flags["fffd"])
     out = {
@@ -81,19 +129,34 @@ def verdict(sample_row: dict, pool_row: dict) -> dict:
     else:
         long_enough = len(text) >= pool_row.get("min_chars", 0)
         out.update(correct=clean and long_enough and not (flags["loop"] or flags["low_unique"]))
+    if marker is not None:
+        out["final"] = text
     return out
 
 
-def verify_all(pool: list[dict], samples: list[dict], samples_path: str) -> list[dict]:
+def verify_all(
+    pool: list[dict],
+    samples: list[dict],
+    samples_path: str,
+    marker: str | None = None,
+    workers: int = 1,
+) -> list[dict]:
+    """A verdict per sample, in order (with a scaffold `marker`, of the answer after it).
+    `workers` > 1 spreads them over processes (math-verify's timeouts need each verdict in a
+    main thread, which a worker process's task runs in)."""
     rows = {r["id"]: r for r in pool}
-    out = []
     for line, s in enumerate(samples, start=1):
         if s.get("prompt_id") not in rows:
             raise ValueError(
                 f"{samples_path}:{line}: prompt_id {s.get('prompt_id')!r} is not in the pool"
             )
-        out.append(verdict(s, rows[s["prompt_id"]]))
-    return out
+    pairs = [rows[s["prompt_id"]] for s in samples]
+    markers = [marker] * len(samples)
+    if workers <= 1 or len(samples) < 2 * workers:
+        return list(map(verdict, samples, pairs, markers))
+    with ProcessPoolExecutor(workers) as ex:
+        chunk = -(-len(samples) // (4 * workers))
+        return list(ex.map(verdict, samples, pairs, markers, chunksize=chunk))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -111,12 +174,24 @@ def main(argv: list[str] | None = None) -> None:
     v = sub.add_parser("verify", help="a verdict for every sample")
     v.add_argument("--pool", required=True)
     v.add_argument("--samples", required=True)
+    v.add_argument("--marker", default=None, help="scaffold marker: judge only the answer after it")
     v.add_argument("--out", required=True, help="candidates/{corpus}/verdicts.jsonl")
+    v.add_argument(
+        "--workers",
+        type=int,
+        default=min(8, len(os.sched_getaffinity(0))),
+        help="processes verifying at once (default: the CPUs this job may use, at most 8; "
+        "under Slurm, those it was allocated)",
+    )
     args = ap.parse_args(argv)
     pool = io.read_jsonl(args.pool)
     if args.cmd == "sample":
+        from arenaflow import models
+
         params = json.loads(args.params_json)
-        model, tok = models.load_policy(args.base_model, args.adapter, consumer="sampling")
+        model, tok = models.load_policy(
+            args.base_model, args.adapter, consumer="sampling", job=args.out
+        )
         jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
         t0 = time.perf_counter()
         rows = sample(pool, model, tok, args.system_prompt, params)
@@ -125,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
         print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
     else:
-        rows = verify_all(pool, io.read_jsonl(args.samples), args.samples)
+        samples = io.read_jsonl(args.samples)
+        rows = verify_all(pool, samples, args.samples, args.marker or None, args.workers)
         io.write_jsonl(args.out, rows)
         print(f"{sum(r['correct'] for r in rows)}/{len(rows)} samples correct -> {args.out}")
 

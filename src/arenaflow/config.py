@@ -288,6 +288,11 @@ def merged_over(config: dict) -> str | None:
     return config.get("merge_over", DEFAULT_CONFIG)
 
 
+def files_label(files) -> str:
+    """How errors name a config merged from several files: 'a.yaml + b.yaml'."""
+    return " + ".join(map(str, files))
+
+
 def load_configs(configfiles, overrides=()) -> tuple[dict, list[str]]:
     """As Snakemake builds `config`: the files merged in order over the file they name as
     merge_over (config/config.yaml by default), then key=value overrides as --config. Returns
@@ -388,6 +393,7 @@ def resolve(
     known_arms = set(arms) | {BASE}
     _check_rounds(cfg, known_arms, config_file)
     _resolve_judged(cfg, schema, known_arms, root, config_file)
+    _resolve_prompt_search(cfg, known_arms, config_file)
     _resolve_budget(cfg, schema)
     _resolve_bundles(cfg, schema, arms, config_file)
     for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
@@ -421,6 +427,11 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
                 f"or an arm in {arms_dir}"
             )
         cfg["corpora"][cid] = _defaults(corpus_props, c)
+        if "scaffold" in c:  # its marker's default filled: the verify rule passes it
+            if c["policy"] == "reference":
+                raise ConfigError(f"{where}/scaffold': policy 'reference' samples nothing")
+            scaffold = corpus_props["properties"]["scaffold"]
+            cfg["corpora"][cid]["scaffold"] = _defaults(scaffold, c["scaffold"])
 
 
 def _resolve_arms(cfg: dict, raw: dict, files: dict, arms_dir: Path) -> dict:
@@ -454,27 +465,62 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
     where = f"{file}: key"
     if data["init"] != BASE and data["init"] not in raw:
         raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
-    if data["corpus"] not in cfg["corpora"]:
-        raise ConfigError(
-            f"{where} 'corpus': unknown corpus {data['corpus']!r}; known: {sorted(cfg['corpora'])}"
-        )
+    mix = _mixture(cfg, data["corpus"], where)
     hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
     objective = with_hyper_defaults(hyper)["objective"]
-    fmt = cfg["corpora"][data["corpus"]]["format"]
-    if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
+    for cid in mix:
+        fmt = cfg["corpora"][cid]["format"]
+        if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
+            raise ConfigError(
+                f"{where} 'hyper/objective': {objective!r} cannot train on corpus {cid!r} "
+                f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
+            )
+    if with_hyper_defaults(hyper)["heldout_rows"] and objective != "sft":
         raise ConfigError(
-            f"{where} 'hyper/objective': {objective!r} cannot train on corpus {data['corpus']!r} "
-            f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
+            f"{where} 'hyper/heldout_rows': a held-out loss needs objective 'sft', "
+            f"not {objective!r}"
         )
     return {
         "kind": TRAINED,
         "init": data["init"],
-        "corpus": data["corpus"],
+        "corpus": corpus_label(data["corpus"]),
+        "mix": mix,
         "description": data.get("description", ""),
         "priority": data["priority"],
         "hyper": hyper,
         "file": str(file),
     }
+
+
+def corpus_label(corpus) -> str:
+    """An arm's corpus as one string: its id, or a mixture as lineage 003 wrote it
+    ('iflensyn:33000,tulu3:all')."""
+    if isinstance(corpus, str):
+        return corpus
+    return ",".join(f"{c}:{n}" for c, n in corpus.items())
+
+
+def _mixture(cfg: dict, corpus, where: str) -> dict:
+    """{corpus id: rows or 'all'} of an arm's `corpus` (an id is every row of that corpus).
+    Each source is a known corpus, and a count is no larger than its pool (one row per prompt
+    at most); the built corpus's own row count is checked by the training job."""
+    mix = {corpus: "all"} if isinstance(corpus, str) else dict(corpus)
+    for cid, count in mix.items():
+        key = "corpus" if isinstance(corpus, str) else f"corpus/{cid}"
+        if cid not in cfg["corpora"]:
+            raise ConfigError(
+                f"{where} '{key}': unknown corpus {cid!r}; known: {sorted(cfg['corpora'])}"
+            )
+        c = cfg["corpora"][cid]
+        if len(mix) > 1 and c["format"] == "pairs":
+            raise ConfigError(f"{where} '{key}': a mixture is of sft corpora; {cid!r} is pairs")
+        most = cfg["pools"][c["pool"]].get("n")
+        if count != "all" and most is not None and count > most:
+            raise ConfigError(
+                f"{where} '{key}': {count} rows asked, but corpus {cid!r} has at most {most} "
+                f"(one row per prompt of pool {c['pool']!r})"
+            )
+    return mix
 
 
 def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
@@ -510,6 +556,7 @@ def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
         "kind": arm_kind(data),
         "init": init,
         "corpus": None,
+        "mix": {},
         "description": data.get("description", ""),
         "priority": data["priority"],
         "merge": {"method": "linear", "weights": parents, "rank": data[key].get("rank")},
@@ -547,12 +594,60 @@ def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
         suite = cfg["evals"][sid] = _defaults(_part(schema, "suite"), suite, schema["$defs"])
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
+        _prompt_regimes(suite, f"{config_file}: key 'evals/{sid}/system_prompts'")
     for cid, c in cfg["corpora"].items():
         if c["pool"] in eval_pools:
             raise ConfigError(
                 f"{config_file}: key 'corpora/{cid}/pool': {c['pool']!r} is an evaluation pool; "
                 "training on it would contaminate every readout"
             )
+
+
+PROMPT_NONE = "none"  # the search candidate with no system prompt
+
+
+def _prompt_regimes(suite: dict, where: str) -> None:
+    """A suite's `system_prompts` {k: text}: for each regime R, search regimes R-k (and R-none,
+    no system prompt) under `prompt_regimes`, read out only for a prompt search (not by rounds,
+    bundles' lineage comparisons or the budget's per-arm estimate)."""
+    prompts = suite.get("system_prompts")
+    if not prompts:
+        return
+    if PROMPT_NONE in prompts:
+        raise ConfigError(f"{where}: {PROMPT_NONE!r} is reserved (the search's no-prompt side)")
+    suite["prompt_regimes"] = {}
+    for rid, regime in suite["regimes"].items():
+        for k, text in {PROMPT_NONE: "", **prompts}.items():
+            if f"{rid}-{k}" in suite["regimes"]:
+                raise ConfigError(f"{where}: search regime '{rid}-{k}' is also a declared regime")
+            suite["prompt_regimes"][f"{rid}-{k}"] = {**regime, "system_prompt": text}
+
+
+def regime(cfg: dict, suite: str, rid: str) -> dict:
+    """A suite's regime: a declared one, or a prompt search's (_prompt_regimes)."""
+    s = cfg["evals"][suite]
+    return s["regimes"][rid] if rid in s["regimes"] else s["prompt_regimes"][rid]
+
+
+def system_prompt_of(cfg: dict, suite: str, rid: str) -> str:
+    """What a readout of this regime puts in the system turn ('' none): the regime's
+    `system_prompt`, else the config's."""
+    return regime(cfg, suite, rid).get("system_prompt", cfg["system_prompt"])
+
+
+def _resolve_prompt_search(cfg: dict, known_arms: set, config_file: str) -> None:
+    """Each prompt search reads a known arm under a suite's system_prompts, in a known regime."""
+    for sid, ps in cfg.get("prompt_search", {}).items():
+        where = f"{config_file}: key 'prompt_search/{sid}"
+        s = cfg["evals"].get(ps["suite"])
+        if s is None:
+            raise ConfigError(f"{where}/suite': unknown suite {ps['suite']!r}")
+        if not s.get("system_prompts"):
+            raise ConfigError(f"{where}/suite': suite {ps['suite']!r} has no system_prompts")
+        if ps["regime"] not in s["regimes"]:
+            raise ConfigError(f"{where}/regime': suite {ps['suite']!r} has no {ps['regime']!r}")
+        if ps["arm"] not in known_arms:
+            raise ConfigError(f"{where}/arm': unknown arm {ps['arm']!r}")
 
 
 def _replicates(cfg: dict, suite: str, regime: str) -> int | None:
@@ -637,6 +732,12 @@ def _resolve_bundles(cfg: dict, schema: dict, arms: dict, config_file: str) -> N
         b = _defaults(bundle_props, b)
         b["serving"] = _defaults(bundle_props["properties"]["serving"], b["serving"])
         b.setdefault("system_prompt", cfg["system_prompt"])
+        if isinstance(b["system_prompt"], dict):  # {search: S}: the search's chosen prompt
+            if b["system_prompt"]["search"] not in cfg.get("prompt_search", {}):
+                raise ConfigError(
+                    f"{where}/system_prompt/search': unknown prompt search "
+                    f"{b['system_prompt']['search']!r}"
+                )
         cfg["bundles"][bid] = b
 
 
@@ -693,10 +794,8 @@ def _deps(a: dict, corpora: dict) -> list[tuple[str, str, str]]:
         return [
             (a["kind"], p, f"{a['kind']} weight {w:g}") for p, w in a["merge"]["weights"].items()
         ]
-    corpus = a["corpus"]
-    return [
-        ("init", a["init"], "init"),
-        ("corpus", corpora[corpus]["policy"], f"the policy of corpus {corpus!r}"),
+    return [("init", a["init"], "init")] + [
+        ("corpus", corpora[c]["policy"], f"the policy of corpus {c!r}") for c in a["mix"]
     ]
 
 
@@ -735,6 +834,7 @@ SAMPLING_KEYS = (
     "seed",
     "batch_size",
     "engine",
+    "scaffold",
 )
 
 
@@ -756,7 +856,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     try:
         raw, files = load_configs(args.configfile)
-        cfg = resolve(raw, config_file=" + ".join(args.configfile), sources=files)
+        cfg = resolve(raw, config_file=files_label(args.configfile), sources=files)
     except ConfigError as e:
         raise SystemExit(f"arenaflow config error: {e}") from None
     for arm, a in cfg["arms"].items():

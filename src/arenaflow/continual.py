@@ -158,6 +158,7 @@ def nominee_arm(data: dict, cfg: dict, raw: dict, config_file, error) -> dict:
         "round": data[NOMINEE],
         "init": r["incumbent"],
         "corpus": None,
+        "mix": {},
         "parents": [a for a in [r["incumbent"], *r["candidates"]] if a != "base"],
         "description": f"the arm round {data[NOMINEE]} promotes (its incumbent if none clears)",
         "hyper": {},

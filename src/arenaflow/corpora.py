@@ -54,8 +54,22 @@ def pick(correct: list[dict], how: str, rng: random.Random) -> dict:
 def select(
     pool: list[dict], samples: list[dict], verdicts: list[dict], params: dict
 ) -> tuple[list[dict], dict]:
-    """Rejection sampling: (rows, stats) with at most one kept sample per prompt."""
+    """Rejection sampling: (rows, stats) with at most one kept sample per prompt. A scaffolded
+    sample's target is its verdict's `final` answer, never the draft (arenaflow.candidates)."""
     texts = {s["id"]: s["text"] for s in samples}
+    if params.get("scaffold"):
+        if params.get("format") == "pairs":
+            raise ValueError(
+                "a scaffolded corpus has no pairs format: a rejected sample may "
+                "have no final answer to train against"
+            )
+        missing = next((v["id"] for v in verdicts if "final" not in v), None)
+        if missing is not None:
+            raise ValueError(
+                f"verdict {missing!r} has no 'final' answer: verify a scaffolded corpus's "
+                "candidates with its marker (candidates verify --marker)"
+            )
+        texts = {v["id"]: v["final"] for v in verdicts}
     by_prompt = collections.defaultdict(list)
     for v in verdicts:
         by_prompt[v["prompt_id"]].append(v)

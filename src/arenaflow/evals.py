@@ -381,14 +381,22 @@ def verify_judged(compare: list[str], noise: list[str], readouts: list[str]) -> 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("readout", help="one (suite, arm, regime, replicate) readout")
+    r = sub.add_parser(
+        "readout", help="readouts of one (suite, arm): a --plan of regimes x replicates, or one"
+    )
     r.add_argument("--suite", required=True)
     r.add_argument("--arm", required=True, help="arm id, or 'base'")
     r.add_argument("--pool", required=True, help="the suite's pools/{pool}.jsonl")
     r.add_argument("--base-model", required=True)
     r.add_argument("--adapter", default=None, help="runs/{arm}/final (omit for base)")
     r.add_argument("--regime", default="", help="regime id, recorded in the metadata")
-    r.add_argument("--regime-json", required=True, help="decoding settings as JSON")
+    r.add_argument("--regime-json", default=None, help="decoding settings as JSON")
+    r.add_argument(
+        "--plan",
+        default=None,
+        help="JSON list of {regime, decoding, replicate, out}: every readout of this process "
+        "(instead of --regime, --regime-json, --replicate and --out)",
+    )
     r.add_argument(
         "--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate"
     )
@@ -404,7 +412,7 @@ def _parser() -> argparse.ArgumentParser:
         help="decode loop (arenaflow.sampling)",
     )
     r.add_argument("--system-prompt", default="")
-    r.add_argument("--out", required=True, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
+    r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")
     c.add_argument("--suite", default=None)
     c.add_argument("--regime", default=None)
@@ -421,52 +429,71 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _reads(args) -> list[dict]:
+    """The readouts this process makes: --plan's, or the one --regime-json/--replicate/--out
+    name. Each: {regime, decoding, replicate, out}."""
+    if args.plan:
+        return json.loads(args.plan)
+    if not (args.regime_json and args.out):
+        raise SystemExit("readout: give --plan, or --regime-json and --out")
+    decoding = json.loads(args.regime_json)
+    return [dict(regime=args.regime, decoding=decoding, replicate=args.replicate, out=args.out)]
+
+
 def _readout_cmd(args) -> None:
+    """Loads the model once for every readout of the plan (an arm's regimes x replicates)."""
     from arenaflow import models
 
-    regime = json.loads(args.regime_json)
-    seed = args.seed + 1000 * args.replicate
-    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout")
+    reads = _reads(args)
+    job = reads[0]["out"]  # the job's first output, as Snakemake lists it
+    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
     pool = io.read_jsonl(args.pool)
-    jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+    jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+    tokens, seconds = 0, 0.0
+    for read in reads:
+        n, s = _read_one(args, model, tok, pool, read)
+        tokens, seconds = tokens + n, seconds + s
+    jobclock.done(job, tokens=tokens, seconds=seconds)
+
+
+def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, float]:
+    """One (regime, replicate) readout written to read['out']: (tokens, seconds of work)."""
+    seed = args.seed + 1000 * read["replicate"]
     t0 = time.perf_counter()
     df = readout(
         pool,
         model,
         tok,
-        args.system_prompt,
-        regime,
+        read.get("system_prompt", args.system_prompt),  # the plan's, per regime
+        read["decoding"],
         seed,
         args.batch_size,
-        desc=f"readout {args.suite}/{args.arm}/{args.regime}.r{args.replicate}",
+        desc=f"readout {args.suite}/{args.arm}/{read['regime']}.r{read['replicate']}",
         engine=args.engine,
     )
     seconds = time.perf_counter() - t0  # decoding and scoring
     df.insert(0, "arm", args.arm)
-    df["replicate"] = args.replicate
-    write_readout(
-        df,
-        args.out,
-        {
-            "suite": args.suite,
-            "arm": args.arm,
-            "regime": args.regime,
-            "decoding": regime,
-            "replicate": args.replicate,
-            "seed": seed,
-            "batch_size": args.batch_size,
-            "engine": args.engine,
-            "pool": args.pool,
-            "tokens": int(df["n_tokens"].sum()),
-            "seconds": round(seconds, 3),
-            **verify.meta(pool),
-        },
-    )
+    df["replicate"] = read["replicate"]
+    tokens = int(df["n_tokens"].sum())
+    meta = {
+        "suite": args.suite,
+        "arm": args.arm,
+        "regime": read["regime"],
+        "decoding": read["decoding"],
+        "replicate": read["replicate"],
+        "seed": seed,
+        "batch_size": args.batch_size,
+        "engine": args.engine,
+        "pool": args.pool,
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+    }
+    write_readout(df, read["out"], {**meta, **verify.meta(pool)})
     print(
         f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
-        f"-> {args.out}"
+        f"-> {read['out']}"
     )
-    jobclock.done(args.out, tokens=int(df["n_tokens"].sum()), seconds=seconds)
+    return tokens, seconds
 
 
 def _compare_cmd(args) -> None:

@@ -35,6 +35,15 @@ def process_start() -> float:
 
 
 PROCESS_START = process_start()
+_MARKS: list[tuple[str, float]] = []  # this process's start-up phases, in order
+
+
+def adopt(process_start: float) -> None:
+    """This process runs a job that started at `process_start` in another process (a fork of
+    arenaflow.zygote's server for a client started then): its clock starts there."""
+    global PROCESS_START
+    PROCESS_START = process_start
+    _MARKS.clear()
 
 
 def event(job: str, name: str, **fields) -> dict:
@@ -55,11 +64,29 @@ def event(job: str, name: str, **fields) -> dict:
     return rec
 
 
+def mark(job: str, phase: str) -> dict:
+    """A start-up phase of `job` ended (e.g. 'imports', 'corpus', 'model'): an event, and a
+    part of the 'model loaded' line, so that start-up is reported by where it goes."""
+    rec = event(job, "mark", phase=phase)
+    _MARKS.append((phase, rec["t"]))
+    return rec
+
+
+def phases(end: float) -> list[tuple[str, float]]:
+    """(phase, seconds) of start-up up to `end`: from the process start to the first mark, from
+    each mark to the next, and 'rest' from the last mark to `end`."""
+    names = [p for p, _ in _MARKS] + ["rest"]
+    times = [PROCESS_START] + [t for _, t in _MARKS] + [end]
+    return [(n, b - a) for n, a, b in zip(names, times, times[1:])]
+
+
 def loaded(job: str, **fields) -> dict:
-    """The model is on the device: start-up ends here. Logs one line."""
+    """The model is on the device: start-up ends here. Logs one line, with the phases marked."""
     rec = event(job, "loaded", **fields)
+    parts = ", ".join(f"{p} {s:.1f}s" for p, s in phases(rec["t"])) if _MARKS else ""
     print(
-        f"arenaflow: {job}: model loaded {rec['t'] - PROCESS_START:.1f}s after the process started",
+        f"arenaflow: {job}: model loaded {rec['t'] - PROCESS_START:.1f}s after the process started"
+        + (f" ({parts})" if parts else ""),
         file=sys.stderr,
         flush=True,
     )

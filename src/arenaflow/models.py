@@ -52,6 +52,7 @@ def load_policy(
     adapter_dir: str | Path | None,
     merge: bool = True,
     consumer: str = "loading a policy",
+    job: str | None = None,
 ):
     """(model, tokenizer) for sampling: the base, plus the arm's adapter when given (or the
     arm's full weights, when its directory holds a full fine-tune).
@@ -59,13 +60,24 @@ def load_policy(
     The arm's directory must verify against its manifest first (ManifestError names the file
     and `consumer`): here, so that no caller can load an arm it has not verified.
     The adapter is merged into a private copy of the weights for speed; the files on disk are
-    untouched."""
+    untouched. With `job`, its start-up phases are marked (arenaflow.jobclock)."""
+    from arenaflow import jobclock
+
+    def mark(phase: str) -> None:
+        if job is not None:
+            jobclock.mark(job, phase)
+
+    import transformers  # noqa: F401  (marked apart from loading)
+
+    mark("imports")
     if adapter_dir is not None:
         manifest.require(adapter_dir, consumer)
+        mark("verify")
     if adapter_dir is not None and not (Path(adapter_dir) / "adapter_config.json").exists():
         # a full fine-tune: the arm's directory holds the whole model
         model = load_base(adapter_dir)
         model.eval()
+        mark("model")
         return model, load_tokenizer(base_path)
     model = load_base(base_path)
     if adapter_dir is not None:
@@ -75,6 +87,7 @@ def load_policy(
         if merge:
             model = model.merge_and_unload()
     model.eval()
+    mark("model")
     return model, load_tokenizer(base_path)
 
 

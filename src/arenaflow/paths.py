@@ -12,8 +12,14 @@ RUN = "runs/{arm}/final"
 READOUT = "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet"
 COMPARE = "compare/{suite}/{regime}/{rarm}__{ref}.json"
 NOISE = "noise/{suite}/{regime}/{rarm}.json"
+FAILURES = "failures/{suite}/{regime}/{rarm}__{ref}.json"
+GUARD = "guards/{guard}/{rarm}.json"
+PROMPT_SEARCH = "prompt_search/{search}.json"
 REGISTRATION = "nominations/{rnd}.bar.json"
 NOMINATION = "nominations/{rnd}.json"
+# torch.compile's caches (inductor's FX graphs and autotuning, Triton's binaries), shared by a
+# lineage's jobs so that each graph is compiled once per results directory.
+COMPILE_CACHE = {"TORCHINDUCTOR_CACHE_DIR": ".cache/inductor", "TRITON_CACHE_DIR": ".cache/triton"}
 
 
 def pool(pool_id: str) -> str:
@@ -38,6 +44,18 @@ def compare(suite: str, regime: str, cand: str, ref: str) -> str:
 
 def noise(suite: str, regime: str, arm: str) -> str:
     return NOISE.format(suite=suite, regime=regime, rarm=arm)
+
+
+def failures(suite: str, regime: str, cand: str, ref: str) -> str:
+    return FAILURES.format(suite=suite, regime=regime, rarm=cand, ref=ref)
+
+
+def guard(guard_id: str, arm: str) -> str:
+    return GUARD.format(guard=guard_id, rarm=arm)
+
+
+def prompt_search(search_id: str) -> str:
+    return PROMPT_SEARCH.format(search=search_id)
 
 
 def registration(rnd: str) -> str:

@@ -31,10 +31,12 @@ import sys
 
 import pulp
 
+from arenaflow import admission as afadmission
 from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
 from arenaflow.coverage import binary, cbc
 
+STATUSES = (afadmission.ADMITTED, afadmission.REFUSED, afadmission.BLOCKED)
 TIE = 1e-6  # the cost tie-break is worth less than this much priority
 
 
@@ -43,16 +45,17 @@ def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:
     arms = sorted(estimates)
     if not arms:
         return set()
-    corpora = sorted({e.corpus for e in estimates.values() if e.sampling > 0})
-    total = sum(e.own for e in estimates.values()) + sum(
-        max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora
-    )
+    samp: dict[str, float] = {}
+    for e in estimates.values():  # a mixture's arm may need several corpora sampled
+        for c, m in e.sampled().items():
+            samp[c] = max(samp.get(c, 0.0), m)
+    corpora = sorted(samp)
+    total = sum(e.own for e in estimates.values()) + sum(samp.values())
     eps = TIE / (1.0 + total)
     left = total if math.isinf(left) else left  # no budget: everything fits
     prob = pulp.LpProblem("arenaflow_plan", pulp.LpMaximize)
     x = {a: binary(prob, f"x_{i}") for i, a in enumerate(arms)}
     y = {c: binary(prob, f"y_{i}") for i, c in enumerate(corpora)}
-    samp = {c: max(e.sampling for e in estimates.values() if e.corpus == c) for c in corpora}
     cost = pulp.lpSum(estimates[a].own * x[a] for a in arms) + pulp.lpSum(
         samp[c] * y[c] for c in corpora
     )
@@ -65,8 +68,8 @@ def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:
                 prob += x[a] <= x[d], f"needs_{a}_{d}"
             else:  # a pending dependency outside the candidates: cannot run
                 prob += x[a] == 0, f"blocked_{a}_{d}"
-        if e.corpus in y:
-            prob += x[a] <= y[e.corpus], f"corpus_{a}"
+        for j, c in enumerate(e.sampled()):
+            prob += x[a] <= y[c], f"corpus_{a}_{j}"
     status = prob.solve(cbc())
     if pulp.LpStatus[status] != "Optimal":
         raise RuntimeError(f"the integer program is {pulp.LpStatus[status]}")
@@ -91,6 +94,8 @@ def plan(b: afbudget.Budget) -> dict:
         "chosen": sorted(chosen),
         "chosen_cost": b.cost(chosen),
         "all_cost": b.cost(pending),
+        # what the workflow itself will start: arm by arm in priority order (arenaflow.admission)
+        "admission": afadmission.admit(b),
     }
 
 
@@ -148,6 +153,13 @@ def render(p: dict) -> str:
     ]
     if p["chosen"]:
         lines.append("run: snakemake " + " ".join(f"runs/{a}/final" for a in p["chosen"]))
+    by = {st: [a for a, d in p["admission"].items() if d["status"] == st] for st in STATUSES}
+    lines.append(
+        "the workflow (GrpTRESMins, by priority) starts: "
+        + (" ".join(by[afadmission.ADMITTED]) or "(none)")
+        + "; does not start: "
+        + (" ".join(by[afadmission.REFUSED] + by[afadmission.BLOCKED]) or "(none)")
+    )
     return "\n".join(lines)
 
 
@@ -175,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
     raw, files = afconfig.load_configs(args.configfile, args.config)
-    where = " + ".join(files)
+    where = afconfig.files_label(files)
     try:
         cfg = afconfig.resolve(raw, config_file=where)
     except afconfig.ConfigError as e:

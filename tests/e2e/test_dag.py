@@ -33,7 +33,7 @@ def test_dry_run_lists_the_whole_lineage(built):
         "verify_candidates",
         "build_corpus",
         "train_arm",
-        "readout",
+        "readout_math",
         "compare",
         "nominate",
         "build_bundle",

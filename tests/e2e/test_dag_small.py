@@ -22,7 +22,7 @@ STAGES = {
     "build_corpus",
     "train_arm",
     "merge_arm",
-    "readout",
+    "readout_math",
     "compare",
     "register_bar",
     "nominate",
@@ -148,12 +148,12 @@ def test_touching_an_arm_reruns_exactly_it_and_its_descendants(built):
     assert {r for r, _ in jobs} <= {
         "train_arm",
         "merge_arm",
-        "readout",
+        "readout_math",
         "compare",
         "nominate",
         "build_bundle",
     }
-    readouts = {wc for r, wc in jobs if r == "readout"}
+    readouts = {wc for r, wc in jobs if r == "readout_math"}
     assert all("rarm=B3" in wc or "rarm=dose-a1p5" in wc for wc in readouts) and readouts
     assert ("build_bundle", "bundle=B3f") in jobs
 
@@ -162,7 +162,7 @@ def test_touching_a_merge_reruns_the_merge_and_nothing_it_is_made_of(built):
     jobs = touched_plan(built, "dose.yaml")
     assert ("merge_arm", "arm=dose-a1p5") in jobs
     assert not {r for r, _ in jobs} & {"train_arm", "sample_candidates", "build_corpus"}
-    assert all("rarm=dose-a1p5" in wc for r, wc in jobs if r == "readout")
+    assert all("rarm=dose-a1p5" in wc for r, wc in jobs if r == "readout_math")
 
 
 def test_a_bad_arm_value_stops_the_dry_run_naming_file_and_key(built, tmp_path):
@@ -224,7 +224,7 @@ def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built,
             {"rounds": {"r3": {"bar": [{"metric": "delta", "op": ">", "value": -100.0}]}}}
         )
     )
-    for forced in ("nominate", "readout"):
+    for forced in ("nominate", "readout_math"):
         proc = snakemake(
             "bundles/B3f",
             "--forcerun",
@@ -304,7 +304,7 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
     res = built["results"]
     adapter = res / "runs/B3/final/adapter_model.safetensors"
     readout = res / "readouts/math/B3/greedy.r0.parquet"
-    log = res / "logs/readouts/math/B3/greedy.r0.log"
+    log = res / "logs/readouts/math/B3.log"
     downstream = [
         res / "compare/math/greedy/B3__R2d.json",
         res / "nominations/r3.json",

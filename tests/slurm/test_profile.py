@@ -20,7 +20,8 @@ TEST_ONLY = {
     "slurm-keep-successful-logs",
     "slurm-no-account",
 }
-GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
+# readout_math: a readout rule per suite (rules/evals.smk)
+GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout_math": 1}
 
 
 def test_the_test_profile_is_the_real_profile_plus_test_cluster_settings():

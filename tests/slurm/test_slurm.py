@@ -47,7 +47,7 @@ CONFIGS = [
 TARGET = os.environ.get("ARENAFLOW_SLURM_E2E_TARGET", "nominations/r3.json")
 pytestmark = pytest.mark.slurm
 
-GPU_RULES = {"train_arm", "sample_candidates", "readout"}
+GPU_RULES = {"train_arm", "sample_candidates", "readout_math"}  # a readout rule per suite
 CPU_RULES = {
     "build_pool",
     "build_corpus",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from arenaflow import candidates
 
 
@@ -40,3 +42,25 @@ def test_open_verdict_rejects_loops_and_short_answers():
     loop = " ".join(["the same six words repeat forever"] * 12)
     v = candidates.verdict(sample(loop), row)
     assert v["loop"] and not v["correct"]
+
+
+def test_verdicts_spread_over_processes_are_the_serial_ones_in_order():
+    """Math (math-verify, whose timeouts need a main thread), instruction and open rows mixed:
+    four worker processes give the verdicts of one process, sample for sample."""
+    pool = [
+        {"id": "m", "gold": "\\frac{1}{2}"},
+        {"id": "i", "constraints": [{"type": "no_char", "chars": ","}]},
+        {"id": "o", "prompt": "write", "min_chars": 10},
+    ]
+    texts = ["The answer is $0.5$.", "The answer is \\boxed{1/2}", "no commas here.", "a, b", "x"]
+    samples = [
+        {**sample(t), "id": f"{p['id']}#{j}", "prompt_id": p["id"], "sample": j}
+        for p in pool
+        for j, t in enumerate(texts * 3)
+    ]
+    serial = candidates.verify_all(pool, samples, "s.jsonl")
+    assert candidates.verify_all(pool, samples, "s.jsonl", workers=4) == serial
+    assert [v["id"] for v in serial] == [s["id"] for s in samples]
+    assert serial[0]["correct"] and serial[1]["correct"] and not serial[5 * 3 + 3]["correct"]
+    with pytest.raises(ValueError, match=r"^s\.jsonl:2: prompt_id 'zz' is not in the pool"):
+        candidates.verify_all(pool, [samples[0], {**samples[1], "prompt_id": "zz"}], "s.jsonl")

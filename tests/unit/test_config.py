@@ -132,6 +132,8 @@ CODE_DEFAULTS = {
     "nproc": 1,
     "nodes": 1,
     "epochs": 1,
+    "heldout_rows": 0,  # issue 22: no held-out rows unless an arm asks
+    "heldout_every": 0,
 }
 MINIMAL_ARM_HYPER = {
     "method": "lora",

@@ -295,6 +295,34 @@ def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tin
     )
 
 
+def test_one_process_reads_a_plan_of_regimes_and_replicates_as_separate_runs_do(
+    tiny_readout, repo_root, tmp_path, capsys
+):
+    """readout_<suite> loads the model once for an arm's regimes x replicates: each file equals
+    the one a process of its own writes (rows and the decoding, seed and regime recorded)."""
+    greedy = {"temperature": 0.0, "max_new_tokens": 24}
+    sampled = {"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 24}
+    reads = [("greedy", greedy, 0), ("served", sampled, 0), ("served", sampled, 1)]
+    plan = [
+        {"regime": g, "decoding": d, "replicate": r, "out": str(tmp_path / f"{g}.r{r}.parquet")}
+        for g, d, r in reads
+    ]
+    pool = tmp_path / "pool.jsonl"
+    io.write_jsonl(pool, POOL)
+    capsys.readouterr()
+    evals.main(
+        ["readout", "--suite", "math", "--arm", "base", "--pool", str(pool), "--base-model"]
+        + [str(repo_root / "models/tiny-arith"), "--plan", json.dumps(plan), "--seed", "0"]
+        + ["--batch-size", "4", "--system-prompt", "You are a careful math tutor."]
+    )
+    assert capsys.readouterr().err.count("model loaded") == 1
+    for (g, d, r), p in zip(reads, plan):
+        alone = tiny_readout(f"alone-{g}{r}", replicate=r, regime=json.dumps(d))
+        pd.testing.assert_frame_equal(pd.read_parquet(p["out"]), pd.read_parquet(alone))
+        meta, want = evals.readout_meta(p["out"]), evals.readout_meta(alone)
+        assert (meta["regime"], meta["decoding"], meta["seed"]) == (g, d, want["seed"])
+
+
 def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdicts(repo_root):
     from arenaflow import models
 

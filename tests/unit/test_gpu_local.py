@@ -14,7 +14,8 @@ import yaml
 from dagrun import planned_resources
 
 REPO = Path(__file__).resolve().parents[2]
-GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout": 1}
+# readout_math: a readout rule per suite (rules/evals.smk)
+GPU_RULES = {"train_arm": None, "sample_candidates": 1, "readout_math": 1}
 
 
 def test_the_profile_caps_local_gpus_at_one_and_sets_nothing_else():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ lg = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lg)
 
 T0 = 1_000_000.0
+START = {"process_start": T0 + 1.2}  # train_arm S1's
 SNAKEMAKE = [
     (0.5, "[Tue Dec  1 02:37:37 2026]"),
     (0.5, "localrule build_pool:"),
@@ -58,6 +60,8 @@ def run_dir(tmp_path):
         "".join(f"{T0 + t:.3f}\t{line}\n" for t, line in SNAKEMAKE)
     )
     events = [
+        {"job": "runs/S1/final", "event": "mark", "phase": "imports", "t": T0 + 3.2, **START},
+        {"job": "runs/S1/final", "event": "mark", "phase": "model", "t": T0 + 5.0, **START},
         {"job": "runs/S1/final", "event": "loaded", "t": T0 + 6.0, "process_start": T0 + 1.2},
         {
             "job": "runs/S1/final",
@@ -122,6 +126,10 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
         and t["startup_s"] == pytest.approx(4.8)
     )
     assert t["work_s"] == pytest.approx(14.0) and t["tokens_per_s"] == 10_000
+    # start-up by phase: to the first mark, mark to mark, the last mark to the model loaded
+    assert t["startup_phases"] == pytest.approx({"imports": 2.0, "model": 1.8, "rest": 1.0})
+    assert rep["stages"]["train_arm"]["startup_phases_median"] == t["startup_phases"]
+    assert "start-up of train_arm (median s): imports 2.0, model 1.8, rest 1.0" in lg.table(rep)
     # samples every 0.5 s in (6, 20]: 28, of which 25 busy (8.0 .. 20.0 s)
     assert t["gpu_busy_after_load"] == pytest.approx(25 / 28) and t["gpu_samples"] == 28
     assert t["first_unit_s"] == 4.0 and t["steady_tokens_per_s"] == 200_000  # after the first step
@@ -146,6 +154,32 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
         "met"
     ]  # incomplete: the failed job's work was never measured
     assert "whole DAG: 31.0 s wall" in lg.table(rep)
+
+
+def test_a_suites_readout_rule_is_the_readout_stage_with_its_suite_as_a_wildcard():
+    assert lg.stage("readout_math", "rarm=B3") == ("readout", "suite=math, rarm=B3")
+    assert lg.stage("train_arm", "arm=B3") == ("train_arm", "arm=B3")
+
+
+def test_jobclock_marks_start_up_phases_in_the_loaded_line(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "events.jsonl"
+    monkeypatch.setenv(jobclock.ENV, str(path))
+    monkeypatch.setattr(jobclock, "_MARKS", [])
+    jobclock.mark("runs/A/final", "imports")
+    jobclock.mark("runs/A/final", "model")
+    rec = jobclock.loaded("runs/A/final")
+    phases = dict(jobclock.phases(rec["t"]))
+    assert list(phases) == ["imports", "model", "rest"]
+    assert sum(phases.values()) == pytest.approx(rec["t"] - jobclock.PROCESS_START)
+    events = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(e["event"], e.get("phase")) for e in events] == [
+        ("mark", "imports"),
+        ("mark", "model"),
+        ("loaded", None),
+    ]
+    assert re.search(
+        r"model loaded [\d.]+s .*\(imports [\d.]+s, model [\d.]+s, rest", capsys.readouterr().err
+    )
 
 
 def test_critical_chain_walks_back_through_the_job_whose_end_started_the_next():

@@ -20,7 +20,18 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="optimizer steps between resumable checkpoints (overrides --params-json's)",
     )
-    ap.add_argument("--corpus", required=True, help="corpora/{corpus} (its manifest must verify)")
+    ap.add_argument(
+        "--corpus",
+        required=True,
+        nargs="+",
+        help="corpora/{corpus} (its manifest must verify); a mixture: one per source, in order",
+    )
+    ap.add_argument(
+        "--mix-json",
+        default=None,
+        help="a mixture, {corpus id: row count or 'all'} in the order of --corpus",
+    )
+    ap.add_argument("--arm-file", default="the arm", help="the arm's file, named in errors")
     ap.add_argument(
         "--corpus-id", default=None, help="corpus id for the evidence (default: dir name)"
     )

@@ -8,12 +8,16 @@ and N ranks, and any micro-batch split, optimise the same objective.
 
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from arenaflow import manifest
+
+ALL = "all"  # a mixture source's count: every row of the corpus
 
 
 def _rows(data, prefix: str) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -33,6 +37,72 @@ def load_corpus(corpus_dir: Path) -> tuple[dict, dict]:
         data = np.load(corpus_dir / "pairs.npz")
         return {"chosen": _rows(data, "chosen_"), "rejected": _rows(data, "rejected_")}, record
     return {"sft": _rows(np.load(corpus_dir / "sft.npz"), "")}, record
+
+
+def sample_rows(n_rows: int, count, seed: int, corpus_id: str) -> np.ndarray:
+    """Indices of the rows a mixture takes from one source, in corpus order: all of them, or a
+    seeded sample of `count` (the arm's seed and the corpus id seed it, so two sources of one
+    arm draw independently and the same arm always draws the same rows)."""
+    if count == ALL:
+        return np.arange(n_rows)
+    rng = np.random.default_rng([seed, zlib.crc32(corpus_id.encode())])
+    return np.sort(rng.choice(n_rows, size=count, replace=False))
+
+
+def source_stats(rows: list, corpus_id: str, available: int, record: dict, mpath: Path) -> dict:
+    """Rows, tokens and supervised fraction of what a mixture took from one source (tokens
+    before packing and truncation, as a corpus's stats.json counts them)."""
+    tokens = int(sum(len(ids) for ids, _ in rows))
+    supervised = int(sum(int(m.sum()) for _, m in rows))
+    return {
+        "corpus": corpus_id,
+        "rows_available": available,
+        "rows": len(rows),
+        "tokens": tokens,
+        "supervised_tokens": supervised,
+        "supervised_fraction": round(supervised / tokens, 6) if tokens else 0.0,
+        "digest": record["digest"],
+        "manifest_sha256": manifest.sha256_file(mpath),
+    }
+
+
+def load_mixture(dirs: list[Path], mix: dict, seed: int, where: str) -> tuple[dict, dict, list]:
+    """An SFT corpus made of several verified corpora: from each (in the order of `mix`, {corpus
+    id: row count or 'all'}) all rows or a seeded sample of `count`, concatenated. Returns the
+    rows ({'sft': rows}), a record (a digest of the sources' digests, counts and seed: the same
+    sources and counts give the same rows) and per-source statistics. `where` (the arm file)
+    names the key at fault: a count larger than the corpus, a pairs corpus."""
+    if len(dirs) != len(mix):
+        raise SystemExit(f"{where}: {len(dirs)} corpus directories for {len(mix)} sources")
+    rows, files, sources = [], {}, []
+    for d, (cid, count) in zip(dirs, mix.items()):
+        loaded, record = load_corpus(Path(d))
+        if "sft" not in loaded:
+            raise SystemExit(
+                f"{where}: key 'corpus/{cid}': {d} is a pairs corpus; a mixture is SFT"
+            )
+        src = loaded["sft"]
+        if count != ALL and count > len(src):
+            raise SystemExit(
+                f"{where}: key 'corpus/{cid}': {count} rows asked, but corpus {cid!r} has only "
+                f"{len(src)} ({d}/stats.json); ask for at most {len(src)} or 'all'"
+            )
+        picked = [src[i] for i in sample_rows(len(src), count, seed, cid)]
+        stats = source_stats(picked, cid, len(src), record, Path(d) / manifest.MANIFEST)
+        sources.append({**stats, "asked": count})
+        rows += picked
+        files.update({f"{cid}/{k}": v for k, v in record["files"].items()})
+    digest = mixture_digest(seed, sources, list(mix.values()))
+    return {"sft": rows}, {"digest": digest, "files": files}, sources
+
+
+def mixture_digest(seed: int, sources: list[dict], counts: list) -> str:
+    """A mixture's dataset sha256: of its sources' digests, the counts asked and the seed (which
+    decide the rows); a bundle recomputes it from the evidence and the corpora it verifies."""
+    spec = [
+        {"corpus": s["corpus"], "digest": s["digest"], "rows": c} for s, c in zip(sources, counts)
+    ]
+    return manifest.sha256_text(json.dumps({"seed": seed, "sources": spec}, sort_keys=True))
 
 
 def pack(rows: list, seq_len: int) -> list[tuple[np.ndarray, np.ndarray]]:

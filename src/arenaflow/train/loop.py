@@ -27,7 +27,7 @@ import torch
 
 from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
-from arenaflow.train import checkpoints, data, lora_fused, objective
+from arenaflow.train import checkpoints, data, heldout, lora_fused, objective
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
@@ -183,7 +183,10 @@ class Run:
     world: int
     corpus: dict = None
     corpus_record: dict = None
+    sources: list | None = None  # a mixture's per-source statistics
     preference: bool = False
+    heldout: list | None = None  # rows held out of training (heldout_rows), and their indices
+    heldout_idx: list | None = None
     net: Any = None
     pad: int = 0
     rows: list = None
@@ -221,9 +224,11 @@ def setup(args, hyper: dict) -> Run:
     fits."""
     import deepspeed
 
+    jobclock.mark(args.out, "imports")
     ensure_dist_env()
     cuda = torch.cuda.is_available()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    jobclock.mark(args.out, "distributed")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
@@ -240,10 +245,34 @@ def setup(args, hyper: dict) -> Run:
     return r
 
 
+def load_data(r: Run) -> None:
+    """The corpus, or a mixture of several (arm `corpus: {id: count | all}`): its rows, a record
+    with its digest and files, and per source the rows, tokens and supervised fraction taken."""
+    args = r.args
+    if args.mix_json is None:
+        if len(args.corpus) != 1:
+            raise SystemExit(f"{len(args.corpus)} corpora given without --mix-json")
+        r.corpus, r.corpus_record = data.load_corpus(Path(args.corpus[0]))
+        return
+    mix = json.loads(args.mix_json)
+    r.corpus, r.corpus_record, r.sources = data.load_mixture(
+        [Path(c) for c in args.corpus], mix, r.hyper["seed"], args.arm_file
+    )
+    for s in r.sources:
+        log.info(
+            "mixture source %s: %d of %d rows, %d tokens, supervised fraction %.3f",
+            s["corpus"],
+            s["rows"],
+            s["rows_available"],
+            s["tokens"],
+            s["supervised_fraction"],
+        )
+
+
 def setup_data(r: Run) -> None:
     """Corpus, model, tokenizer, DPO reference, step count and the checkpoint plan."""
     args, hyper = r.args, r.hyper
-    r.corpus, r.corpus_record = data.load_corpus(Path(args.corpus))
+    load_data(r)
     corpus = r.corpus
     r.preference = preference = hyper["objective"] in ("dpo", "simpo")
     if preference != ("chosen" in corpus):
@@ -251,11 +280,18 @@ def setup_data(r: Run) -> None:
             f"objective {hyper['objective']!r} needs a "
             f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one"
         )
+    jobclock.mark(args.out, "corpus")
     torch.manual_seed(hyper["seed"])
     r.net = tmodel.build(args.base_model, args.init, hyper)
+    jobclock.mark(args.out, "model")
     tokenizer = models.load_tokenizer(args.base_model)
     r.pad = models.pad_id(tokenizer)
     rows = corpus["chosen"] if preference else corpus["sft"]
+    if hyper["heldout_rows"]:
+        if preference:
+            raise SystemExit(f"heldout_rows needs an sft objective, not {hyper['objective']!r}")
+        rows, r.heldout, r.heldout_idx = heldout.split(rows, hyper["heldout_rows"], hyper["seed"])
+        corpus["sft"] = rows
     if hyper["packing"] and not preference:
         rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
     r.rows = rows
@@ -296,6 +332,7 @@ def setup_engine(r: Run) -> None:
         log.info(
             "fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor")
         )
+    jobclock.mark(r.args.out, "setup")  # data plan, DPO reference, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=r.cuda or None),
@@ -323,6 +360,10 @@ def train(r: Run) -> None:
         if step <= r.start:
             continue
         m, lrs = train_step(r, step, glob)
+        if r.heldout and heldout.due(step, r.n_steps, r.hyper["heldout_every"]):
+            m["heldout_loss"] = heldout.evaluate(
+                r.engine, r.heldout, r.hyper, r.pad, r.world, r.rank
+            )["loss"]
         r.metrics.append(m)
         progress.step(m, lrs)
         if (
@@ -447,6 +488,13 @@ def save(r: Run) -> None:
             )
 
 
+def corpus_evidence(r: Run) -> dict:
+    """The corpus's manifest sha256; a mixture's sources instead (each with its manifest's)."""
+    if r.sources is None:
+        return {"manifest_sha256": manifest.sha256_file(Path(r.args.corpus[0]) / manifest.MANIFEST)}
+    return {"mixture": r.sources, "mixture_seed": r.hyper["seed"]}
+
+
 def training_evidence(r: Run) -> dict:
     args, cuda, wall, metrics = r.args, r.cuda, r.wall, r.metrics
     return {
@@ -461,8 +509,8 @@ def training_evidence(r: Run) -> dict:
         "tokens_seen": r.tokens_seen,
         "dataset_sha256": r.corpus_record["digest"],
         "dataset_files_sha256": {k: v["sha256"] for k, v in r.corpus_record["files"].items()},
-        "manifest_sha256": manifest.sha256_file(Path(args.corpus) / manifest.MANIFEST),
-        "corpus": args.corpus_id or Path(args.corpus).name,
+        "corpus": args.corpus_id or Path(args.corpus[0]).name,
+        **corpus_evidence(r),
         "base_model": args.base_name or args.base_model,
         "base_revision": r.base_rev,
         "init": Path(args.init).parent.name if args.init != "base" else "base",
@@ -474,6 +522,29 @@ def training_evidence(r: Run) -> dict:
         "gpu_hours": round(wall * r.world / 3600, 4) if cuda else 0.0,
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         "final_loss": metrics[-1]["loss"] if metrics else None,
+        **heldout_evidence(r),
+    }
+
+
+def heldout_evidence(r: Run) -> dict:
+    """The held-out rows (indices in the corpus, or a mixture's concatenated rows) and their loss
+    at every evaluation; the last is after the final step, on the final weights."""
+    if not r.heldout:
+        return {}
+    curve = [
+        {"step": m["step"], "loss": m["heldout_loss"]} for m in r.metrics if "heldout_loss" in m
+    ]
+    return {
+        "heldout": {
+            "rows": len(r.heldout),
+            "row_indices": [int(i) for i in r.heldout_idx],
+            "supervised_tokens": data.supervised_tokens(
+                r.heldout, range(len(r.heldout)), r.hyper["seq_len"]
+            ),
+            "every": r.hyper["heldout_every"],
+            "curve": curve,
+            "final_loss": curve[-1]["loss"] if curve else None,
+        }
     }
 
 

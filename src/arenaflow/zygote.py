@@ -1,0 +1,278 @@
+"""A fork server for a lineage's jobs on one machine: torch, transformers, peft and DeepSpeed
+imported once, each job a fork of that process instead of a fresh interpreter.
+
+    python -m arenaflow.zygote serve --socket /tmp/af.sock &     # once, on the GPU workstation
+    ARENAFLOW_ZYGOTE=/tmp/af.sock snakemake --profile profiles/gpu-local ...
+
+Measured on an H200 host (BENCHMARKS.md, issue 15), a job's Python imports cost 10-13 s of its
+12-19 s start-up (torch 4 s, transformers' AutoModel 8 s, which pulls in sklearn, DTensor and
+dynamo) while its work took 3-12 s. With $ARENAFLOW_ZYGOTE set, `python -m arenaflow.<module>
+ARGS` (every rule's command, unchanged, so no job reruns when the server is turned on or off)
+sends its arguments, working directory, environment and standard streams to the server, which
+forks a child that runs the module as __main__ with them; the client waits and exits with the
+child's status, forwarding SIGTERM/SIGINT/SIGHUP. When no server answers, the command runs as it
+always did, in its own interpreter.
+
+The server never touches the GPU (CUDA cannot be used in a child forked after the parent
+initialised it): it refuses to start if its imports initialised CUDA, and asks PyTorch to
+check devices through NVML. Not for Slurm jobs (each runs on its own node) or torchrun ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+ENV = "ARENAFLOW_ZYGOTE"
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers:AutoModelForCausalLM",
+    "transformers:AutoTokenizer",
+    "peft",
+    "deepspeed",
+    "pandas",
+    "pyarrow.parquet",
+    "math_verify",
+    "arenaflow.train.loop",
+    "arenaflow.sampling",
+    "arenaflow.evals",
+    "arenaflow.candidates",
+    "arenaflow.corpora",
+    "arenaflow.bundles",
+)
+_LEN = struct.Struct("!I")
+
+
+# -- the wire: one length-prefixed JSON message each way ----------------------------------------
+def _send(sock: socket.socket, msg: dict, fds: list[int] = ()) -> None:
+    data = json.dumps(msg).encode()
+    data = _LEN.pack(len(data)) + data
+    if fds:  # the streams travel with the message's first bytes (SCM_RIGHTS)
+        sent = socket.send_fds(sock, [data], list(fds))
+        sock.sendall(data[sent:])
+    else:
+        sock.sendall(data)
+
+
+def _recv(sock: socket.socket, nfds: int = 0) -> tuple[dict | None, list[int]]:
+    """A message and the descriptors that came with it; (None, fds) when the peer closed."""
+    if nfds:
+        head, fds, _, _ = socket.recv_fds(sock, _LEN.size, nfds)
+    else:
+        head, fds = sock.recv(_LEN.size), []
+    while head and len(head) < _LEN.size:
+        more = sock.recv(_LEN.size - len(head))
+        if not more:
+            return None, fds
+        head += more
+    if len(head) < _LEN.size:
+        return None, fds
+    (n,) = _LEN.unpack(head)
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            return None, fds
+        data += chunk
+    return json.loads(data), fds
+
+
+# -- the client: what `python -m arenaflow.<module>` does with $ARENAFLOW_ZYGOTE set -------------
+def module_invocation() -> list[str] | None:
+    """[module, *args] when this interpreter was started as `python -m arenaflow.<module>`
+    (sys.orig_argv, as typed), else None."""
+    argv = getattr(sys, "orig_argv", [])
+    if "-m" not in argv:
+        return None
+    i = argv.index("-m")
+    mod = argv[i + 1] if i + 1 < len(argv) else ""
+    if (
+        not mod.startswith("arenaflow.")
+        or mod == __name__
+        or any(a.startswith("-") and a not in ("-u",) for a in argv[1:i])
+    ):
+        return None
+    return argv[i + 1 :]
+
+
+def delegate(path: str) -> None:
+    """Run this command in a fork of the server at `path` and exit with its status; return
+    (to run it here) when no server answers."""
+    invocation = module_invocation()
+    if invocation is None:
+        return
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+    except OSError as e:
+        print(f"arenaflow: zygote {path} not reachable ({e}); running here", file=sys.stderr)
+        return
+    from arenaflow import jobclock
+
+    request = {
+        "argv": invocation,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "process_start": jobclock.PROCESS_START,
+    }
+    _send(sock, request, [0, 1, 2])
+    reply, _ = _recv(sock)
+    if reply is None:
+        raise SystemExit(f"arenaflow: zygote {path} closed the connection before starting")
+    child = reply["pid"]
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, _f: os.kill(child, s))
+    status, _ = _recv(sock)
+    raise SystemExit(127 if status is None else status["code"])
+
+
+# -- the server ----------------------------------------------------------------------------------
+def preload(names=PRELOAD) -> dict[str, float]:
+    """Import each module (or `module:attribute`, for lazily exported names): seconds each."""
+    import importlib
+
+    took = {}
+    for name in names:
+        t = time.perf_counter()
+        mod, _, attr = name.partition(":")
+        m = importlib.import_module(mod)
+        if attr:
+            getattr(m, attr)
+        took[name] = round(time.perf_counter() - t, 3)
+    return took
+
+
+def _cuda_untouched() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise SystemExit("arenaflow.zygote: the preloaded modules initialised CUDA; not serving")
+
+
+def run_child(request: dict, fds: list[int]) -> int:
+    """In the forked child: become the job (streams, directory, environment, clock) and run its
+    module as __main__. Returns the exit status."""
+    import runpy
+    import warnings
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the server's handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if "OMP_NUM_THREADS" in os.environ and "torch" in sys.modules:
+        # OpenMP read its environment when the server imported torch: apply the job's here
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    from arenaflow import jobclock
+
+    jobclock.adopt(request["process_start"])  # start-up counts from the client's start
+    sys.argv = [request["argv"][0], *request["argv"][1:]]
+    # the module ran at the server's start (preloaded): as `python -m` would, it runs afresh
+    warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)
+    try:
+        runpy.run_module(request["argv"][0], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _watch(conn: socket.socket, pid: int) -> None:
+    """Send the child's exit status to its client; kill the child if the client goes away."""
+
+    def client_gone() -> None:
+        try:
+            while conn.recv(1):
+                pass
+        except OSError:
+            pass
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    threading.Thread(target=client_gone, daemon=True).start()
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    try:
+        _send(conn, {"code": code if code >= 0 else 128 - code})
+    except OSError:
+        pass
+    conn.close()
+
+
+def serve(path: str, names=PRELOAD) -> None:
+    """Import `names`, then fork a child per connection at `path` until SIGTERM/SIGINT."""
+    import warnings
+
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # is_available() without cuInit
+    took = preload(names)
+    _cuda_untouched()
+    # the forking thread is the only one that imports or logs; the watcher threads only wait
+    warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+    if os.path.exists(path):
+        os.unlink(path)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(64)
+    print(f"arenaflow.zygote: serving on {path}; preloaded {json.dumps(took)}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            conn, _ = srv.accept()
+            request, fds = _recv(conn, 3)
+            if request is None or len(fds) != 3:
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                srv.close()
+                conn.close()
+                os._exit(run_child(request, fds))
+            for fd in fds:
+                os.close(fd)
+            print(f"arenaflow.zygote: {pid}: {' '.join(request['argv'])[:200]}", flush=True)
+            _send(conn, {"pid": pid})
+            threading.Thread(target=_watch, args=(conn, pid), daemon=True).start()
+    finally:
+        srv.close()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="preload, then fork a child per job")
+    s.add_argument("--socket", required=True, help="path of the Unix socket to listen on")
+    s.add_argument(
+        "--preload",
+        nargs="*",
+        default=list(PRELOAD),
+        help="modules (or module:attribute) to import before serving",
+    )
+    args = ap.parse_args(argv)
+    serve(args.socket, args.preload)
+
+
+if __name__ == "__main__":
+    main()
