@@ -10,10 +10,19 @@ metric is read on the clause's suite and regime (default: the round's):
 
 - paired metrics (PAIRED) come from the paired comparison of the candidate against `vs`
   (default the incumbent, or the round's `control`): delta, p_value, t (over replicates),
-  t_items, wins_minus_losses, words_delta, words_t.
+  t_items, wins_minus_losses, words_delta, words_t; and on an ifeval suite family_delta_min,
+  the smallest per-constraint-family delta in points (arenaflow.families), a per-family floor
+  ("no family collapsed": family_delta_min >= -5), undefined on a suite without constraints.
 - level metrics (LEVELS) are one arm's rates (points) or means: without `vs` the candidate's own
   level (e.g. truncation_rate < 5); with `vs` the candidate's level minus that arm's (e.g.
   loop_rate vs control <= 2: "not worse than control by more than 2 points").
+
+Lineage 002's v749 rule (docs/lineages.md#002-the-2x2-null-grid), with the clause that kept its
+incumbent (p_value) written in:
+    - {metric: delta, op: ">", value: 0}                  # a positive headline delta
+    - {metric: family_delta_min, op: ">=", value: -5}     # no family collapsed
+    - {suite: if_probe, metric: delta, op: ">=", value: 0}  # the probe at or above the incumbent
+    - {metric: p_value, op: "<", value: 0.05}             # and not on noise
 
 Lineage 000's "Final blocks" bar (docs/lineages.md#000-the-pre-registered-bar), as clauses (its
 (4), a 5-answer spot check, is a human read):
@@ -31,13 +40,24 @@ import operator
 
 from arenaflow import manifest, paths
 
-PAIRED = ("delta", "p_value", "t", "t_items", "wins_minus_losses", "words_delta", "words_t")
+PAIRED = (
+    "delta",
+    "p_value",
+    "t",
+    "t_items",
+    "wins_minus_losses",
+    "words_delta",
+    "words_t",
+    "family_delta_min",
+)
 LEVELS = (
     "accuracy",
     "truncation_rate",
     "empty_rate",
     "loop_rate",
     "fffd_rate",
+    "tool_leak_rate",
+    "answer_usable_rate",
     "mean_words",
     "mean_tokens",
 )  # what arenaflow.evals.levels() returns per side

@@ -419,7 +419,9 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
     for a in [arm, *lineage]:
         run = Path(args.runs) / a / "final"
         manifest.require(run, who)
-        if evidence_file(run) == TRAINING:
+        # a round's nominee (an arm's init or a corpus's policy) is a copy of an arm that the
+        # lineage holds too: verified there, with its corpora
+        if evidence_file(run) == TRAINING and not (run / NOMINEE).exists():
             corpora.update(evidence_corpora(io.read_json(run / TRAINING)))
     for c in sorted(corpora):
         manifest.require(Path(args.corpora) / c, who)

@@ -45,7 +45,7 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
     params = {**afconfig.schema_defaults("corpus"), **params}
     if params.get("scaffold"):  # sampled under the scaffold; trained under the serving prompt
         system_prompt = params["scaffold"]["system"]
-    prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]
     dec = sampling.Decoding(
         temperature=params["temperature"],
         top_p=params["top_p"],

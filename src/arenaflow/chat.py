@@ -41,6 +41,13 @@ def prompt_messages(system_prompt: str | None, user: str) -> list[dict]:
     return msgs + [{"role": "user", "content": user}]
 
 
+def row_messages(system_prompt: str | None, row: dict) -> list[dict]:
+    """A pool row's conversation up to its prompt: the system turn, the earlier turns a
+    multi-turn row carries as `context` (arenaflow.pools, kind chat), then the prompt."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return system + list(row.get("context") or []) + [{"role": "user", "content": row["prompt"]}]
+
+
 def encode_with_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and a 0/1 mask that is 1 only on assistant
     content and its closing <|im_end|> (so the model learns to stop), found by character

@@ -385,7 +385,7 @@ def resolve(
         ConfigError,
     )
     continual.resolve_refs(cfg, raw, files, config_file, ConfigError)
-    for key, msg in afpools.check_exclude(cfg["pools"]):
+    for key, msg in afpools.check_exclude(cfg["pools"]) + afpools.check_bands(cfg["pools"]):
         raise ConfigError(f"{config_file}: key '{key}': {msg}")
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
     arms = _resolve_arms(cfg, raw, files, arms_dir)
@@ -415,6 +415,11 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
         if c["pool"] not in cfg["pools"]:
             raise ConfigError(
                 f"{where}/pool': unknown pool {c['pool']!r}; known: {sorted(cfg['pools'])}"
+            )
+        if cfg["pools"][c["pool"]].get("turns", 1) > 1:  # a readout instrument only
+            raise ConfigError(
+                f"{where}/pool': pool {c['pool']!r} holds multi-turn conversations (turns > 1), "
+                "which only readouts decode (arenaflow.multiturn); a corpus needs single prompts"
             )
         if c["policy"] not in RESERVED and c["policy"] not in raw:
             raise ConfigError(

@@ -161,7 +161,9 @@ def cover(rows: list[dict], tokenizer, system_prompt: str, spec: dict) -> tuple[
 
 
 def _row(pool_row: dict, completion: str, source: str) -> dict:
+    context = {"context": pool_row["context"]} if pool_row.get("context") else {}
     return {
+        **context,  # the earlier turns of a multi-turn row (pools kind chat), rendered before it
         "id": pool_row["id"],
         "category": pool_row["category"],
         "prompt": pool_row["prompt"],
@@ -178,8 +180,7 @@ def tokenize(
     """npz arrays (ids, assistant-only loss mask, row offsets) of each row's prompt + `field`,
     and token statistics."""
     convs = [
-        chat.prompt_messages(system_prompt, r["prompt"])
-        + [{"role": "assistant", "content": r[field]}]
+        chat.row_messages(system_prompt, r) + [{"role": "assistant", "content": r[field]}]
         for r in rows
     ]
     ids, mask = [], []

@@ -51,6 +51,26 @@ def is_loop(text: str) -> bool:
     return rep_ratio(text, LOOP_N) >= LOOP_THRESHOLD
 
 
+# lineage 002's "answer-usable" (docs/lineages.md#002-headline-reads): the last character, after
+# closing quotes, brackets and markdown emphasis, ends a sentence; an answer may also end on the
+# closing fence of a code block
+TERMINATORS = ".!?\u2026\u3002\uff01\uff1f"  # . ! ? … 。 ！ ？
+_CLOSERS = "\"'\u201d\u2019)]*_"
+
+
+def ends_on_terminator(text: str) -> bool:
+    s = text.rstrip()
+    if s.endswith("```") and s.count("```") % 2 == 0:
+        return True
+    s = s.rstrip(_CLOSERS)
+    return bool(s) and s[-1] in TERMINATORS
+
+
+def answer_usable(text: str, stopped: bool) -> bool:
+    """Stopped, non-empty, ends on a terminator, and no degenerate repetition (is_loop)."""
+    return bool(stopped) and bool(text.strip()) and ends_on_terminator(text) and not is_loop(text)
+
+
 def flags(text: str, stopped: bool) -> dict[str, bool]:
     """Every degeneracy flag of one sample; `stopped` is whether it ended on a stop token."""
     return {

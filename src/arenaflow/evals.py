@@ -9,10 +9,13 @@
     python -m arenaflow.evals noise --suite math --regime served \
         --readouts R2d.r0.parquet R2d.r1.parquet R2d.r2.parquet --out noise/math/served/R2d.json
 
-A readout is one parquet per (suite, arm, regime, replicate), one row per item, carrying the
+A readout is one parquet per (suite, arm, regime, replicate), one row per item (per
+conversation x turn for a multi-turn pool: arenaflow.multiturn), carrying the
 prompt and target hashes so a comparison can prove both sides saw the same items, and the
 structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
-words, tokens). Replicate r decodes with seed + 1000 * r; the same seed gives identical rows.
+words, tokens, tool_leak: arenaflow.toolleak, answer_usable: degeneracy.answer_usable), and on
+items with constraints each constraint's verdict (`checks`, arenaflow.families). Replicate r
+decodes with seed + 1000 * r; the same seed gives identical rows.
 The parquet's schema metadata (key "arenaflow") records when and how it was made (for a math
 suite, `verifier`: arenaflow.verify.verifier): nomination checks `created_utc` against the bar's
 registration time.
@@ -34,7 +37,17 @@ import pandas as pd
 
 from arenaflow import bar as afbar
 from arenaflow import config as afconfig
-from arenaflow import degeneracy, io, jobclock, manifest, stats, verify
+from arenaflow import (
+    degeneracy,
+    families,
+    io,
+    jobclock,
+    manifest,
+    multiturn,
+    stats,
+    toolleak,
+    verify,
+)
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition: arenaflow.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
@@ -64,6 +77,13 @@ def structure(df: pd.DataFrame) -> pd.DataFrame:
     df["loop"] = flags["loop"]
     df["fffd"] = flags["fffd"]
     df["n_words"] = text.map(lambda s: len(s.split()))
+    # lineage 002's tool-leak audit and answer-usable read (arenaflow.toolleak, degeneracy)
+    df["tool_leak"] = text.map(lambda s: toolleak.leak(s) is not None).astype(bool)
+    df["answer_usable"] = pd.Series(
+        [degeneracy.answer_usable(t, bool(s)) for t, s in zip(text, df["stopped"])],
+        index=df.index,
+        dtype=bool,
+    )
     return df
 
 
@@ -93,8 +113,13 @@ def readout(
     constraint checked; open-ended, stopped, non-degenerate and long enough."""
     from arenaflow import candidates, chat, sampling  # torch-heavy: only the readout needs them
 
-    prompts = [chat.render(chat.prompt_messages(system_prompt, r["prompt"]), True) for r in pool]
     dec = sampling.Decoding(**afconfig.decoding_of(regime))
+    if any("turns" in r for r in pool):  # conversations, read turn by turn (arenaflow.multiturn)
+        args = (system_prompt, dec, seed, batch_size, desc, engine)
+        return structure(
+            pd.DataFrame.from_records(multiturn.readout(pool, model, tokenizer, *args))
+        )
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]  # + context
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(
         model,
@@ -123,6 +148,10 @@ def readout(
                 "strict": v.get("strict", v["correct"]),
                 "reasons": "; ".join(v.get("reasons", [])),
                 "correct": v["correct"],
+                # per-constraint verdicts, for the per-family table (arenaflow.families)
+                "checks": families.checks_of(o["text"], r["constraints"])
+                if "constraints" in r
+                else None,
             }
         )
     return structure(pd.DataFrame.from_records(recs))
@@ -178,19 +207,27 @@ def load(paths: list[str]) -> pd.DataFrame:
     for p in paths:
         df = read_readout(p)
         outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
-        frames.append(df if "loop" in df.columns else structure(df))  # older readouts
+        frames.append(df if "answer_usable" in df.columns else structure(df))  # older readouts
     return pd.concat(frames, ignore_index=True)
 
 
 def levels(df: pd.DataFrame) -> dict:
-    """One side's levels over all its rows: rates in points, means in words/tokens."""
-    pct = lambda col: float(df[col].astype(bool).mean() * 100) if len(df) else 0.0  # noqa: E731
+    """One side's levels over all its rows: rates in points, means in words/tokens. A rate
+    whose column a hand-made frame lacks is None (a bar clause on it is then undefined)."""
+
+    def pct(col: str) -> float | None:
+        if col not in df:
+            return None
+        return float(df[col].astype(bool).mean() * 100) if len(df) else 0.0
+
     return {
         "accuracy": pct("correct"),
         "truncation_rate": pct("truncated"),
         "empty_rate": pct("empty"),
         "loop_rate": pct("loop"),
         "fffd_rate": pct("fffd"),
+        "tool_leak_rate": pct("tool_leak"),
+        "answer_usable_rate": pct("answer_usable"),
         "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
         "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0,
     }
@@ -224,6 +261,14 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     m = paired_rows(cand, ref, where)
     m["correct"] = outcomes(m, "correct", f"{where}: candidate {_arms(cand)}")
     m["correct_ref"] = outcomes(m, "correct_ref", f"{where}: reference {_arms(ref)}")
+    extra = {}
+    if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
+        by_family = families.table(m, where)  # at check level, turn by turn in conversations
+        if by_family:
+            extra = {"by_family": by_family, **families.summary(by_family)}
+    if "conversation" in m.columns:  # multi-turn: the outcome is "every turn passes"
+        extra["by_turn"] = multiturn.by_turn(m)
+        m = multiturn.conversations(m)
     out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
     out["by_category"] = {
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
@@ -234,22 +279,7 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         for r, g in m.groupby("replicate", sort=True)
     }
     out["by_replicate"] = [
-        {
-            "replicate": int(r),
-            **{
-                k: p[k]
-                for k in (
-                    "accuracy",
-                    "ref_accuracy",
-                    "delta",
-                    "wins",
-                    "losses",
-                    "p_value",
-                    "t_items",
-                )
-            },
-        }
-        for r, p in per_rep.items()
+        {"replicate": int(r), **{k: p[k] for k in _PER_REPLICATE}} for r, p in per_rep.items()
     ]
     out.update(
         stats.t_over_replicates(
@@ -257,17 +287,32 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         )
     )
     if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
-        words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
-        out["words_delta"] = float(words.mean()) if len(words) else 0.0
-        out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
-        out["words_sign_p"] = stats.sign_test(words)
-        out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
-        for c in out["by_category"]:  # the battery's rates and lengths per category too
-            out["by_category"][c]["levels"] = {
-                "cand": levels(cand[cand["category"] == c]),
-                "ref": levels(ref[ref["category"] == c]),
-            }
+        out.update(_battery(m, cand, ref, out["by_category"]))
+    out.update(extra)
     out["replicates"] = int(m["replicate"].nunique())
+    return out
+
+
+_PER_REPLICATE = ("accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")
+_USABLE = ("n", "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value")
+
+
+def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict) -> dict:
+    """The structural battery's paired word counts and each side's levels, overall and per
+    category (written into `by_category`)."""
+    words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
+    out = {"words_delta": float(words.mean()) if len(words) else 0.0}
+    out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
+    out["words_sign_p"] = stats.sign_test(words)
+    out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
+    if "answer_usable" in m and "answer_usable_ref" in m:  # paired, as lineage 002 read it
+        usable = stats.paired(m["answer_usable"].to_numpy(), m["answer_usable_ref"].to_numpy())
+        out["answer_usable"] = {k: usable[k] for k in _USABLE}
+    for c in by_category:  # the battery's rates and lengths per category too
+        by_category[c]["levels"] = {
+            "cand": levels(cand[cand["category"] == c]),
+            "ref": levels(ref[ref["category"] == c]),
+        }
     return out
 
 

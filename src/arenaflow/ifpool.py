@@ -10,6 +10,10 @@ between the train and eval splits: every subject and every value of every constr
 belongs to exactly one split, fixed by a hash of (family, param, value) and independent of the
 seed, so no eval prompt shares a subject or a value with any training prompt. Families with no
 value (no commas, all caps, quoted, ...) differ between the splits only by subject.
+
+A third split, `probe` (arenaflow.ifprobe: lineage 002's probe2), shares no subject, task
+template, constraint phrasing or constraint value with either: its values lie past the edges
+of the train/eval ranges.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import hashlib
 import json
 import random
 
-from arenaflow import ifcheck
+from arenaflow import ifcheck, ifprobe
 
+SPLITS = ("train", "eval", "probe")
 EVAL_SHARE = 5  # about 1 value in 5 of every range (at least 1) belongs to eval
 
 SUBJECTS = (
@@ -111,6 +116,16 @@ TASKS = (
     "Write a short blog post about {s}.",
     "Tell a newcomer about {s}.",
 )
+# multi-turn conversations (conversations below): each later turn is a follow-up plus KEEP
+FOLLOW_UPS = (
+    "Now go deeper into the part you find most interesting.",
+    "Next, retell it for someone in a hurry.",
+    "Now add a practical example.",
+    "Then explain what people most often get wrong about it.",
+    "Now describe how it might change in the future.",
+    "Next, compare it with something familiar.",
+)
+KEEP = "From now on, also: {c} Keep following every earlier instruction too."
 # contains / no_word / word_times lists are disjoint so combined constraints never contradict
 _REQUIRED_WORDS = (
     "history",
@@ -294,6 +309,9 @@ def partition(tag: str, domain: tuple) -> dict[str, tuple]:
 
 def split_values(split: str) -> tuple[tuple, dict[tuple[str, str], tuple]]:
     """(subjects, {(family, param): values}) of `split`."""
+    if split == "probe":
+        values = {(f, p): d for f, ps in ifprobe.PROBE_DOMAINS.items() for p, d in ps.items()}
+        return ifprobe.PROBE_SUBJECTS, values
     subjects = partition("subject", SUBJECTS)[split]
     values = {
         (f, p): partition(f"{f}.{p}", d)[split] for f, ps in DOMAINS.items() for p, d in ps.items()
@@ -320,6 +338,21 @@ class _Deck:
         return out
 
 
+def _voice(split: str) -> tuple:
+    """(tasks, describe, source key, subjects `source` indexes, follow-ups, keep sentence) of a
+    split: the probe has its own tasks, phrasings and subjects."""
+    if split == "probe":
+        return (
+            ifprobe.PROBE_TASKS,
+            ifprobe.describe,
+            "probe_subject",
+            ifprobe.PROBE_SUBJECTS,
+            ifprobe.PROBE_FOLLOW_UPS,
+            ifprobe.PROBE_KEEP,
+        )
+    return TASKS, ifcheck.describe, "subject", SUBJECTS, FOLLOW_UPS, KEEP
+
+
 def generate(
     n: int,
     seed: int,
@@ -330,14 +363,15 @@ def generate(
 ) -> list[dict]:
     """`n` distinct prompts of `split`; each carries 1..max_constraints constraints of distinct,
     compatible families; its category is its first (primary) constraint's family."""
-    if split not in ("train", "eval"):
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     families = list(families or DOMAINS)
     unknown = [f for f in families if f not in DOMAINS]
     if unknown:
         raise ValueError(f"unknown constraint families {unknown}; known: {list(DOMAINS)}")
     rng = random.Random(seed)
     subjects, values = split_values(split)
+    tasks, describe, where, named = _voice(split)[:4]
     decks = {key: _Deck(v, rng) for key, v in values.items()}
     subject_deck, primary_deck = _Deck(subjects, rng), _Deck(tuple(families), rng)
     rows, seen, attempts = [], set(), 0
@@ -358,21 +392,19 @@ def generate(
             if all(frozenset((f, c)) not in CONFLICTS for c in chosen):
                 chosen.append(f)
         constraints = [_constraint(f, decks, rng) for f in chosen]
-        subject, task = subject_deck.draw()[0], rng.randrange(len(TASKS))
+        subject, task = subject_deck.draw()[0], rng.randrange(len(tasks))
         key = (subject, task, json.dumps(constraints, sort_keys=True))
         if key in seen:
             continue
         seen.add(key)
-        prompt = " ".join(
-            [TASKS[task].format(s=subject), *(ifcheck.describe(c) for c in constraints)]
-        )
+        prompt = " ".join([tasks[task].format(s=subject), *(describe(c) for c in constraints)])
         rows.append(
             {
                 "id": f"{prefix}-{len(rows):05d}",
                 "prompt": prompt,
                 "constraints": constraints,
                 "category": constraints[0]["type"],
-                "source": f"synthetic-if:seed={seed}:subject={SUBJECTS.index(subject)}:task={task}",
+                "source": f"synthetic-if:seed={seed}:{where}={named.index(subject)}:task={task}",
             }
         )
     return rows
@@ -380,7 +412,7 @@ def generate(
 
 def _constraint(family: str, decks: dict, rng: random.Random) -> dict:
     c = {"type": family, **FIXED.get(family, {})}
-    for param in DOMAINS[family]:
+    for param in [p for f, p in decks if f == family]:  # the split's params (DOMAINS order)
         deck = decks[(family, param)]
         if family in LIST_SIZES:
             lo, hi = LIST_SIZES[family]
@@ -388,3 +420,73 @@ def _constraint(family: str, decks: dict, rng: random.Random) -> dict:
         else:
             c[param] = deck.draw()[0]
     return ifcheck.validate(c)
+
+
+def _turn_families(families: list[str], turns: int, primary: str, rng: random.Random) -> list:
+    """`turns` distinct, pairwise compatible families starting with `primary` (fewer if the
+    families left cannot extend it)."""
+    chosen = [primary]
+    others = [f for f in families if f != primary]
+    rng.shuffle(others)
+    for f in others:
+        if len(chosen) >= turns:
+            break
+        if all(frozenset((f, c)) not in CONFLICTS for c in chosen):
+            chosen.append(f)
+    return chosen
+
+
+def conversations(
+    n: int, seed: int, split: str, prefix: str, turns: int, families: list[str] | None = None
+) -> list[dict]:
+    """`n` distinct conversations of `turns` user messages (lineage 002's four-turn read): the
+    first a task about a subject with one constraint, each later one a follow-up that adds one
+    constraint of another compatible family which holds from then on, so turn k is checked
+    against constraints[:k]. Rows: prompt (the first message), turns (every message),
+    constraints (one per turn), category (the first constraint's family). Format-only families
+    (SOLO: the whole answer is JSON or a table) are left out: later turns could not keep them."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    unknown = [f for f in (families or []) if f not in DOMAINS]
+    families = [f for f in (families or DOMAINS) if f not in SOLO and f in DOMAINS]
+    if unknown or not 2 <= turns <= len(FOLLOW_UPS) + 1:
+        raise ValueError(
+            f"conversations: turns must be 2..{len(FOLLOW_UPS) + 1} (got {turns}) over known "
+            f"families (unknown: {unknown}; format-only, left out: {sorted(SOLO)})"
+        )
+    rng = random.Random(seed)
+    subjects, values = split_values(split)
+    tasks, describe, where, named, follow_ups, keep = _voice(split)
+    decks = {key: _Deck(v, rng) for key, v in values.items()}
+    subject_deck, primary_deck = _Deck(subjects, rng), _Deck(tuple(families), rng)
+    rows, seen = [], set()
+    for _ in range(50 * n + 1000):
+        if len(rows) == n:
+            break
+        chosen = _turn_families(families, turns, primary_deck.draw()[0], rng)
+        if len(chosen) < turns:
+            continue
+        constraints = [_constraint(f, decks, rng) for f in chosen]
+        subject, task = subject_deck.draw()[0], rng.randrange(len(tasks))
+        later = rng.sample(range(len(follow_ups)), turns - 1)
+        key = (subject, task, tuple(later), json.dumps(constraints, sort_keys=True))
+        if key in seen:
+            continue
+        seen.add(key)
+        messages = [f"{tasks[task].format(s=subject)} {describe(constraints[0])}"] + [
+            f"{follow_ups[j]} {keep.format(c=describe(c))}" for j, c in zip(later, constraints[1:])
+        ]
+        rows.append(
+            {
+                "id": f"{prefix}-{len(rows):05d}",
+                "prompt": messages[0],
+                "turns": messages,
+                "constraints": constraints,
+                "category": constraints[0]["type"],
+                "source": f"synthetic-if-turns:seed={seed}:{where}={named.index(subject)}:"
+                f"task={task}:follow={','.join(map(str, later))}",
+            }
+        )
+    if len(rows) < n:
+        raise ValueError(f"could only draw {len(rows)} of {n} distinct {split} conversations")
+    return rows

@@ -354,7 +354,39 @@ def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
-def nomination_html(nom: dict, registration: dict) -> str:
+def families_html(rnd: dict, compares: dict) -> str:
+    """Per constraint family, each candidate's delta (points) and fixed/lost against the
+    incumbent on the round's suite and regime (the compare JSON's by_family, arenaflow.families):
+    lineage 002's per-family H6 table, read for a collapsed family. Empty for a suite without
+    constraints."""
+    e = html.escape
+    tables = {
+        c: compares[(rnd["regime"], c)]["by_family"]
+        for c in rnd["candidates"]
+        if "by_family" in compares.get((rnd["regime"], c), {})
+    }
+    if not tables:
+        return ""
+    families = sorted({f for t in tables.values() for f in t})
+    head = "".join(f"<th>{e(c)}</th>" for c in tables)
+    rows = []
+    for f in families:
+        cells = "".join(
+            "<td>n/a</td>"
+            if f not in t
+            else f"<td class={'no' if t[f]['delta'] < 0 else 'ok'}>{t[f]['delta']:+.1f} "
+            f"({t[f]['wins']}/{t[f]['losses']}, p {_fmt(t[f]['p_value'])})</td>"
+            for t in tables.values()
+        )
+        rows.append(f"<tr><th>{e(f)}</th>{cells}</tr>")
+    return (
+        f"<h3>Per constraint family on {e(rnd['suite'])}/{e(rnd['regime'])}: delta (pt), "
+        "fixed/lost, sign-test p</h3>\n"
+        f"<table class=families><tr><th>family</th>{head}</tr>\n{''.join(rows)}</table>\n"
+    )
+
+
+def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
     e = html.escape
 
     def threshold(c: dict) -> str:
@@ -402,7 +434,7 @@ def nomination_html(nom: dict, registration: dict) -> str:
         "candidate readouts it judges.</p>\n"
         "<table><tr><th>arm</th><th>Δ (pt)</th><th>W/L</th><th>McNemar p</th>"
         f"<th>t (replicates)</th>{head}<th>clears</th></tr>\n"
-        f"{''.join(rows)}</table>{f'<ul>{notes}</ul>' if notes else ''}</body></html>\n"
+        f"{''.join(rows)}</table>{f'<ul>{notes}</ul>' if notes else ''}{extra}</body></html>\n"
     )
 
 
@@ -442,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         out / "loss_curves.png", {Path(r).parent.name: Path(r) for r in args.runs}, rnd["incumbent"]
     )
     lineage(out / "lineage.png", rnd, arms, nom["promoted"])
-    io.write_text(out / "nomination.html", nomination_html(nom, reg))
+    io.write_text(out / "nomination.html", nomination_html(nom, reg, families_html(rnd, compares)))
     print(f"round {args.round}: report files in {out} ({bar.bar_sha256(nom['bar_resolved'])[:12]})")
 
 

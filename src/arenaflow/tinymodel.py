@@ -90,69 +90,83 @@ def train(args) -> tuple[dict, dict]:
     eval_rows = pools.generate(200, args.seed + 1, "eval", cats, "pretrain-eval")
     rng = random.Random(args.seed)
     encoded = [chat.encode_with_mask(tokenizer, _example(r, rng)) for r in train_rows]
+
+    def score(model, tokenizer, seed):
+        return pass_at_1(model, tokenizer, eval_rows, seed)
+
+    model, record = fit(model, tokenizer, encoded, rng, score, args)
+    return {"model": model, "tokenizer": tokenizer}, record
+
+
+def _step(model, opt, tokenizer, batch) -> float:
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+    labels = torch.full((len(batch), width), -100)
+    for i, (x, m) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        labels[i, : len(x)] = torch.where(torch.tensor(m) == 1, torch.tensor(x), -100)
+    model.train()
+    loss = model(input_ids=ids, labels=labels).loss
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
+def fit(model, tokenizer, encoded: list, rng: random.Random, score, args) -> tuple:
+    """Pretrain on `encoded` (ids, loss mask) rows; every args.eval_every steps measure
+    score(model, tokenizer, seed=step) and stop at the first checkpoint inside [min_pass,
+    max_pass] (or past it: an error). Returns the model at that checkpoint and the record."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     history, chosen = [], None
     t0 = time.time()
     for step in range(1, args.max_steps + 1):
-        batch = rng.sample(encoded, args.batch_size)
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        for i, (x, m) in enumerate(batch):
-            ids[i, : len(x)] = torch.tensor(x)
-            labels[i, : len(x)] = torch.where(torch.tensor(m) == 1, torch.tensor(x), -100)
-        model.train()
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = _step(model, opt, tokenizer, rng.sample(encoded, args.batch_size))
         if step % args.eval_every == 0:
-            p1 = pass_at_1(model, tokenizer, eval_rows, seed=step)
+            p1 = score(model, tokenizer, seed=step)
             history.append(
                 {
                     "step": step,
-                    "loss": round(loss.item(), 4),
+                    "loss": round(loss, 4),
                     "pass_at_1": p1,
                     "elapsed_s": round(time.time() - t0, 1),
                 }
             )
             print(json.dumps(history[-1]), file=sys.stderr, flush=True)
-            if chosen is None and args.min_pass <= p1 <= args.max_pass:
+            if args.min_pass <= p1 <= args.max_pass:
                 chosen = {"step": step, "pass_at_1": p1, "state": copy.deepcopy(model.state_dict())}
-            if chosen is not None and p1 > args.max_pass:
-                break
+            if chosen is not None or p1 > args.max_pass:
+                break  # the first checkpoint in the window is kept; nothing after it is
     if chosen is None:
         raise SystemExit(
             f"no checkpoint reached pass@1 in [{args.min_pass}, {args.max_pass}]: {history}"
         )
     model.load_state_dict(chosen.pop("state"))
-    return {"model": model, "tokenizer": tokenizer}, {"chosen": chosen, "history": history}
+    return model, {"chosen": chosen, "history": history}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="models/tiny-arith", help="output model directory")
+def add_train_args(ap, out: str, n_train: int, lo: float, hi: float, batch: int = 64) -> None:
+    ap.add_argument("--out", default=out, help="output model directory")
     ap.add_argument("--seed", type=int, default=0, help="init, data and sampling seed")
-    ap.add_argument("--n-train", type=int, default=20000, help="pretraining problems")
-    ap.add_argument("--batch-size", type=int, default=64, help="sequences per step")
+    ap.add_argument("--n-train", type=int, default=n_train, help="pretraining examples")
+    ap.add_argument("--batch-size", type=int, default=batch, help="sequences per step")
     ap.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     ap.add_argument("--max-steps", type=int, default=4000, help="give up after this many steps")
     ap.add_argument("--eval-every", type=int, default=100, help="steps between pass@1 checks")
-    ap.add_argument("--min-pass", type=float, default=0.30, help="lowest acceptable pass@1")
-    ap.add_argument("--max-pass", type=float, default=0.50, help="highest acceptable pass@1")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    built, record = train(args)
-    out = Path(args.out)
+    ap.add_argument("--min-pass", type=float, default=lo, help="lowest acceptable pass@1")
+    ap.add_argument("--max-pass", type=float, default=hi, help="highest acceptable pass@1")
+
+
+def save(out: Path, built: dict, record: dict, command: str, system_prompt: str, args) -> None:
+    """The model directory with BUILD.json (command, chosen step, history, weights' sha256)."""
     with io.atomic_dir(out) as tmp:
         built["model"].save_pretrained(tmp)
         built["tokenizer"].save_pretrained(tmp)
         record.update(
-            command="python -m arenaflow.tinymodel "
-            + " ".join(sys.argv[1:] if argv is None else argv),
+            command=command,
             args=vars(args),
-            system_prompt=SYSTEM_PROMPT,
+            system_prompt=system_prompt,
             weights_sha256=manifest.sha256_file(tmp / "model.safetensors"),
         )
         io.write_json(tmp / "BUILD.json", record)
@@ -160,6 +174,16 @@ def main(argv: list[str] | None = None) -> None:
         f"tiny model -> {out}: step {record['chosen']['step']}, pass@1 "
         f"{record['chosen']['pass_at_1']:.3f}, sha256 {record['weights_sha256']}"
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_train_args(ap, out="models/tiny-arith", n_train=20000, lo=0.30, hi=0.50)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    built, record = train(args)
+    command = "python -m arenaflow.tinymodel " + " ".join(sys.argv[1:] if argv is None else argv)
+    save(Path(args.out), built, record, command, SYSTEM_PROMPT, args)
 
 
 if __name__ == "__main__":

@@ -173,3 +173,32 @@ def test_diff_names_differing_files_and_weight_identity(tmp_path):
     (b / "adapter_model.safetensors").write_bytes(b"other weights")
     differ, same = bundles.diff(a, b)
     assert "adapter_model.safetensors" in differ and not same
+
+
+def test_a_nominee_in_the_lineage_is_verified_without_a_corpus_of_its_own(tmp_path):
+    """Lineage 002's R3 starts from {nominee: dpo}: runs/dpo-nominee/final holds the copied
+    arm's weights and nominee.json, no training evidence; its corpus is the copied arm's,
+    verified with that arm."""
+    import argparse
+
+    from arenaflow import io
+
+    runs, corpora = tmp_path / "runs", tmp_path / "corpora"
+    files = {
+        "S2": {"training_evidence.json": {"corpus": "sft_e1"}},
+        "dpo-nominee": {"nominee.json": {"arm": "S2"}},  # weights beside it, no evidence
+    }
+    for arm, written in files.items():
+        d = runs / arm / "final"
+        d.mkdir(parents=True)
+        for name, data in written.items():
+            io.write_json(d / name, data)
+        manifest.write(d)
+    (corpora / "sft_e1").mkdir(parents=True)
+    io.write_json(corpora / "sft_e1" / "stats.json", {"rows": 1})
+    manifest.write(corpora / "sft_e1")
+    args = argparse.Namespace(bundle="B6", runs=str(runs), corpora=str(corpora), compare=[])
+    bundles.verify_sources(args, "dpo-nominee", ["S2"])  # no error
+    (corpora / "sft_e1" / "stats.json").write_text('{"rows": 2}')  # the real arm's corpus is
+    with pytest.raises(Exception, match="sft_e1"):  # still verified
+        bundles.verify_sources(args, "dpo-nominee", ["S2"])

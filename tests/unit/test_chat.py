@@ -193,3 +193,23 @@ def test_batched_masks_across_batch_boundaries_cover_exactly_each_assistant_turn
         assert tokenizer.decode(ids) == chat.render(msgs)
         want = "".join(f"{m['content'] or ''}<|im_end|>" for m in msgs if m["role"] == "assistant")
         assert masked_text(tokenizer, ids, mask) == want
+
+
+def test_a_multi_turn_row_renders_its_context_and_trains_on_every_assistant_turn(tokenizer):
+    from arenaflow import corpora
+
+    row = {
+        "prompt": "q2",
+        "context": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}],
+        "completion": "a2",
+    }
+    msgs = chat.row_messages("S", row)
+    assert chat.render(msgs, True) == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n"
+        "<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert chat.row_messages("", {"prompt": "q"}) == [{"role": "user", "content": "q"}]
+    arrays, _ = corpora.tokenize([row], tokenizer, "S")
+    ids, mask = arrays["input_ids"], arrays["loss_mask"]
+    assert masked_text(tokenizer, ids, mask) == "a1<|im_end|>a2<|im_end|>"

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from arenaflow import evals, io, verify
+from arenaflow import degeneracy, evals, io, verify
 
 
 def frame(correct, prompts=None, cats=None):
@@ -358,6 +358,14 @@ def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdi
     # instruction following: the tiny model answers with digits, which the constraint forbids
     assert any(c.isdigit() for c in text["if-1"])
     assert not df.loc["if-1", "correct"] and "no_digits" in df.loc["if-1", "reasons"]
+    # and its per-constraint verdicts, for the per-family table (arenaflow.families)
+    assert json.loads(df.loc["if-1", "checks"]) == [{"type": "no_digits", "passed": False}]
+    assert df.loc[["math-38", "open-1"], "checks"].isna().all()
+    # lineage 002's structural reads, on every row (degeneracy.answer_usable, toolleak.leak)
+    assert df["answer_usable"].tolist() == [
+        degeneracy.answer_usable(t, s) for t, s in zip(text, df["stopped"])
+    ]
+    assert not df["tool_leak"].any()
     # open-ended: a clean stopped answer is right when it is long enough
     assert df.loc["open-1", "correct"]
     assert len(text["open-long"]) < 200 and not df.loc["open-long", "correct"]

@@ -651,3 +651,84 @@ def test_cli_refuses_a_config_exclude_without_its_file(tmp_path):
     proc, _ = run_cli(tmp_path, "math_r2", params)
     assert proc.returncode == 2
     assert "pool math_r2 excludes ['math_r1']: pass their files" in proc.stderr
+
+
+def _chat_rows(n: int) -> list[dict]:
+    return [
+        {
+            "id": f"c{i}",
+            "messages": [
+                {"role": "user", "content": f"Tell me about thing {i}."},
+                {"role": "assistant", "content": f"Thing {i} is fine."},
+                *(
+                    [
+                        {"role": "user", "content": "Shorter, please."},
+                        {"role": "assistant", "content": f"Thing {i}."},
+                    ]
+                    if i % 2
+                    else []
+                ),
+            ],
+        }
+        for i in range(n)
+    ]
+
+
+def test_chat_import_takes_the_last_turns_as_prompt_reference_and_context(tmp_path):
+    f = write_jsonl(tmp_path / "chat.jsonl", _chat_rows(2))
+    one, two = build({"kind": "chat", "file": str(f)})
+    assert (one["prompt"], one["reference"], one["category"]) == (
+        "Tell me about thing 0.",
+        "Thing 0 is fine.",
+        "chat",
+    )
+    assert "context" not in one
+    assert (two["prompt"], two["reference"]) == ("Shorter, please.", "Thing 1.")
+    assert [m["content"] for m in two["context"]] == ["Tell me about thing 1.", "Thing 1 is fine."]
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [_chat_rows(1)[0], {"messages": [{"role": "assistant", "content": "hi"}] * 2}],
+    )
+    with pytest.raises(ValueError, match=rf"^{bad}:2: 'messages' must end with a user turn"):
+        build({"kind": "chat", "file": str(bad)})
+
+
+def test_bands_cut_the_file_into_disjoint_contiguous_slices(tmp_path):
+    f = write_jsonl(tmp_path / "chat.jsonl", _chat_rows(10))
+    bands = [
+        build({"kind": "chat", "file": str(f), "band": {"index": i, "of": 3}}) for i in range(3)
+    ]
+    assert [[r["id"] for r in b] for b in bands] == [
+        ["c0", "c1", "c2"],
+        ["c3", "c4", "c5"],
+        ["c6", "c7", "c8", "c9"],
+    ]
+    # a conversation of band 0 repeated in band 2: epochs 0 and 2 would see one text twice
+    rows = _chat_rows(10)
+    rows[8] = {**rows[1], "id": "dup"}
+    g = write_jsonl(tmp_path / "dup.jsonl", rows)
+    with pytest.raises(
+        ValueError, match=rf"^{g}:9: the same text as {g}:2, in band 0: bands 0 and 2"
+    ):
+        build({"kind": "chat", "file": str(g), "band": {"index": 2, "of": 3}})
+    assert len(build({"kind": "chat", "file": str(g), "band": {"index": 1, "of": 3}})) == 3
+
+
+def test_bands_of_one_file_must_agree_and_differ():
+    pools_cfg = {
+        "a": {"kind": "chat", "file": "x.jsonl", "band": {"index": 0, "of": 2}},
+        "b": {"kind": "chat", "file": "x.jsonl", "band": {"index": 0, "of": 2}},
+        "c": {"kind": "chat", "file": "x.jsonl", "band": {"index": 1, "of": 3}},
+        "d": {"kind": "chat", "file": "y.jsonl", "band": {"index": 0, "of": 2}},
+    }
+    assert pools.check_bands(pools_cfg) == [
+        ("pools/b/band/index", "pool 'a' already reads band 0 of x.jsonl"),
+        (
+            "pools/c/band/of",
+            "pool 'a' cuts x.jsonl into 2 bands, this pool into 3: the bands would overlap",
+        ),
+        (
+            "pools/c/band/of",
+            "pool 'b' cuts x.jsonl into 2 bands, this pool into 3: the bands would overlap",
+        ),
+    ]

@@ -195,3 +195,21 @@ def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatc
     monkeypatch.setattr(roundreport, "_empty", lambda path, msg: said.setdefault(path.name, msg))
     roundreport.merges(tmp_path / "e.png", RND, ARMS, compares)
     assert "No merge or dose arm" in said["e.png"]
+
+
+def test_the_page_tables_each_candidates_per_family_delta_and_fixed_lost():
+    rnd = {"suite": "h6", "regime": "greedy", "incumbent": "R3", "candidates": ["SD", "X"]}
+    fam = lambda d, w, l_, p: {"delta": d, "wins": w, "losses": l_, "p_value": p}  # noqa: E731
+    compares = {
+        ("greedy", "SD"): {
+            "by_family": {"bullet": fam(10.0, 2, 1, 1.0), "quoted": fam(-20.0, 0, 2, 0.5)}
+        },
+        ("greedy", "X"): {"by_family": {"bullet": fam(0.0, 1, 1, 1.0)}},
+    }
+    page = roundreport.families_html(rnd, compares)
+    assert (
+        "<tr><th>bullet</th><td class=ok>+10.0 (2/1, p 1)</td>"
+        "<td class=ok>+0.0 (1/1, p 1)</td></tr>" in page
+    )
+    assert "<tr><th>quoted</th><td class=no>-20.0 (0/2, p 0.5)</td><td>n/a</td></tr>" in page
+    assert roundreport.families_html(rnd, {("greedy", "SD"): {"delta": 1.0}}) == ""  # math suites
