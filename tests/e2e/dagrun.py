@@ -74,13 +74,18 @@ def planned_resources(cmd: list[str]) -> list[tuple[str, str, str]]:
     ]
 
 
-def build(root: Path, configfiles: tuple[Path, ...]) -> dict:
-    """A dry run, then bundles/B3f, in a results directory and an arms directory of their own
-    (a test may edit the arm files)."""
+def build(
+    root: Path,
+    configfiles: tuple[Path, ...],
+    targets: tuple[str, ...] = ("bundles/B3f",),
+    arms_from: Path = REPO / "config/arms",
+) -> dict:
+    """A dry run, then `targets`, in a results directory and an arms directory (a copy of
+    `arms_from`) of their own (a test may edit the arm files)."""
     arms, results = root / "arms", root / "results"
-    shutil.copytree(REPO / "config/arms", arms)
-    dry = snakemake("-n", "bundles/B3f", results=results, arms=arms, configfiles=configfiles)
-    run = snakemake("bundles/B3f", results=results, arms=arms, configfiles=configfiles)
+    shutil.copytree(arms_from, arms)
+    dry = snakemake("-n", *targets, results=results, arms=arms, configfiles=configfiles)
+    run = snakemake(*targets, results=results, arms=arms, configfiles=configfiles)
     return {
         "root": root,
         "arms": arms,

@@ -9,11 +9,10 @@ About 2 minutes on 2 cores.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pyarrow.parquet as pq
 import pytest
-from dagrun import REPO, planned_jobs, snakemake
+from dagrun import REPO, build, planned_jobs
 
 from arenaflow import budget as afbudget
 
@@ -31,13 +30,9 @@ TARGETS = (
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lineage003")
-    arms = root / "arms"
-    shutil.copytree(REPO / "config/seeds/003/arms", arms)
-    run = dict(results=root / "results", arms=arms, configfiles=CONFIG)
-    dry = snakemake("-n", *TARGETS, **run)
-    snakemake(*TARGETS, **run)
-    return {**run, "dry": dry}
+    return build(
+        tmp_path_factory.mktemp("lineage003"), CONFIG, TARGETS, REPO / "config/seeds/003/arms"
+    )
 
 
 def read(built, path):

@@ -9,13 +9,12 @@ sign-test p from scipy, and every clause of the card's bar.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pandas as pd
 import pytest
-from dagrun import REPO, planned_jobs, snakemake
+from dagrun import REPO, build, planned_jobs
 from scipy.stats import binomtest
 
 pytestmark = pytest.mark.dag
@@ -32,13 +31,9 @@ GRID = {"N-nom-x1": ("r6-nominee", "mix_x1"), "N-nom-x2": ("r6-nominee", "mix_x2
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("seed002")
-    arms = root / "arms"
-    shutil.copytree(REPO / "config/seeds/002/arms", arms)
-    run = dict(results=root / "results", arms=arms, configfiles=CONFIG)
-    dry = snakemake("-n", *TARGETS, **run)
-    snakemake(*TARGETS, **run)
-    return {**run, "dry": dry}
+    return build(
+        tmp_path_factory.mktemp("seed002"), CONFIG, TARGETS, REPO / "config/seeds/002/arms"
+    )
 
 
 def read(built, path):

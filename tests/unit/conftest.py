@@ -78,6 +78,12 @@ TINY_LORA = {
 }
 
 
+@pytest.fixture
+def tiny_lora() -> dict:
+    """TINY_LORA, for a test that launches training itself."""
+    return dict(TINY_LORA)
+
+
 def train_arm_cli(
     root: Path,
     base: Path,

@@ -16,21 +16,6 @@ import torch.nn.functional as F
 from arenaflow import corpora, models, pools
 from arenaflow.train import data, heldout
 
-# a LoRA run of the tiny model, as conftest's train_arm_cli trains one
-LORA = {
-    "method": "lora",
-    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-    "lr": 5e-3,
-    "weight_decay": 0.0,
-    "warmup_ratio": 0.0,
-    "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0,
-    "epochs": 1,
-    "grad_accum": 1,
-    "seq_len": 256,
-    "seed": 0,
-}
-
 
 def rows(n):
     return [(np.arange(i, i + 3), np.array([0, 1, 1])) for i in range(n)]
@@ -123,7 +108,9 @@ def independent_loss(repo_root, run_dir, corpus_dir, indices):
     return total / count
 
 
-def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(tmp_path, repo_root):
+def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(
+    tmp_path, repo_root, tiny_lora
+):
     base = repo_root / "models/tiny-arith"
     corpus = tmp_path / "corpora/c"
     corpora.build(
@@ -137,7 +124,7 @@ def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(tmp_
     # then a filler forward (ZeRO-3 gathers each layer collectively: a rank that skipped it
     # would hang the other)
     hyper = {
-        **LORA,
+        **tiny_lora,
         "max_steps": None,
         "micro_batch_size": 1,
         "heldout_rows": 3,
