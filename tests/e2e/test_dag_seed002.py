@@ -21,6 +21,7 @@ pytestmark = pytest.mark.dag
 
 CONFIG = (REPO / "config/seeds/002.yaml", REPO / "tests/e2e/seed002.yaml")
 TARGETS = (
+    "judged/chat_r6/pairs.jsonl",  # the card's blinded read, built on request
     "reports/r7/nomination.html",
     "reports/r6/nomination.html",
     "reports/dpo/nomination.html",
@@ -178,3 +179,26 @@ def test_the_null_grid_reads_each_cell_with_its_sign_test(built):
         assert f"{c['wins']}/{c['losses']}" in page
     cleared = [a for a, c in cells.items() if c["clears"]]
     assert (nom["promoted"] in cleared) if cleared else nom["promoted"] == "r6-nominee"
+
+
+def test_the_blinded_read_hides_the_arms_and_its_key_maps_every_pair_back(built):
+    """The card's blinded read of the open-chat battery (SD against R3): the judge's packet
+    names no arm, the key (a file apart) gives each pair's sides, and each side's text is that
+    arm's readout of the item."""
+    res = built["results"]
+    packet = [json.loads(x) for x in (res / "judged/chat_r6/pairs.jsonl").open()]
+    key = read(built, "judged/chat_r6.key.json")
+    assert len(packet) == 20 == len(key["pairs"]) and sorted(key["arms"]) == ["R3", "SD"]
+    assert all(set(p) == {"pair", "prompt", "A", "B"} for p in packet)
+    texts = {
+        arm: pd.read_parquet(res / f"readouts/chat/{arm}/greedy.r0.parquet")
+        .set_index("item_id")["completion"]
+        .to_dict()
+        for arm in ("SD", "R3")
+    }
+    for p in packet:
+        k = key["pairs"][p["pair"]]
+        assert {k["A"], k["B"]} == {"SD", "R3"}
+        assert p["A"] == texts[k["A"]][k["item_id"]] and p["B"] == texts[k["B"]][k["item_id"]]
+    sides = [key["pairs"][p["pair"]]["A"] for p in packet]
+    assert 0 < sides.count("SD") < len(sides)  # sides swapped at random, not all one way
