@@ -332,15 +332,13 @@ def suite_readouts(suite_id):
 
 
 def readout_plan(suite_id, output):
-    """readout_<suite>'s --plan, each read with its regime's system turn. Only decoding keys, and only those a regime sets (the readout
-    takes the others from the schema, decoding_of), so that a key left at its default changes
-    no param. One job makes them all: a new regime or replicate reruns the arm's readouts."""
-    regimes = CFG["evals"][suite_id]["regimes"]
+    """readout_<suite>'s --plan: each read's decoding (regime_decoding) and system turn. One job
+    makes them all: a new regime or replicate reruns the arm's readouts."""
     return as_json(
         [
             {
                 "regime": g,
-                "decoding": {k: regimes[g][k] for k in afconfig.DECODING_KEYS if k in regimes[g]},
+                "decoding": regime_decoding(suite_id, g),
                 "replicate": r,
                 "system_prompt": afconfig.system_prompt_of(CFG, suite_id, g),
                 "out": out,
@@ -350,11 +348,15 @@ def readout_plan(suite_id, output):
     )
 
 
-def decoding(wc):
+def regime_decoding(suite_id, rid):
     # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
     # Only those the regime sets: the readout takes the others from the schema (decoding_of).
-    regime = afconfig.regime(CFG, wc.suite, wc.regime)
-    return as_json({k: regime[k] for k in afconfig.DECODING_KEYS if k in regime})
+    regime = afconfig.regime(CFG, suite_id, rid)
+    return {k: regime[k] for k in afconfig.DECODING_KEYS if k in regime}
+
+
+def decoding(wc):
+    return as_json(regime_decoding(wc.suite, wc.regime))
 
 
 def readout_system(wc):
