@@ -158,17 +158,18 @@ class Progress:
 def reference_logprobs(model, pairs: dict, hyper: dict, pad_id: int) -> dict:
     """DPO's reference: the init policy's log-probs of every chosen/rejected response,
     computed once before the first update."""
-    out = {}
+    out, dev, step = {}, next(model.parameters()).device, hyper["micro_batch_size"]
     with torch.no_grad():
         for side in ("chosen", "rejected"):
             rows = pairs[side]
             vals = []
-            for i in range(0, len(rows), 64):
+            for i in range(0, len(rows), step):
                 batch = data.collate(
-                    rows, range(i, min(i + 64, len(rows))), hyper["seq_len"], pad_id
+                    rows, range(i, min(i + step, len(rows))), hyper["seq_len"], pad_id
                 )
-                vals.append(objective.token_logprobs(model, batch)[0])
-            out[side] = torch.cat(vals)
+                batch = {k: v.to(dev) for k, v in batch.items()}
+                vals.append(objective.token_logprobs(model, batch)[0].cpu())
+            out[side] = torch.cat(vals)  # on the host: the loop moves each micro-batch's share
     return out
 
 
