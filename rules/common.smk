@@ -367,8 +367,9 @@ def readout_system(wc):
 def search_readouts(wc):
     """{candidate: readouts} of a prompt search: the arm under each system prompt and none."""
     ps = CFG["prompt_search"][wc.search]
-    keys = [afconfig.PROMPT_NONE, *CFG["evals"][ps["suite"]]["system_prompts"]]
-    return {k: readouts(ps["suite"], ps["arm"], f"{ps['regime']}-{k}") for k in keys}
+    regimes = afconfig.search_regimes(CFG, wc.search)  # R-none, R-k0, ...: as the budget counts
+    prefix = f"{ps['regime']}-"
+    return {g.removeprefix(prefix): readouts(ps["suite"], ps["arm"], g) for g in regimes}
 
 
 def search_flags(wc, input):

@@ -90,7 +90,7 @@ def test_b1_holds_rows_out_and_records_their_loss_during_training(built):
 
 def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
     t = read(built, "budget/table.json")
-    assert t["cap_gpu_minutes"] == 60000 and t["spent"]["before"] == 59988
+    assert t["cap_gpu_minutes"] == 60000 and t["spent"]["before"] == 59983
     assert t["refused"] == ["smk"] and not (built["results"] / "runs/smk").exists()
     rows = {r["arm"]: r for r in t["arms"]}
     over = afbudget.schema_defaults("estimate")["overhead_minutes"]
