@@ -139,6 +139,12 @@ def test_the_failure_table_counts_what_the_readouts_say(built):
         ]
         assert (row["carrying"], row["failing"]) == (len(carrying), len(failing)), fam
     assert {"word_eq", "word_times"} <= {r["family"] for r in f["table"]}
+    # the readout's incorrect rows, each under one reason: a cut-off answer under truncated
+    # whatever its checks, the others by the checks they failed; no correct row
+    for part, rows in ((f["incorrect"], cand), (f["ref_incorrect"], ref)):
+        wrong = [r for r in rows if not r["correct"]]
+        assert part["incorrect"] == sum(part["by_reason"].values()) == len(wrong)
+        assert part["by_reason"].get("truncated", 0) == sum(not r["stopped"] for r in wrong)
 
 
 def test_the_prompt_search_counts_each_prompts_readout(built):
