@@ -16,6 +16,7 @@ from test_budget import e2e_config, evidence, snakemake_dry
 from arenaflow import admission, evals, paths
 from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
+from arenaflow import plan as afplan
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/e2e"))
@@ -191,6 +192,11 @@ def test_an_arms_estimate_holds_the_search_readouts_and_guard_runs_it_causes(tmp
     assert b.cost(["LA2b200"]) - b.cost(["LA2b100"]) == pytest.approx(
         e.own - b.estimate("LA2b100").own
     )
+    # and in their own columns of `python -m arenaflow.plan`'s listing
+    head, *rows = afplan.render(afplan.plan(b)).split("\n\n")[1].splitlines()
+    cols = head.split()
+    la = dict(zip(cols, next(r for r in rows if r.startswith("LA2b200")).split()))
+    assert (la["search"], la["guards"]) == (f"{4 * one:.1f}", f"{guard:.1f}")
 
 
 def test_once_they_ran_they_count_as_measured_and_the_table_shows_them(tmp_path):
