@@ -492,9 +492,14 @@ def budget_table_inputs(wc):
         for a in BUDGET.gate_arms(m)
     }  # a continual round's arms run as its stop rules say, not for the table
     gone = afadmission.not_started(ADMISSION)
+    ran = sorted(arms - gone)
+    # the jobs those arms cause, which the budget reserved for them: measured in the table
+    searches = [s for s, ps in CFG.get("prompt_search", {}).items() if ps["arm"] not in gone]
     return {
-        "runs": [afpaths.run(a) for a in sorted(arms - gone)],
+        "runs": [afpaths.run(a) for a in ran],
         "nominations": [afpaths.nomination(r) for r in declared],
+        "searches": [afpaths.prompt_search(s) for s in searches],
+        "guards": [afpaths.guard(g, a) for a in ran for g in BUDGET.guard_files(a).values()],
     }
 
 

@@ -328,7 +328,7 @@ class Budget:
         return {
             self.results / paths.guard(gid, arm): gid
             for gid, g in self.cfg.get("mc_guards", {}).items()
-            if g.get("arms", "all") == "all" or arm in g["arms"]
+            if g["arms"] == "all" or arm in g["arms"]  # filled by config.resolve
         }
 
     def guard(self, gid: str) -> float:

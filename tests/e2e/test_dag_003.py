@@ -15,6 +15,7 @@ import pytest
 from dagrun import REPO, build, planned_jobs
 
 from arenaflow import budget as afbudget
+from arenaflow import evals
 
 pytestmark = pytest.mark.dag
 
@@ -101,6 +102,20 @@ def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
         assert rows[arm]["training_measured"] == pytest.approx(
             ev["world_size"] * (ev["wall_time_s"] / 60 + over)
         )
+    # the jobs LA2b200 caused, measured from what they recorded (the table waits for them)
+    la = rows["LA2b200"]
+    meta = [
+        evals.readout_meta(built["results"] / f"readouts/ifeval/LA2b200/greedy-{k}.r0.parquet")
+        for k in ("none", "k0", "k0h", "k0m")
+    ]
+    assert la["search_readouts"] == pytest.approx(sum(m["seconds"] / 60 + over for m in meta))
+    guard = read(built, "guards/mc/LA2b200.json")
+    assert la["mc_guards"] == pytest.approx(guard["seconds"] / 60 + over)
+    assert t["spent"]["search_readouts_measured"] == pytest.approx(la["search_readouts"])
+    assert t["spent"]["mc_guards_measured"] == pytest.approx(la["mc_guards"])
+    assert la["cost"] == pytest.approx(
+        la["training_measured"] + la["readouts_estimated"] + la["search_readouts"] + la["mc_guards"]
+    )
     smk = rows["smk"]
     assert (
         smk["status"] == "refused" and smk["gpus"] == 4 and "AssocGrpGRESMinutes" in smk["reason"]
