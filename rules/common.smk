@@ -367,8 +367,9 @@ def readout_system(wc):
 def search_readouts(wc):
     """{candidate: readouts} of a prompt search: the arm under each system prompt and none."""
     ps = CFG["prompt_search"][wc.search]
-    keys = [afconfig.PROMPT_NONE, *CFG["evals"][ps["suite"]]["system_prompts"]]
-    return {k: readouts(ps["suite"], ps["arm"], f"{ps['regime']}-{k}") for k in keys}
+    regimes = afconfig.search_regimes(CFG, wc.search)  # R-none, R-k0, ...: as the budget counts
+    prefix = f"{ps['regime']}-"
+    return {g.removeprefix(prefix): readouts(ps["suite"], ps["arm"], g) for g in regimes}
 
 
 def search_flags(wc, input):
@@ -491,9 +492,14 @@ def budget_table_inputs(wc):
         for a in BUDGET.gate_arms(m)
     }  # a continual round's arms run as its stop rules say, not for the table
     gone = afadmission.not_started(ADMISSION)
+    ran = sorted(arms - gone)
+    # the jobs those arms cause, which the budget reserved for them: measured in the table
+    searches = [s for s, ps in CFG.get("prompt_search", {}).items() if ps["arm"] not in gone]
     return {
-        "runs": [afpaths.run(a) for a in sorted(arms - gone)],
+        "runs": [afpaths.run(a) for a in ran],
         "nominations": [afpaths.nomination(r) for r in declared],
+        "searches": [afpaths.prompt_search(s) for s in searches],
+        "guards": [afpaths.guard(g, a) for a in ran for g in BUDGET.guard_files(a).values()],
     }
 
 

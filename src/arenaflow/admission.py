@@ -164,19 +164,29 @@ def arm_row(b: afbudget.Budget, arm: str, decision: dict) -> dict:
     row = {"arm": arm, "kind": a["kind"], "corpus": a["corpus"], **decision}
     if decision["status"] != RAN:
         e = b.estimate(arm)
-        row.update(gpus=e.gpus, steps=e.steps, estimate=e.own + e.sampling)
+        row.update(
+            gpus=e.gpus,
+            steps=e.steps,
+            estimate=e.own + e.sampling,
+            search_readouts=e.search,
+            mc_guards=e.guards,
+        )
         return row
     over = b.est["overhead_minutes"]
     ev_path = b.results / paths.run(arm) / "training_evidence.json"
     ev = io.read_json(ev_path) if ev_path.exists() else None
     train = afbudget.record_minutes(ev, over) if ev else 0.0
     reads = sum(b.readout(s, g) for s, g, p in b.readout_files(arm) if p.exists())
+    # the jobs it caused, as they ran: prompt-search readouts and MC guards on disk
+    search, guards = b.searched(arm, on_disk=True), b.guarded(arm, on_disk=True)
     row.update(
         gpus=(ev or {}).get("world_size", 1 if ev is None else None),
         steps=(ev or {}).get("optimizer_steps", 0),
         training_measured=train,
         readouts_estimated=reads,
-        cost=train + reads,
+        search_readouts=search,
+        mc_guards=guards,
+        cost=train + reads + search + guards,
         job_id=(ev or {}).get("job_id"),
     )
     return row
@@ -209,23 +219,40 @@ def table(b: afbudget.Budget, decided: dict | None = None) -> dict:
     }
 
 
-def markdown(t: dict) -> str:
+def spent_line(t: dict) -> str:
+    """What was spent, by kind of job (the budget's spent())."""
     s = t["spent"]
+    return (
+        f"before these results {s['before']:.1f}; training measured "
+        f"{s['training_measured']:.1f} over {s['runs']} runs; readouts and sampling estimated "
+        f"{s['generation_estimated']:.1f}; prompt-search readouts measured "
+        f"{s.get('search_readouts_measured', 0.0):.1f}; MC guards measured "
+        f"{s.get('mc_guards_measured', 0.0):.1f}"
+    )
+
+
+def caused(r: dict) -> tuple[str, str]:
+    """An arm's prompt-search readouts and MC guards, as the table shows them ('-' for none)."""
+    return tuple(f"{r[k]:.1f}" if r.get(k) else "-" for k in ("search_readouts", "mc_guards"))
+
+
+def markdown(t: dict) -> str:
     lines = [
-        f"GPU-minute cap {t['cap_gpu_minutes']:.1f}; spent {s['total']:.1f} (before these "
-        f"results {s['before']:.1f}, training measured {s['training_measured']:.1f} over "
-        f"{s['runs']} runs, readouts and sampling estimated {s['generation_estimated']:.1f}); "
-        f"left {t['left']:.1f}.",
+        f"GPU-minute cap {t['cap_gpu_minutes']:.1f}; spent {t['spent']['total']:.1f} "
+        f"({spent_line(t)}); left {t['left']:.1f}.",
         "",
-        "| arm | corpus | status | GPUs | steps | GPU-minutes | note |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| arm | corpus | status | GPUs | steps | GPU-minutes | of which prompt-search readouts "
+        "| of which MC guards | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in t["arms"]:
         minutes = r.get("cost", r.get("estimate", 0.0))
         what = "measured+est." if r["status"] == RAN else "estimate"
+        search, guards = caused(r)
         lines.append(
             f"| {r['arm']} | {r['corpus'] or '-'} | {r['status']} | {r.get('gpus') or '-'} | "
-            f"{r.get('steps', '-')} | {minutes:.1f} ({what}) | {r.get('reason', '')} |"
+            f"{r.get('steps', '-')} | {minutes:.1f} ({what}) | {search} | {guards} | "
+            f"{r.get('reason', '')} |"
         )
     lines += ["", f"Refused or blocked: {', '.join(t['refused']) or 'none'}."]
     return "\n".join(lines) + "\n"
@@ -240,7 +267,8 @@ def html_page(t: dict) -> str:
         f"<td>{r.get('gpus') or '-'}</td><td>{r.get('steps', '-')}</td>"
         f"<td>{r.get('cost', r.get('estimate', 0.0)):.1f}"
         f"{' (measured + estimated)' if r['status'] == RAN else ' (estimate)'}</td>"
-        f"<td>{e(r.get('reason', ''))}</td></tr>\n"
+        + "".join(f"<td>{c}</td>" for c in caused(r))
+        + f"<td>{e(r.get('reason', ''))}</td></tr>\n"
         for r in t["arms"]
     )
     return (
@@ -250,11 +278,10 @@ def html_page(t: dict) -> str:
         "</style></head><body>\n"
         f"<h2>GPU-minute cap {t['cap_gpu_minutes']:.1f}: spent {s['total']:.1f}, "
         f"left {t['left']:.1f}</h2>\n"
-        f"<p>Before these results {s['before']:.1f}; training measured {s['training_measured']:.1f}"
-        f" over {s['runs']} runs; readouts and sampling estimated "
-        f"{s['generation_estimated']:.1f}. {e(t['rule'])}.</p>\n"
+        f"<p>Spent: {e(spent_line(t))}. {e(t['rule'])}.</p>\n"
         "<table><tr><th>arm</th><th>corpus</th><th>status</th><th>GPUs</th><th>steps</th>"
-        f"<th>GPU-minutes</th><th>note</th></tr>\n{rows}</table></body></html>\n"
+        "<th>GPU-minutes</th><th>of which prompt-search readouts</th>"
+        f"<th>of which MC guards</th><th>note</th></tr>\n{rows}</table></body></html>\n"
     )
 
 

@@ -21,11 +21,19 @@ GrpTRESMins counts):
                      of the same base model, else of any run, else `estimate.row_seconds`
   generation (sampling k per prompt, a readout replicate): 1 GPU x
             (ceil(prompts x k / batch_size) x max_new_tokens x decode_step_seconds + overhead) / 60
-  an arm    its training + every readout of it not yet on disk (what it takes to judge it), plus
-            the sampling of its corpus when that is not on disk (shared by the arms that use it)
+  a prompt search's readouts (rule readout_search): a readout each, R-none and R-k for each
+            system prompt x replicates, charged to the search's arm
+  an MC guard (rule mc_guard): 1 GPU x (items x choices x decode_step_seconds + overhead) / 60,
+            one forward pass per (item, choice) (arenaflow.mcguard scores them one at a time),
+            charged to each arm of the guard's `arms`
+  an arm    its training + every readout of it not yet on disk (what it takes to judge it) + the
+            prompt-search readouts and MC guards it causes not yet on disk, plus the sampling
+            of its corpus when that is not on disk (shared by the arms that use it)
   spent     spent_gpu_minutes (outside these results) + measured training history
             (world_size x (wall_time_s + overhead) / 60) + estimates of readouts and samples
-            already on disk (those jobs record no time)
+            already on disk (those jobs record no time) + prompt-search readouts and MC guards on
+            disk, measured (1 GPU x (their recorded `seconds` + overhead) / 60; estimated when a
+            file predates the record)
 """
 
 from __future__ import annotations
@@ -37,8 +45,16 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from arenaflow import paths
-from arenaflow.config import REPO_ROOT, TRAINED, decoding_of, schema_defaults, with_hyper_defaults
+from arenaflow import mcguard, paths
+from arenaflow.config import (
+    REPO_ROOT,
+    TRAINED,
+    decoding_of,
+    regime,
+    schema_defaults,
+    search_regimes,
+    with_hyper_defaults,
+)
 
 KTOK = 1024
 
@@ -125,6 +141,11 @@ def record_minutes(record: dict, overhead_minutes: float) -> float:
     return world * (record.get("wall_time_s", 0.0) / 60 + overhead_minutes)
 
 
+def job_minutes(seconds: float, overhead_minutes: float) -> float:
+    """GPU-minutes of a one-GPU job that recorded `seconds` of work (a readout, a guard)."""
+    return seconds / 60 + overhead_minutes
+
+
 def count_rows(path: Path) -> int:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -147,10 +168,12 @@ class ArmEstimate:
     sampling: float  # of its corpus, when not on disk (shared with other arms on it)
     needs: list[str] = field(default_factory=list)  # pending arms it cannot run without
     samplings: dict[str, float] | None = None  # a mixture's: per source corpus still to sample
+    search: float = 0.0  # prompt-search readouts of it not yet on disk (rule readout_search)
+    guards: float = 0.0  # MC guard runs of it not yet on disk (rule mc_guard)
 
     @property
     def own(self) -> float:
-        return self.train + self.readouts
+        return self.train + self.readouts + self.search + self.guards
 
     def sampled(self) -> dict[str, float]:
         """{corpus: GPU-minutes of sampling it} of each corpus this arm needs sampled."""
@@ -268,9 +291,10 @@ class Budget:
             self.est["overhead_minutes"],
         )
 
-    def readout(self, suite: str, regime: str) -> float:
+    def readout(self, suite: str, rid: str) -> float:
+        """One readout replicate of a declared regime or a prompt search's."""
         s = self.cfg["evals"][suite]
-        tokens = decoding_of(s["regimes"][regime])["max_new_tokens"]  # as the readout decodes it
+        tokens = decoding_of(regime(self.cfg, suite, rid))["max_new_tokens"]  # as it decodes
         return generate_minutes(
             self.pool_rows(s["pool"]),
             1,
@@ -283,9 +307,72 @@ class Budget:
     def readout_files(self, arm: str):
         """(suite, regime, path) of every readout replicate of `arm`."""
         for suite, s in self.cfg["evals"].items():
-            for regime, g in s["regimes"].items():
+            for rid, g in s["regimes"].items():
                 for r in range(g["replicates"]):  # the suite's unless the regime sets its own
-                    yield suite, regime, self.results / paths.readout(suite, arm, regime, r)
+                    yield suite, rid, self.results / paths.readout(suite, arm, rid, r)
+
+    def search_files(self, arm: str) -> dict[Path, tuple[str, str]]:
+        """{path: (suite, regime)} of every prompt-search readout of `arm` (the searches that
+        read it; two searches of one suite and regime share their files)."""
+        out = {}
+        for sid, ps in self.cfg.get("prompt_search", {}).items():
+            if ps["arm"] != arm:
+                continue
+            for g in search_regimes(self.cfg, sid):
+                for r in range(regime(self.cfg, ps["suite"], g)["replicates"]):
+                    out[self.results / paths.readout(ps["suite"], arm, g, r)] = (ps["suite"], g)
+        return out
+
+    def guard_files(self, arm: str) -> dict[Path, str]:
+        """{path: guard} of every MC guard run on `arm` (each guard's `arms`)."""
+        return {
+            self.results / paths.guard(gid, arm): gid
+            for gid, g in self.cfg.get("mc_guards", {}).items()
+            if g["arms"] == "all" or arm in g["arms"]  # filled by config.resolve
+        }
+
+    def guard(self, gid: str) -> float:
+        """One MC guard run: a forward pass per (item, choice), one at a time."""
+        f = Path(self.cfg["mc_guards"][gid]["items"])
+        items = mcguard.load_items(f if f.is_absolute() else self.repo / f)
+        passes = sum(len(it["choices"]) for it in items)
+        return job_minutes(passes * self.est["decode_step_seconds"], self.est["overhead_minutes"])
+
+    def searched(self, arm: str, on_disk: bool) -> float:
+        """GPU-minutes of `arm`'s prompt-search readouts: pending ones estimated, or those on
+        disk as measured."""
+        files = self.search_files(arm).items()
+        if not on_disk:
+            return sum((self.readout(*sg) for p, sg in files if not p.exists()), 0.0)
+        return sum((self.measured_readout(p, *sg) for p, sg in files if p.exists()), 0.0)
+
+    def guarded(self, arm: str, on_disk: bool) -> float:
+        """GPU-minutes of `arm`'s MC guard runs: pending ones estimated, or those on disk as
+        measured."""
+        files = self.guard_files(arm).items()
+        if not on_disk:
+            return sum((self.guard(g) for p, g in files if not p.exists()), 0.0)
+        return sum((self.measured_guard(p, g) for p, g in files if p.exists()), 0.0)
+
+    def measured_readout(self, path: Path, suite: str, rid: str) -> float:
+        """A readout on disk: its recorded seconds of work (arenaflow.evals writes them in the
+        parquet's metadata) + the per-job overhead; the estimate for one without them."""
+        from arenaflow import evals  # pandas-heavy: only when a readout is on disk
+
+        seconds = evals.readout_meta(path).get("seconds")
+        if seconds is None:
+            return self.readout(suite, rid)
+        return job_minutes(seconds, self.est["overhead_minutes"])
+
+    def measured_guard(self, path: Path, gid: str) -> float:
+        """A guard on disk: its recorded seconds (arenaflow.mcguard) + the per-job overhead."""
+        try:
+            seconds = json.loads(path.read_text()).get("seconds")
+        except (OSError, json.JSONDecodeError):
+            seconds = None
+        if seconds is None:
+            return self.guard(gid)
+        return job_minutes(seconds, self.est["overhead_minutes"])
 
     def sampling_pending(self, corpus: str) -> bool:
         return (
@@ -303,6 +390,7 @@ class Budget:
             readouts = sum(
                 self.readout(s, g) for s, g, p in self.readout_files(arm) if not p.exists()
             )
+            caused = dict(search=self.searched(arm, False), guards=self.guarded(arm, False))
             if (
                 a["kind"] != TRAINED
             ):  # made on CPU from its parents (a merge, a nominee): only its readouts use GPUs
@@ -317,6 +405,7 @@ class Budget:
                     corpus="-",
                     sampling=0.0,
                     needs=self.pending_of(a["parents"]),
+                    **caused,
                 )
                 return self._estimates[arm]
             rows, steps, train = self.train(arm)
@@ -334,6 +423,7 @@ class Budget:
                 sampling=sum(samplings.values()),
                 needs=self.pending_of([a["init"], *policies]),
                 samplings=samplings,
+                **caused,
             )
         return self._estimates[arm]
 
@@ -371,28 +461,36 @@ class Budget:
     def spent(self) -> dict:
         over = self.est["overhead_minutes"]
         measured = sum(record_minutes(r, over) for _, r in self.history())
-        on_disk = 0.0
+        on_disk, searched = 0.0, 0.0
         for suite, s in self.cfg["evals"].items():
-            for regime in s["regimes"]:
-                n = len(
-                    list(
-                        self.results.glob(
-                            paths.READOUT.format(suite=suite, rarm="*", regime=regime, rep="*")
-                        )
-                    )
-                )
-                on_disk += n * self.readout(suite, regime)
+            for rid in s["regimes"]:
+                n = len(list(self.results.glob(self._readout_glob(suite, rid))))
+                on_disk += n * self.readout(suite, rid)
+            for rid in s.get("prompt_regimes", {}):  # a search's, whichever arm it read
+                for p in sorted(self.results.glob(self._readout_glob(suite, rid))):
+                    searched += self.measured_readout(p, suite, rid)
         for corpus in self.cfg["corpora"]:
             if (self.results / "candidates" / corpus / "samples.jsonl").exists():
                 on_disk += self.sampling(corpus)
+        guarded = sum(
+            self.measured_guard(p, gid)
+            for gid in self.cfg.get("mc_guards", {})
+            for p in sorted(self.results.glob(paths.GUARD.format(guard=gid, rarm="*")))
+        )
         before = self.settings["spent_gpu_minutes"]
         return {
             "before": before,
             "training_measured": measured,
             "generation_estimated": on_disk,
+            "search_readouts_measured": searched,
+            "mc_guards_measured": guarded,
             "runs": len(self.history()),
-            "total": before + measured + on_disk,
+            "total": before + measured + on_disk + searched + guarded,
         }
+
+    @staticmethod
+    def _readout_glob(suite: str, rid: str) -> str:
+        return paths.READOUT.format(suite=suite, rarm="*", regime=rid, rep="*")
 
     def left(self) -> float:
         return self.settings["gpu_minutes"] - self.spent()["total"]
@@ -414,6 +512,8 @@ class Budget:
             f"GPU-minute budget: arm {arm!r} would overrun the budget: its estimate is "
             f"{e.own + e.sampling:.1f} GPU-minutes (training {e.train:.1f}, "
             f"readouts {e.readouts:.1f}"
+            f"{f', prompt-search readouts {e.search:.1f}' if e.search else ''}"
+            f"{f', MC guards {e.guards:.1f}' if e.guards else ''}"
             f"{f', sampling corpus {e.corpus} {e.sampling:.1f}' if e.sampling else ''})"
             f"{with_others}, "
             f"and {left:.1f} of {self.settings['gpu_minutes']:.1f} GPU-minutes are left. "

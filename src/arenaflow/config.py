@@ -92,6 +92,7 @@ _PARTS = {
         "noise",
     ),
     "judged": ("judged", "additionalProperties"),
+    "mc_guard": ("mc_guards", "additionalProperties"),
     "budget": ("budget",),
     "estimate": ("budget", "properties", "estimate"),
 }
@@ -394,6 +395,7 @@ def resolve(
     _check_rounds(cfg, known_arms, config_file)
     _resolve_judged(cfg, schema, known_arms, root, config_file)
     _resolve_prompt_search(cfg, known_arms, config_file)
+    _resolve_mc_guards(cfg, schema, set(arms), config_file)
     _resolve_budget(cfg, schema)
     _resolve_bundles(cfg, schema, arms, config_file)
     for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
@@ -608,8 +610,8 @@ PROMPT_NONE = "none"  # the search candidate with no system prompt
 
 def _prompt_regimes(suite: dict, where: str) -> None:
     """A suite's `system_prompts` {k: text}: for each regime R, search regimes R-k (and R-none,
-    no system prompt) under `prompt_regimes`, read out only for a prompt search (not by rounds,
-    bundles' lineage comparisons or the budget's per-arm estimate)."""
+    no system prompt) under `prompt_regimes`, read out only for a prompt search (not by rounds or
+    bundles' lineage comparisons; the budget charges them to the search's arm)."""
     prompts = suite.get("system_prompts")
     if not prompts:
         return
@@ -648,6 +650,26 @@ def _resolve_prompt_search(cfg: dict, known_arms: set, config_file: str) -> None
             raise ConfigError(f"{where}/regime': suite {ps['suite']!r} has no {ps['regime']!r}")
         if ps["arm"] not in known_arms:
             raise ConfigError(f"{where}/arm': unknown arm {ps['arm']!r}")
+
+
+def search_regimes(cfg: dict, search: str) -> list[str]:
+    """The regimes prompt search `search` reads its arm under: R-none, then R-k for each of the
+    suite's system_prompts (rule readout_search makes each; the budget charges them to the arm)."""
+    ps = cfg["prompt_search"][search]
+    keys = [PROMPT_NONE, *cfg["evals"][ps["suite"]]["system_prompts"]]
+    return [f"{ps['regime']}-{k}" for k in keys]
+
+
+def _resolve_mc_guards(cfg: dict, schema: dict, arms: set, config_file: str) -> None:
+    """Each guard's defaults are filled; the arms it is run on are known arms."""
+    for gid, g in cfg.get("mc_guards", {}).items():
+        g = cfg["mc_guards"][gid] = _defaults(_part(schema, "mc_guard"), g)
+        unknown = [] if g["arms"] == "all" else sorted(set(g["arms"]) - arms)
+        if unknown:
+            raise ConfigError(
+                f"{config_file}: key 'mc_guards/{gid}/arms': unknown arm(s) {unknown}; "
+                f"known: {sorted(arms)}"
+            )
 
 
 def _replicates(cfg: dict, suite: str, regime: str) -> int | None:

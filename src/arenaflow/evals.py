@@ -202,12 +202,18 @@ def read_readout(path: str | Path) -> pd.DataFrame:
         raise manifest.ManifestError(f"{path}: unreadable readout: {e}") from None
 
 
+def structured(df: pd.DataFrame) -> pd.DataFrame:
+    """A readout with its structural battery: as written, or, for a readout made before a column
+    of it existed (answer_usable), recomputed by structure()."""
+    return df if "answer_usable" in df.columns else structure(df)
+
+
 def load(paths: list[str]) -> pd.DataFrame:
     frames = []
     for p in paths:
         df = read_readout(p)
         outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
-        frames.append(df if "answer_usable" in df.columns else structure(df))  # older readouts
+        frames.append(structured(df))
     return pd.concat(frames, ignore_index=True)
 
 

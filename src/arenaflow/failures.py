@@ -14,9 +14,18 @@ by another checker is refused, naming the file and item, rather than tallied by 
 Count families (word_eq, sent, ...) also get the near-miss profile the card reports: failing
 prompts off by at most 1, 2 and 3 of what was asked.
 
+A prompt can fail several families, and an answer can be incorrect in the readout with every
+check passed: the readout's `correct` (arenaflow.candidates.verdict) also asks that the answer
+stopped (not truncated), is not empty, has no U+FFFD and does not loop. `incorrect` is the
+partition of exactly the readout's incorrect rows: each under one reason, the first structural
+flag it has (truncated, empty, fffd, loop: a cut-off or degenerate answer fails checks because
+of it), else the family it failed, or its failed families joined by '+'. A row whose `correct`
+disagrees with its flags and checks is refused, naming the file and item.
+
 The JSON (sealed, with the sha256 of each readout) holds `table` (rows by family, in order of
-failing prompts) and `all` (prompts failing any check); `python -m arenaflow.failures ... --tsv`
-also prints the table as tab-separated text.
+failing prompts), `all` (prompts failing any check) and `incorrect` (rows, incorrect and
+`by_reason`; with `--ref` also `ref_incorrect`); `python -m arenaflow.failures ... --tsv` also
+prints the table as tab-separated text.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ from arenaflow import evals, ifcheck, io, manifest, stats
 # Families whose failure is a count off by some amount: (the reason's count pattern)
 _HAVE = re.compile(r"^\w+: (?:.* appears )?(\d+) ")
 _COUNT_FAMILIES = {"word_eq", "word_min", "word_max", "word_times", "sent", "para", "bullet"}
+# The readout's structural flags that make an answer incorrect whatever its checks say
+# (candidates.verdict), in the order a row is put down to them
+STRUCTURAL = ("truncated", "empty", "fffd", "loop")
 
 
 def per_check(pool: list[dict], df: pd.DataFrame, where: str) -> pd.DataFrame:
@@ -72,6 +84,36 @@ def per_check(pool: list[dict], df: pd.DataFrame, where: str) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["item_id", "replicate", "family", "passed", "off"])
 
 
+def reason_of(rec: dict, failed: list[str]) -> str | None:
+    """Why a readout row is incorrect (None: it is not): its first structural flag, else its
+    failed families joined by '+'."""
+    for flag in STRUCTURAL:
+        if rec[flag]:
+            return flag
+    return "+".join(sorted(failed)) or None
+
+
+def partition(c: pd.DataFrame, df: pd.DataFrame, where: str) -> dict:
+    """{rows, incorrect, by_reason}: every incorrect row of the readout `df` under exactly one
+    reason (reason_of), none of its correct rows; `c` is per_check(df). A row whose `correct`
+    disagrees with its flags and checks raises ValueError naming it."""
+    failed = c[~c["passed"]].groupby(["item_id", "replicate"])["family"].agg(list).to_dict()
+    counts: dict[str, int] = {}
+    for rec in df.to_dict("records"):
+        rep_ = rec.get("replicate", 0)
+        reason = reason_of(rec, failed.get((rec["item_id"], rep_), []))
+        if bool(rec["correct"]) == (reason is not None):
+            why = f"it is {reason}" if reason else "no check failed and it has no structural flag"
+            raise ValueError(
+                f"{where}: item {rec['item_id']!r}, replicate {rep_}: the readout has correct="
+                f"{bool(rec['correct'])} but {why} (made by another definition of correct?)"
+            )
+        if reason is not None:
+            counts[reason] = counts.get(reason, 0) + 1
+    by_reason = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {"rows": len(df), "incorrect": sum(counts.values()), "by_reason": by_reason}
+
+
 def _row(fam: str, g: pd.DataFrame) -> dict:
     failing = int((~g["passed"]).sum())
     row = {
@@ -103,9 +145,11 @@ def table(pool: list[dict], cand: pd.DataFrame, ref: pd.DataFrame | None, where:
     `ref`, each row is also paired against it (fixed, lost, p)."""
     c = per_check(pool, cand, f"{where}: candidate")
     keys = ["item_id", "replicate", "family"]
+    incorrect = {"incorrect": partition(c, cand, f"{where}: candidate")}
     if ref is not None:
         evals.paired_rows(cand, ref, where)  # same items, same prompts and targets
         r = per_check(pool, ref, f"{where}: reference")
+        incorrect["ref_incorrect"] = partition(r, ref, f"{where}: reference")
         c = c.merge(r, on=keys, suffixes=("", "_ref"), how="inner", validate="one_to_one")
     rows = []
     for fam, g in c.groupby("family", sort=True):
@@ -117,7 +161,7 @@ def table(pool: list[dict], cand: pd.DataFrame, ref: pd.DataFrame | None, where:
     if ref is not None:
         both = c.groupby(["item_id", "replicate"])[["passed", "passed_ref"]].all()
         out["all"] = _paired(out["all"], both)
-    return out
+    return {**out, **incorrect}
 
 
 def tsv(record: dict) -> str:
@@ -152,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     io.write_json(Path(args.out), manifest.seal(record))
     a = record["all"]
     print(f"{record['cand']}: {a['failing']}/{a['prompts']} prompts fail a check -> {args.out}")
+    i = record["incorrect"]
+    reasons = ", ".join(f"{k} {n}" for k, n in i["by_reason"].items())
+    print(f"{i['incorrect']}/{i['rows']} incorrect in the readout: {reasons or 'none'}")
     if args.tsv:
         print(tsv(record), end="")
 

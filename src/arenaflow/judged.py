@@ -3,11 +3,14 @@ prompts, scored by a judge arenaflow does not run (a person, usually). Lineage 0
 docs/lineages.md#002-the-blinded-judged-read and docs/lineages.md#002-the-safety-probe.
 
 `pack` builds the packet from two readouts of the same suite: every item where the two arms
-disagree structurally (truncated, empty, loop or U+FFFD differ), then a sample of the
-concordant items stratified by category, up to n pairs, in shuffled order, each pair's sides
-swapped at random (seeded). The judge gets `pairs.jsonl` (pair, prompt, A, B: no arm names); the
-key (which arm is A, which item, which stratum, the packet's sha256) is written to a separate
-file, to be opened only after scoring.
+disagree structurally, then a sample of the concordant items stratified by category, up to n
+pairs, in shuffled order, each pair's sides swapped at random (seeded). Structurally is the
+card's answer-usable check (stopped, non-empty, ends on a terminator, no degenerate repetition):
+its blinded read took "all 11 prompts where the two checkpoints had already disagreed" on it. An
+item is discordant when the readouts' `answer_usable` differ, the column the readout reports
+(arenaflow.evals.structure, degeneracy.answer_usable: one definition). The judge gets
+`pairs.jsonl` (pair, prompt, A, B: no arm names); the key (which arm is A, which item, which
+stratum, the packet's sha256) is written to a separate file, to be opened only after scoring.
 
 `score` reads the judge's CSV, in one of two forms:
   - a preference read: columns `pair,verdict`, verdict A, B or tie. A and B are mapped through
@@ -34,7 +37,7 @@ import pandas as pd
 
 from arenaflow import evals, io, manifest, stats
 
-STRUCTURE = ["truncated", "empty", "loop", "fffd"]  # the structural battery a read is stratified on
+USABLE = "answer_usable"  # the readout's column a read is stratified on (evals.structure)
 TRUE, FALSE = {"1", "true", "yes", "y"}, {"0", "false", "no", "n"}
 
 
@@ -49,11 +52,10 @@ def allocate(sizes: dict[str, int], n: int) -> dict[str, int]:
 
 
 def select(pairs: pd.DataFrame, n: int, rng: np.random.Generator) -> pd.DataFrame:
-    """The items to read, with their stratum: every structurally discordant item (a random n of
-    them if there are more), then concordant ones stratified by category."""
-    discordant = (
-        pairs[STRUCTURE].to_numpy(bool) != pairs[[f"{c}_ref" for c in STRUCTURE]].to_numpy(bool)
-    ).any(1)
+    """The items to read, with their stratum: every structurally discordant item (answer_usable
+    differs; a random n of them if there are more), then concordant ones stratified by
+    category."""
+    discordant = pairs[USABLE].to_numpy(bool) != pairs[f"{USABLE}_ref"].to_numpy(bool)
     disc, conc = pairs[discordant], pairs[~discordant]
     if len(disc) > n:
         disc = disc.iloc[np.sort(rng.choice(len(disc), n, replace=False))]
@@ -78,7 +80,7 @@ def pack(
         raise ValueError(
             f"{where}: both readouts are of arm {labels[0]!r}; a judged read compares two arms"
         )
-    pairs = evals.paired_rows(a, b, where)
+    pairs = evals.paired_rows(evals.structured(a), evals.structured(b), where)
     if not 0 < n <= len(pairs):
         raise ValueError(f"{where}: n must be between 1 and the {len(pairs)} paired items, got {n}")
     prompts = {r["id"]: r["prompt"] for r in pool}
@@ -244,8 +246,8 @@ def _pack_cmd(args) -> None:
     try:
         pairs, key = pack(
             io.read_jsonl(args.pool),
-            pd.read_parquet(args.a),
-            pd.read_parquet(args.b),
+            evals.load([args.a]),  # checksums verified; an older readout's battery recomputed
+            evals.load([args.b]),
             args.n,
             args.seed,
             f"{args.a} vs {args.b}",

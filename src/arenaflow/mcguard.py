@@ -18,12 +18,15 @@ output_type multiple_choice):
   len of the choice string, without the delimiter);
 - acc_bytes: argmax of log-likelihood / the choice's length in UTF-8 bytes.
 Ties go to the first choice (numpy.argmax). The JSON holds each metric, n, and per item the
-log-likelihoods and the three predictions, so two arms can be paired item by item.
+log-likelihoods and the three predictions, so two arms can be paired item by item, and
+`seconds`, the scoring's wall time, which the GPU-minute budget counts as spent
+(arenaflow.budget).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,8 +133,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     items = load_items(args.items)
     model, tok = models.load_policy(args.base_model, args.adapter, consumer="mc guard")
+    t0 = time.perf_counter()
     res = score(model, tok, items)
     res.update(
+        seconds=round(time.perf_counter() - t0, 3),  # what the budget counts, with its overhead
         arm=args.arm,
         items_file=args.items,
         items_sha256=manifest.sha256_file(args.items),

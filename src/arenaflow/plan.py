@@ -100,13 +100,9 @@ def plan(b: afbudget.Budget) -> dict:
 
 
 def render(p: dict) -> str:
-    s = p["spent"]
     lines = [
-        f"budget {p['budget_gpu_minutes']:.1f} GPU-minutes; spent {s['total']:.1f} (before these "
-        f"results {s['before']:.1f}, "
-        f"training measured over {s['runs']} runs {s['training_measured']:.1f}, "
-        f"readouts/sampling on disk estimated {s['generation_estimated']:.1f}); "
-        f"left {p['left']:.1f}",
+        f"budget {p['budget_gpu_minutes']:.1f} GPU-minutes; spent {p['spent']['total']:.1f} "
+        f"({afadmission.spent_line(p)}); left {p['left']:.1f}",
         f"step time: {p['row_seconds']:.4f} s per 1024-token row per rank "
         f"({p['row_seconds_from']})",
         "",
@@ -121,6 +117,8 @@ def render(p: dict) -> str:
         "steps",
         "train",
         "readouts",
+        "search",
+        "guards",
         "corpus",
         "sampling",
         "needs",
@@ -135,6 +133,7 @@ def render(p: dict) -> str:
             str(e["steps"]),
             f"{e['train']:.1f}",
             f"{e['readouts']:.1f}",
+            *(f"{e[k]:.1f}" if e[k] else "-" for k in ("search", "guards")),
             e["corpus"],
             f"{e['sampling']:.1f}" if e["sampling"] else "-",
             ",".join(e["needs"]) or "-",

@@ -15,6 +15,7 @@ import pytest
 from dagrun import REPO, build, planned_jobs
 
 from arenaflow import budget as afbudget
+from arenaflow import evals
 
 pytestmark = pytest.mark.dag
 
@@ -90,7 +91,7 @@ def test_b1_holds_rows_out_and_records_their_loss_during_training(built):
 
 def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
     t = read(built, "budget/table.json")
-    assert t["cap_gpu_minutes"] == 60000 and t["spent"]["before"] == 59988
+    assert t["cap_gpu_minutes"] == 60000 and t["spent"]["before"] == 59983
     assert t["refused"] == ["smk"] and not (built["results"] / "runs/smk").exists()
     rows = {r["arm"]: r for r in t["arms"]}
     over = afbudget.schema_defaults("estimate")["overhead_minutes"]
@@ -101,6 +102,20 @@ def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
         assert rows[arm]["training_measured"] == pytest.approx(
             ev["world_size"] * (ev["wall_time_s"] / 60 + over)
         )
+    # the jobs LA2b200 caused, measured from what they recorded (the table waits for them)
+    la = rows["LA2b200"]
+    meta = [
+        evals.readout_meta(built["results"] / f"readouts/ifeval/LA2b200/greedy-{k}.r0.parquet")
+        for k in ("none", "k0", "k0h", "k0m")
+    ]
+    assert la["search_readouts"] == pytest.approx(sum(m["seconds"] / 60 + over for m in meta))
+    guard = read(built, "guards/mc/LA2b200.json")
+    assert la["mc_guards"] == pytest.approx(guard["seconds"] / 60 + over)
+    assert t["spent"]["search_readouts_measured"] == pytest.approx(la["search_readouts"])
+    assert t["spent"]["mc_guards_measured"] == pytest.approx(la["mc_guards"])
+    assert la["cost"] == pytest.approx(
+        la["training_measured"] + la["readouts_estimated"] + la["search_readouts"] + la["mc_guards"]
+    )
     smk = rows["smk"]
     assert (
         smk["status"] == "refused" and smk["gpus"] == 4 and "AssocGrpGRESMinutes" in smk["reason"]
@@ -139,6 +154,12 @@ def test_the_failure_table_counts_what_the_readouts_say(built):
         ]
         assert (row["carrying"], row["failing"]) == (len(carrying), len(failing)), fam
     assert {"word_eq", "word_times"} <= {r["family"] for r in f["table"]}
+    # the readout's incorrect rows, each under one reason: a cut-off answer under truncated
+    # whatever its checks, the others by the checks they failed; no correct row
+    for part, rows in ((f["incorrect"], cand), (f["ref_incorrect"], ref)):
+        wrong = [r for r in rows if not r["correct"]]
+        assert part["incorrect"] == sum(part["by_reason"].values()) == len(wrong)
+        assert part["by_reason"].get("truncated", 0) == sum(not r["stopped"] for r in wrong)
 
 
 def test_the_prompt_search_counts_each_prompts_readout(built):

@@ -78,10 +78,18 @@ TINY_LORA = {
 }
 
 
-@pytest.fixture
-def tiny_lora() -> dict:
-    """TINY_LORA, for a test that launches training itself."""
-    return dict(TINY_LORA)
+def launcher(nproc: int) -> list[str]:
+    """The command that starts training's ranks on one node, as rules/common.smk's launcher
+    does: the interpreter for one, torchrun (torch.distributed.run) --standalone for several."""
+    if nproc == 1:
+        return [sys.executable]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+    ]
 
 
 def train_arm_cli(
@@ -93,19 +101,21 @@ def train_arm_cli(
     corpus_id: str = "c",
     timeout: int = 600,
     threads: int = 1,
+    nproc: int = 1,
     **hyper,
 ) -> subprocess.CompletedProcess:
     """Arm A trained from `base` through the entry point (python -m arenaflow.train), as the
     workflow runs it: corpus root/corpora/{corpus_id} is built from `rows` with the base's own
-    tokenizer, the run goes to root/runs/A/final with TINY_LORA updated by `hyper`. A failed run
-    fails the test with its log's tail; the finished process is returned (its log is stderr)."""
+    tokenizer, the run goes to root/runs/A/final with TINY_LORA updated by `hyper`, on `nproc`
+    ranks (launcher). A failed run fails the test with its log's tail; the finished process is
+    returned (its log is stderr)."""
     from arenaflow import corpora, models
 
     corpus = root / "corpora" / corpus_id
     corpora.build(corpus, rows, models.load_tokenizer(base), system, {})
     proc = subprocess.run(
         [
-            sys.executable,
+            *launcher(nproc),
             "-m",
             "arenaflow.train",
             "--arm",

@@ -5,14 +5,18 @@ recorded and dropped from its round, the rest of the lineage runs; the budget ta
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from test_budget import e2e_config, evidence, snakemake_dry
 
-from arenaflow import admission
+from arenaflow import admission, evals, paths
 from arenaflow import budget as afbudget
+from arenaflow import config as afconfig
+from arenaflow import plan as afplan
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/e2e"))
@@ -155,3 +159,97 @@ def test_a_job_process_keeps_the_main_processes_refusals_when_costs_have_moved(t
     assert rows["B1"]["status"] == admission.RAN and rows["B2"]["status"] == admission.ADMITTED
     assert t["refused"] == sorted(admission.not_started(first))
     assert admission.table(later)["refused"] != t["refused"]  # deciding again would differ
+
+
+# ---- the jobs an arm causes: prompt-search readouts and MC guards (lineage 003) -----------
+
+
+def lineage003(tmp_path):
+    raw, _ = afconfig.load_configs(
+        [str(REPO / "config/seeds/003.yaml")], [f"results_dir={tmp_path / 'results'}"]
+    )
+    return afconfig.resolve(raw)
+
+
+def test_an_arms_estimate_holds_the_search_readouts_and_guard_runs_it_causes(tmp_path):
+    cfg = lineage003(tmp_path)
+    b = afbudget.Budget(cfg)
+    est, suite = cfg["budget"]["estimate"], cfg["evals"]["ifeval"]
+    over, step = est["overhead_minutes"], est["decode_step_seconds"]
+    # prompt_search k reads LA2b200 under k0, k0h, k0m and none: four readouts of the 60-item
+    # IF pool at 48 new tokens, each ceil(60 / batch) batches of 48 decode steps
+    batches = -(-cfg["pools"]["if_eval"]["n"] // suite["batch_size"])
+    one = batches * 48 * step / 60 + over
+    items = [
+        json.loads(x) for x in (REPO / "data/mc/arith_facts.jsonl").read_text().split("\n") if x
+    ]
+    guard = sum(len(it["choices"]) for it in items) * step / 60 + over  # a pass per choice
+    e = b.estimate("LA2b200")
+    assert e.search == pytest.approx(4 * one) and e.guards == pytest.approx(guard)
+    assert e.own == pytest.approx(e.train + e.readouts + 4 * one + guard)
+    assert b.estimate("LA2b100").search == b.estimate("LA2b100").guards == 0.0  # causes neither
+    # in the cost that admission compares with the cap
+    assert b.cost(["LA2b200"]) - b.cost(["LA2b100"]) == pytest.approx(
+        e.own - b.estimate("LA2b100").own
+    )
+    # and in their own columns of `python -m arenaflow.plan`'s listing
+    head, *rows = afplan.render(afplan.plan(b)).split("\n\n")[1].splitlines()
+    cols = head.split()
+    la = dict(zip(cols, next(r for r in rows if r.startswith("LA2b200")).split()))
+    assert (la["search"], la["guards"]) == (f"{4 * one:.1f}", f"{guard:.1f}")
+
+
+def test_once_they_ran_they_count_as_measured_and_the_table_shows_them(tmp_path):
+    cfg = lineage003(tmp_path)
+    results = tmp_path / "results"
+    over = cfg["budget"]["estimate"]["overhead_minutes"]
+    evidence(results, "LA2b200", wall=60.0, steps=4, hyper=cfg["arms"]["LA2b200"]["hyper"])
+    frame = pd.DataFrame({"item_id": ["i0"], "correct": [True]})
+    for k, seconds in {"none": 30.0, "k0": 45.0}.items():  # two of the four searched so far
+        path = results / paths.readout("ifeval", "LA2b200", f"greedy-{k}", 0)
+        evals.write_readout(frame, path, {"seconds": seconds})
+    (results / "guards/mc").mkdir(parents=True)
+    (results / "guards/mc/LA2b200.json").write_text(json.dumps({"seconds": 12.0}))
+    b = afbudget.Budget(cfg, results=results)
+    spent = b.spent()
+    assert spent["search_readouts_measured"] == pytest.approx(30 / 60 + 45 / 60 + 2 * over)
+    assert spent["mc_guards_measured"] == pytest.approx(12 / 60 + over)
+    assert spent["total"] == pytest.approx(
+        spent["before"]
+        + spent["training_measured"]
+        + spent["generation_estimated"]
+        + spent["search_readouts_measured"]
+        + spent["mc_guards_measured"]
+    )
+    # still to run: the other two readouts of the search, at the estimate
+    assert b.searched("LA2b200", on_disk=False) == pytest.approx(
+        b.readout("ifeval", "greedy-k0h") + b.readout("ifeval", "greedy-k0m")
+    )
+    t = admission.table(b)
+    row = {r["arm"]: r for r in t["arms"]}["LA2b200"]
+    assert row["status"] == admission.RAN
+    assert row["search_readouts"] == pytest.approx(spent["search_readouts_measured"])
+    assert row["mc_guards"] == pytest.approx(spent["mc_guards_measured"])
+    assert row["cost"] == pytest.approx(
+        row["training_measured"]
+        + row["readouts_estimated"]
+        + row["search_readouts"]
+        + 12 / 60
+        + over
+    )
+    md = admission.markdown(t)
+    assert "| of which prompt-search readouts | of which MC guards |" in md
+    assert f"| {row['search_readouts']:.1f} | {row['mc_guards']:.1f} |" in md
+    assert f"MC guards measured {spent['mc_guards_measured']:.1f}" in md
+    # a pending arm's row shows its estimate of them
+    smk = {r["arm"]: r for r in t["arms"]}["smk"]
+    assert (smk["search_readouts"], smk["mc_guards"]) == (0.0, 0.0)
+
+
+def test_a_guard_on_an_unknown_arm_is_named(tmp_path):
+    raw, _ = afconfig.load_configs(
+        [str(REPO / "config/seeds/003.yaml")], [f"results_dir={tmp_path / 'results'}"]
+    )
+    raw["mc_guards"]["mc"]["arms"] = ["LA2b200", "LA9"]
+    with pytest.raises(afconfig.ConfigError, match=r"mc_guards/mc/arms'.*\['LA9'\]"):
+        afconfig.resolve(raw)

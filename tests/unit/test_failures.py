@@ -47,10 +47,12 @@ REF = {
 }
 
 
-def readout(texts: dict, arm: str) -> pd.DataFrame:
-    """A readout as evals.readout writes it, its reasons from candidates.verdict."""
+def readout(texts: dict, arm: str, cut: frozenset = frozenset()) -> pd.DataFrame:
+    """A readout as evals.readout writes it, its reasons and `correct` from candidates.verdict;
+    the items in `cut` ran out of tokens (stopped False: truncated)."""
     recs = []
     for r in POOL:
+        stopped = r["id"] not in cut
         v = candidates.verdict(
             {
                 "id": r["id"],
@@ -58,7 +60,7 @@ def readout(texts: dict, arm: str) -> pd.DataFrame:
                 "sample": 0,
                 "text": texts[r["id"]],
                 "n_tokens": 5,
-                "stopped": True,
+                "stopped": stopped,
             },
             r,
         )
@@ -71,7 +73,7 @@ def readout(texts: dict, arm: str) -> pd.DataFrame:
                 "target_sha256": evals.target_of(r),
                 "completion": texts[r["id"]],
                 "n_tokens": 5,
-                "stopped": True,
+                "stopped": stopped,
                 "pred": None,
                 "strict": v["correct"],
                 "reasons": "; ".join(v["reasons"]),
@@ -109,6 +111,47 @@ def test_paired_against_the_parent_counts_fixed_and_lost_per_family():
     assert t["word_times"]["p_value"] == pytest.approx(binomtest(0, 1, 0.5).pvalue)
     # prompts: a fixed; b, c lost; d fails on both
     assert (rec["all"]["fixed"], rec["all"]["lost"]) == (1, 2)
+
+
+def test_incorrect_rows_are_partitioned_by_reason_truncated_ones_included():
+    texts = {
+        "a": "One two three.",  # passes every check, but cut off: incorrect, no check failed
+        "b": "One two three four.",  # cut off and fails word_eq: put down to the truncation
+        "c": "A cat. A cat and a cat.",  # stopped, fails word_times only
+        "d": "",  # stopped, empty: fails sent too, put down to being empty
+    }
+    df = readout(texts, "A", cut=frozenset({"a", "b"}))
+    rec = failures.table(POOL, df, None, "t")
+    assert rec["all"] == {"prompts": 4, "failing": 3}  # checks: b, c, d (a passes them all)
+    inc = rec["incorrect"]
+    assert inc["by_reason"] == {"truncated": 2, "empty": 1, "word_times": 1}
+    # exactly the readout's incorrect rows: every one under one reason, no correct row counted
+    assert inc["incorrect"] == sum(inc["by_reason"].values()) == int((~df["correct"]).sum())
+    assert inc["rows"] == len(df)
+
+
+def test_a_row_failing_two_families_is_counted_once_and_correct_rows_not_at_all():
+    texts = {**CAND, "a": "One two. Three four five six."}  # word_eq 6 != 3 and sent 2 != 1
+    df = readout(texts, "A")
+    inc = failures.table(POOL, df, readout(REF, "P"), "t")
+    assert inc["incorrect"]["by_reason"] == {
+        "sent": 1,
+        "sent+word_eq": 1,
+        "word_eq": 1,
+        "word_times": 1,
+    }
+    assert inc["incorrect"]["incorrect"] == int((~df["correct"]).sum()) == 4
+    # the parent: a fails word_eq, d fails sent; b and c are correct and not counted
+    assert inc["ref_incorrect"]["by_reason"] == {"sent": 1, "word_eq": 1}
+
+
+def test_a_readout_whose_correct_disagrees_with_its_flags_is_refused_naming_the_item():
+    df = readout(CAND, "A", cut=frozenset({"a"}))
+    df.loc[df["item_id"] == "a", "correct"] = True  # a truncated answer scored correct
+    with pytest.raises(
+        ValueError, match=r"x.parquet: candidate: item 'a', replicate 0: .*truncated"
+    ):
+        failures.table(POOL, df, None, "x.parquet")
 
 
 def test_a_readout_whose_reasons_another_checker_wrote_is_refused_naming_the_item():

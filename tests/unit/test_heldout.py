@@ -4,16 +4,13 @@ after the last step equals an independent forward pass with the final weights.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from arenaflow import corpora, models, pools
+from arenaflow import models, pools
 from arenaflow.train import data, heldout
 
 
@@ -109,57 +106,24 @@ def independent_loss(repo_root, run_dir, corpus_dir, indices):
 
 
 def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(
-    tmp_path, repo_root, tiny_lora
+    tmp_path, repo_root, train_arm
 ):
-    base = repo_root / "models/tiny-arith"
-    corpus = tmp_path / "corpora/c"
-    corpora.build(
-        corpus,
-        pools.generate(11, 6, "train", {"add": 1}, "t"),
-        models.load_tokenizer(base),
-        "",
-        {},
-    )
     # 3 held-out rows, one per micro-batch: rank 0 evaluates rows 0 and 2, rank 1 row 1 and
     # then a filler forward (ZeRO-3 gathers each layer collectively: a rank that skipped it
     # would hang the other)
-    hyper = {
-        **tiny_lora,
-        "max_steps": None,
-        "micro_batch_size": 1,
-        "heldout_rows": 3,
-        "heldout_every": 2,
-        "zero3_persistence_threshold": 0,
-    }
-    out = tmp_path / "runs/A/final"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "arenaflow.train",
-            "--arm",
-            "A",
-            "--params-json",
-            json.dumps(hyper),
-            "--corpus",
-            str(corpus),
-            "--init",
-            "base",
-            "--base-model",
-            str(base),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    train_arm(
+        tmp_path,
+        repo_root / "models/tiny-arith",
+        pools.generate(11, 6, "train", {"add": 1}, "t"),
+        "",
+        nproc=2,
+        max_steps=None,
+        micro_batch_size=1,
+        heldout_rows=3,
+        heldout_every=2,
+        zero3_persistence_threshold=0,
     )
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    out, corpus = tmp_path / "runs/A/final", tmp_path / "corpora/c"
     ev = json.loads((out / "training_evidence.json").read_text())
     assert ev["world_size"] == 2 and ev["optimizer_steps"] == 4
     assert [c["step"] for c in ev["heldout"]["curve"]] == [2, 4]

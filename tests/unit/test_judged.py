@@ -16,12 +16,15 @@ CATS = {"c1": 30, "c2": 20, "c3": 10}
 DISCORDANT = [f"c1-{i}" for i in range(5)]  # arm X answers these with nothing
 
 
-def readout(arm: str) -> pd.DataFrame:
+def readout(arm: str, texts: dict | None = None, cut: frozenset = frozenset()) -> pd.DataFrame:
+    """Every item answered with a usable sentence, but arm X's DISCORDANT ones (empty), `texts`
+    and `cut` (items that ran out of tokens)."""
     recs = []
     for cat, k in CATS.items():
         for i in range(k):
             item = f"{cat}-{i}"
-            text = "" if arm == "armX" and item in DISCORDANT else f"answer of {arm[-1]} to {item}"
+            text = "" if arm == "armX" and item in DISCORDANT else f"answer of {arm[-1]} to {item}."
+            text = (texts or {}).get(item, text)
             recs.append(
                 {
                     "arm": arm,
@@ -32,7 +35,7 @@ def readout(arm: str) -> pd.DataFrame:
                     "target_sha256": f"t{item}",
                     "completion": text,
                     "n_tokens": len(text),
-                    "stopped": True,
+                    "stopped": item not in cut,
                     "correct": bool(i % 2),
                 }
             )
@@ -71,6 +74,31 @@ def test_the_packet_reads_every_discordant_item_then_concordant_ones_by_category
         assert p["prompt"] == prompt[k["item_id"]]
     assert {rows[p]["A"] for p in rows} == {"armX", "armY"}  # sides are swapped, not fixed
     assert "arm" not in json.dumps(pairs)  # nothing in the packet names an arm
+
+
+def test_discordant_means_the_readouts_answer_usable_differs_as_the_card_drew_it():
+    """The card's read took the prompts where the checkpoints disagreed on answer-usable; the
+    packet uses the readout's own answer_usable column, not other structural flags."""
+    no_stop = {"c2-0": "an answer without an end"}  # X's: stopped, not usable (no terminator)
+    x = readout("armX", texts=no_stop, cut=frozenset({"c3-0"}))  # c3-0: X cut off, unusable
+    y = readout("armY", texts={"c3-0": "half an answer"}, cut=frozenset({"c3-1"}))
+    _, key = judged.pack(POOL, x, y, n=10, seed=3, where="t")
+    disc = {
+        r["item_id"] for r in key["pairs"].values() if r["stratum"] == "structurally discordant"
+    }
+    usable = dict(zip(x["item_id"], x["answer_usable"] != y["answer_usable"]))
+    # c2-0: no flag differs (both stopped, non-empty), usable differs -> read; c3-0: truncated
+    # differs but both unusable -> concordant; c3-1: Y cut off, X usable -> read
+    assert disc == {i for i, d in usable.items() if d} == {*DISCORDANT, "c2-0", "c3-1"}
+
+
+def test_a_readout_written_before_answer_usable_is_read_with_the_same_definition():
+    old = readout("armX").drop(columns=["answer_usable"])
+    _, key = judged.pack(POOL, old, readout("armY"), n=10, seed=3, where="t")
+    disc = {
+        r["item_id"] for r in key["pairs"].values() if r["stratum"] == "structurally discordant"
+    }
+    assert disc == set(DISCORDANT)
 
 
 def test_the_packet_is_fixed_by_its_seed():

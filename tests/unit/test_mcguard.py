@@ -106,6 +106,7 @@ def test_the_shipped_set_scores_on_the_tiny_model_and_reloads(tiny, repo_root, t
     )
     rec = manifest.check_seal(json.loads(out.read_text()), out)
     assert rec["n"] == 40 and 0.0 <= rec["acc_norm"] <= 1.0
+    assert rec["seconds"] > 0  # the scoring's wall time: the GPU-minute budget counts it spent
     for a, b in zip(rec["items"], res["items"]):
         assert a["lls"] == pytest.approx(b["lls"]) and a["pred"] == b["pred"]
 
