@@ -124,8 +124,9 @@ def _attend(q, k, v, cache_k, cache_v, rows, mask, s: Shape) -> torch.Tensor:
     the G query heads sharing it ([B, H_kv, G, D] x [B, H_kv, D, S]). A prompt (T > 1): over its
     own keys with SDPA, the KV heads repeated as transformers' repeat_kv does."""
     batch, _, t, dim = q.shape
-    cache_k.index_copy_(2, rows, k)
-    cache_v.index_copy_(2, rows, v)
+    # in place into graph inputs (gpt-fast's pattern): inductor writes the rows and nothing else
+    cache_k[:, :, rows] = k
+    cache_v[:, :, rows] = v
     scale = dim**-0.5
     if t > 1:
         group = s.heads // s.kv_heads
@@ -159,8 +160,8 @@ def _layer(h, w: tuple, cache_k, cache_v, cos, sin, rows, mask, s: Shape) -> tor
 def forward(weights: dict, s: Shape, cache: tuple, ids, positions, rows, mask, tables):
     """float32 logits [B, V] of the last position, writing each layer's keys and values.
 
-    ids, positions [B, T]; rows [T]: the cache rows they go to; cache (keys, values), each
-    [layers, B, H_kv, L, D]; mask bool, [B, 1, T, T] for a prompt, [B, 1, 1, S] for one token
+    ids, positions [B, T]; rows [T]: the cache rows they go to; cache (keys, values):
+    new_cache's; mask bool, [B, 1, T, T] for a prompt, [B, 1, 1, S] for one token
     (True: may attend); tables: rotary_tables' (cos, sin)."""
     cos, sin = (x[positions].unsqueeze(1) for x in tables)  # [B, 1, T, D]
     h = F.embedding(ids, weights["embed"])
@@ -170,6 +171,12 @@ def forward(weights: dict, s: Shape, cache: tuple, ids, positions, rows, mask, t
     return F.linear(h, weights["lm_head"]).float()
 
 
-def new_cache(model, s: Shape, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    size = (model.config.num_hidden_layers, batch, s.kv_heads, length, s.head_dim)
-    return tuple(torch.zeros(size, dtype=model.dtype, device=model.device) for _ in range(2))
+def new_cache(model, s: Shape, batch: int, length: int) -> tuple[list, list]:
+    """Keys and values: per layer one [B, H_kv, length, D] tensor. Not views of one
+    [layers, ...] tensor: a compiled step that writes into a view of an input has the write
+    functionalised into a copy of the whole input (seen in inductor's output code: the whole
+    cache copied at every step); a write into an input itself is done in place."""
+    size = (batch, s.kv_heads, length, s.head_dim)
+    layers = model.config.num_hidden_layers
+    new = dict(dtype=model.dtype, device=model.device)
+    return tuple([torch.zeros(size, **new) for _ in range(layers)] for _ in range(2))
