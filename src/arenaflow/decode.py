@@ -279,7 +279,7 @@ class StaticDecoder:
             fn = llama_step
             if self.compiled:
                 fn = compiled_llama_step()
-                torch._dynamo.maybe_mark_dynamic(seen_rows, 0)  # one compile serves every bucket
+                self._mark_dynamic(seen_rows)
             fn(
                 self.weights,
                 self.shape,
@@ -305,6 +305,20 @@ class StaticDecoder:
         choose(logits[:, -1].float(), st, self.decoding, self.pad)
         st["position"].add_(1)
         st["cursor"].add_(1)
+
+    def _mark_dynamic(self, seen_rows: torch.Tensor) -> None:
+        """Compiles the step for any bucket (rows seen), batch and cache length, so that one
+        graph serves every decoder of a decoding: else each new shape would compile anew."""
+        mark = torch._dynamo.maybe_mark_dynamic
+        mark(seen_rows, 0)
+        for t in (*self.kv[0], *self.kv[1]):
+            mark(t, 0), mark(t, 2)
+        for key in ("token", "position", "finished", "out", "visible", "seen"):
+            if self.st[key] is not None:
+                mark(self.st[key], 0)
+        mark(self.st["visible"], 1), mark(self.st["out"], 1)
+        for t in self.tables:
+            mark(t, 0)
 
     def _set_cache_rows(self, rows: int) -> None:
         for layer in self.cache.layers:
