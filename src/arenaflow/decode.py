@@ -122,6 +122,7 @@ def _decode_attention(model):
 STEP_ENV = "ARENAFLOW_DECODE_STEP"  # "llama" | "hf" | "auto" (default): see the module doc
 STEPS = ("auto", "llama", "hf")
 RECOMPILE_LIMIT = 64  # graphs of the Llama step per process (see compiled_llama_step)
+INDUCTOR_ENV = "ARENAFLOW_DECODE_INDUCTOR"  # extra inductor options (inductor_options)
 
 
 def step_kind(model, step: str | None = None) -> str:
@@ -183,13 +184,27 @@ def llama_step(weights, shape, cache, st: dict, seen_rows, tables, decoding, pad
 
 @functools.cache
 def compiled_llama_step():
-    # one compiled function for every decoder, so that dynamo's cache serves all of them;
-    # fallback_random: the exponential race uses aten's generator, as the eager step does.
-    # Each decoding (temperature, top_p, penalty: constants in the graph) and the first two
-    # batch shapes compile apart; past dynamo's default limit of 8 the step would run eagerly
+    # one compiled function for every decoder, so that dynamo's cache serves all of them.
+    # Each decoding (temperature, top_p, penalty: constants in the graph) and batch 1 compile
+    # apart; past dynamo's recompile limit (default 8) a fullgraph compile raises (and the
+    # decoder falls back to step "hf"), so the limit is raised
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(llama_step, fullgraph=True, options={"fallback_random": True})
+    return torch.compile(llama_step, fullgraph=True, options=inductor_options())
+
+
+def inductor_options() -> dict:
+    """fallback_random: the exponential race uses aten's generator, as the eager step does.
+    Inductor's default mode otherwise (mm and bmm through cuBLAS: compiles in about a minute);
+    ARENAFLOW_DECODE_INDUCTOR="max_autotune=1,coordinate_descent_tuning=1" (any inductor
+    options, 1/0 for booleans) tries others without a code change."""
+    options: dict = {"fallback_random": True}
+    for item in filter(None, os.environ.get(INDUCTOR_ENV, "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"${INDUCTOR_ENV}: {item!r} is not key=value")
+        options[key.strip()] = {"1": True, "0": False}.get(value.strip(), value.strip())
+    return options
 
 
 class StaticDecoder:
@@ -357,6 +372,8 @@ class StaticDecoder:
         """Compiles the Llama step (one warm-up step), then captures the graphs; the random
         state is put back as it was, so that a fresh decoder draws as a reused one does."""
         dev = self.model.device
+        if self.new_tokens < 2:  # the prompt pass chooses the only token: no step runs
+            return
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
             if self.compiled:  # compiled on the main stream, before any capture
                 self._rewind()

@@ -103,6 +103,21 @@ def test_the_compiled_step_is_one_graph_for_every_bucket_and_decodes_as_the_eage
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 2  # one a decoding
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_compiled_step_in_graphs_decodes_as_the_eager_step_and_generate():
+    model = random_llama("cuda")
+    ids, mask = (t.cuda() for t in ragged(6, (5, 17, 9, 30, 1, 12)))
+    dec = sampling.Decoding(max_new_tokens=40)
+    graphed = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0)
+    eager = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0, False, compiled=False)
+    assert (graphed.path, eager.path) == ("llama-compiled+graphs", "llama-eager")
+    got = [until_stop(r, [1, 2]) for r in graphed.run(ids, mask)]
+    assert got == [until_stop(r, [1, 2]) for r in eager.run(ids, mask)]
+    assert got == greedy_generate(model, ids, mask, 40, [1, 2], 0)
+    assert len(graphed.graphs) == 3  # buckets of 32, 64 and 70 cache rows
+
+
 def test_other_architectures_keep_transformers_modelling_path():
     torch.manual_seed(0)
     cfg = Qwen2Config(
