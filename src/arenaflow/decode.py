@@ -272,7 +272,7 @@ class StaticDecoder:
             "+graphs" if self.use_graphs else ""
         )
 
-    def _setup_hf(self) -> None:
+    def _setup_hf(self, fused_ok: bool = True) -> None:
         m = self.model
         self.compiled = False
         self.cache_keyword = _cache_keyword(m)
@@ -282,7 +282,7 @@ class StaticDecoder:
                 f"{type(m).__name__}: the static decode loop supports full attention "
                 "layers only; set `engine: hf` for sliding-window models"
             )
-        if m.device.type == "cuda" and fused_kernels_on():
+        if m.device.type == "cuda" and fused_kernels_on() and fused_ok:
             fused.install(m)  # a step is ~1,200 small kernels without (BENCHMARKS.md)
         self.path = "hf" + ("+graphs" if self.use_graphs else "")
 
@@ -406,7 +406,7 @@ class StaticDecoder:
             self.graphs, self.kv, self.weights = {}, None, None
             if self.pool is not None:
                 self.pool = torch.cuda.graph_pool_handle()
-            self._setup_hf()
+            self._setup_hf(fused_ok=False)  # its compiled kernels might fail the same way
             self.path += " (fallback)"
             self._prepare()
         self.prepared = True
