@@ -170,6 +170,27 @@ def test_a_reused_decoder_decodes_the_weights_as_they_are_now():
     assert after == greedy_generate(model, ids, mask, 16, [1], 0)
 
 
+def test_a_lora_arm_decodes_its_merged_weights_and_an_unmerged_one_keeps_the_old_path():
+    """load_policy merges an arm's adapter: the packed step must decode base + adapter (what
+    generate() of the PEFT model decodes); a PEFT wrapper itself is not packed."""
+    from peft import LoraConfig, get_peft_model
+
+    ids, mask = ragged(7)
+    torch.manual_seed(1)
+    lora = LoraConfig(
+        r=8, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False
+    )
+    peft = get_peft_model(random_llama("cpu"), lora).eval()
+    want = greedy_generate(peft, ids, mask, 16, [1, 2], 0)
+    assert want != greedy_generate(random_llama("cpu"), ids, mask, 16, [1, 2], 0)  # it matters
+    dec = sampling.Decoding(max_new_tokens=16)
+    assert decode.StaticDecoder(peft, *ids.shape, 16, dec, [1, 2], 0).path == "hf"
+    merged = peft.merge_and_unload()
+    d = decode.StaticDecoder(merged, *ids.shape, 16, dec, [1, 2], 0)
+    assert d.path == "llama-eager"
+    assert [until_stop(r, [1, 2]) for r in d.run(ids, mask)] == want
+
+
 def test_a_step_that_fails_to_compile_falls_back_loudly_to_the_old_path(monkeypatch, capsys):
     def broken():
         def step(*args):
