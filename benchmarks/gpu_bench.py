@@ -256,10 +256,10 @@ def flops_per_token(shape: dict, method: str, seq: int) -> float:
     ] * shape["hidden"] * seq
 
 
-def decode_step(model, tok, prompt: str, dec, bs: int, profile: bool = True) -> dict:
+def decode_step(model, tok, prompt: str, dec, bs: int, count_kernels: bool = True) -> dict:
     """The static engine's decode steps alone (its last run, prompt pass excluded), which step
-    ran (decoder_path), and a profile of the same step run without CUDA graphs: kernels per
-    step and their summed GPU time."""
+    ran (decoder_path), and (`count_kernels`) a profile of the same step run without CUDA graphs:
+    kernels per step and their summed GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     pad = models.pad_id(tok)  # as sampling.generate pads, so the lookup below finds its decoder
@@ -270,7 +270,7 @@ def decode_step(model, tok, prompt: str, dec, bs: int, profile: bool = True) -> 
     shape = (*ids["input_ids"].shape, dec.max_new_tokens, dec, sampling.stop_token_ids(tok), pad)
     decoder = decode.decoder_for(model, *shape)  # the one sampling.generate just ran
     step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
-    if not profile:
+    if not count_kernels:
         return {"graph_step_ms": step_ms, "decoder_path": decoder.path}
     eager = decode.StaticDecoder(model, *shape, graphs=False)
     eager.run(ids["input_ids"], ids["attention_mask"])  # warm-up
