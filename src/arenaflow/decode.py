@@ -126,7 +126,7 @@ INDUCTOR_ENV = "ARENAFLOW_DECODE_INDUCTOR"  # extra inductor options (inductor_o
 
 
 def step_kind(model, step: str | None = None) -> str:
-    """ "llama" or "hf": the step a decoder of `model` runs. `step` (else ARENAFLOW_DECODE_STEP,
+    """The step a decoder of `model` runs, "llama" or "hf". `step` (else ARENAFLOW_DECODE_STEP,
     else "auto"): "auto" takes "llama" where arenaflow.llamastep supports the model; "llama"
     for a model it does not support is an error naming the architecture."""
     want = step or os.environ.get(STEP_ENV) or "auto"
@@ -195,7 +195,7 @@ def compiled_llama_step():
 
 def inductor_options() -> dict:
     """fallback_random: the exponential race uses aten's generator, as the eager step does.
-    Inductor's default mode otherwise (mm and bmm through cuBLAS: compiles in about a minute);
+    Inductor's default mode otherwise (mm and bmm through cuBLAS, no autotuning at compile);
     ARENAFLOW_DECODE_INDUCTOR="max_autotune=1,coordinate_descent_tuning=1" (any inductor
     options, 1/0 for booleans) tries others without a code change."""
     options: dict = {"fallback_random": True}
