@@ -321,7 +321,7 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
     "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (ARENAFLOW_FUSED=0)
 }
 STEP_OF_PATH = {
-    "static": "auto",
+    "static": "llama",
     "static-hf": "hf",
     "static-unfused": "hf",
 }  # ARENAFLOW_DECODE_STEP

@@ -109,8 +109,10 @@ def test_on_cuda_the_compiled_step_in_graphs_decodes_as_the_eager_step_and_gener
     model = random_llama("cuda")
     ids, mask = (t.cuda() for t in ragged(6, (5, 17, 9, 30, 1, 12)))
     dec = sampling.Decoding(max_new_tokens=40)
-    graphed = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0)
-    eager = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0, False, compiled=False)
+    graphed = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0, step="llama")
+    eager = decode.StaticDecoder(
+        model, *ids.shape, 40, dec, [1, 2], 0, False, compiled=False, step="llama"
+    )
     assert (graphed.path, eager.path) == ("llama-compiled+graphs", "llama-eager")
     got = [until_stop(r, [1, 2]) for r in graphed.run(ids, mask)]
     assert got == [until_stop(r, [1, 2]) for r in eager.run(ids, mask)]
