@@ -16,9 +16,13 @@ measures, in one run:
   per token 6 N (full) or 4 N (LoRA: no weight gradients) over the N weights that multiply (all
   but the input embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
 - generation tokens/s through arenaflow.sampling.generate at batch sizes 1..256 on each
-  --gen-paths entry (GEN_PATHS), each timed on its second identical call (the first pays
-  allocation, and compilation or graph capture), against the bandwidth bound: batch x copy
-  bandwidth / (weight bytes + the KV-cache bytes read per decode step).
+  --gen-paths entry (GEN_PATHS: generate() with its dynamic or static cache, arenaflow's
+  static engine with the compiled Llama step or with transformers' modelling code), each timed
+  on its second identical call (the first pays allocation, and compilation or graph capture),
+  against the bandwidth bound: batch x copy bandwidth / (weight bytes + the KV-cache bytes read
+  per decode step); for the static engine also its step time and kernels per step, and at
+  --equal-batches whether its greedy token ids equal generate()'s on ragged prompts.
+  benchmarks/decode_check.py is a short run of the generation part alone (one device call).
 """
 
 from __future__ import annotations
@@ -252,9 +256,10 @@ def flops_per_token(shape: dict, method: str, seq: int) -> float:
     ] * shape["hidden"] * seq
 
 
-def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
-    """The static engine's decode steps alone (its last run, prompt pass excluded), and a
-    profile of the same step run eagerly: kernels per step and their summed GPU time."""
+def decode_step(model, tok, prompt: str, dec, bs: int, count_kernels: bool = True) -> dict:
+    """The static engine's decode steps alone (its last run, prompt pass excluded), which step
+    ran (decoder_path), and (`count_kernels`) a profile of the same step run without CUDA graphs:
+    kernels per step and their summed GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     pad = models.pad_id(tok)  # as sampling.generate pads, so the lookup below finds its decoder
@@ -265,6 +270,8 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
     shape = (*ids["input_ids"].shape, dec.max_new_tokens, dec, sampling.stop_token_ids(tok), pad)
     decoder = decode.decoder_for(model, *shape)  # the one sampling.generate just ran
     step_ms = decoder.last_decode["seconds"] / decoder.last_decode["steps"] * 1e3
+    if not count_kernels:
+        return {"graph_step_ms": step_ms, "decoder_path": decoder.path}
     eager = decode.StaticDecoder(model, *shape, graphs=False)
     eager.run(ids["input_ids"], ids["attention_mask"])  # warm-up
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -280,6 +287,7 @@ def decode_step(model, tok, prompt: str, dec, bs: int) -> dict:
         by_name[e.name[:90]] = by_name.get(e.name[:90], 0.0) + e.device_time_total / 1e3 / steps
     return {
         "graph_step_ms": step_ms,
+        "decoder_path": decoder.path,
         "eager_step_ms": eager.last_decode["seconds"] / eager.last_decode["steps"] * 1e3,
         "kernels_per_step": len(kernels) / steps,
         "kernel_ms_per_step": sum(e.device_time_total for e in kernels) / 1e3 / steps,
@@ -305,11 +313,70 @@ def kernel_kind(name: str) -> str:
 GEN_PATHS = {  # name: sampling.generate keyword arguments
     "hf": {},  # transformers' generate(), dynamic cache
     "hf-static": {"cache_implementation": "static"},  # generate() with its static cache (compiled)
-    "static": {
-        "engine": "static"
-    },  # arenaflow.decode: static cache, CUDA-graph steps, fused kernels
+    # arenaflow.decode, CUDA-graph steps per key-length bucket: the packed Llama step compiled
+    # whole (issue 23) ...
+    "static": {"engine": "static"},
+    # ... or transformers' modelling code with arenaflow.fused's kernels (the path before it)
+    "static-hf": {"engine": "static"},
     "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (ARENAFLOW_FUSED=0)
 }
+STEP_OF_PATH = {
+    "static": "llama",
+    "static-hf": "hf",
+    "static-unfused": "hf",
+}  # ARENAFLOW_DECODE_STEP
+
+
+def until_stop(row: list[int], stops: list[int]) -> list[int]:
+    cut = next((i for i, t in enumerate(row) if t in stops), None)
+    return row if cut is None else row[: cut + 1]
+
+
+@torch.no_grad()
+def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> dict:
+    """Token ids of a greedy run of the static engine against generate()'s (dynamic cache) on
+    the same `bs` prompts of unequal lengths, left-padded alike: rows equal, and the mean
+    fraction of generate()'s tokens matched before the first difference."""
+    rng = np.random.default_rng(seed)
+    prompts = [
+        chat.render(
+            [{"role": "user", "content": " ".join(map(str, rng.integers(0, 999, n)))}], True
+        )
+        for n in rng.integers(2, 40, bs)
+    ]
+    pad, stops = models.pad_id(tok), sampling.stop_token_ids(tok)
+    enc = sampling.left_pad(tok, prompts, pad, sampling.PROMPT_BUCKET)
+    ids, mask = enc["input_ids"].cuda(), enc["attention_mask"].cuda()
+    dec = sampling.Decoding(max_new_tokens=new_tokens)
+    decoder = decode.decoder_for(model, *ids.shape, new_tokens, dec, stops, pad)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ours = [until_stop(r, stops) for r in decoder.run(ids, mask)]
+    t1 = time.perf_counter()
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        eos_token_id=stops,
+        pad_token_id=pad,
+        do_sample=False,
+    )[:, ids.shape[1] :].tolist()
+    t2 = time.perf_counter()
+    ref = [until_stop(r, stops) for r in ref]
+    prefix = [
+        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) / len(b)
+        for a, b in zip(ours, ref)
+    ]
+    return {
+        "greedy_equal": ours == ref,
+        "greedy_rows_equal": sum(a == b for a, b in zip(ours, ref)),
+        "greedy_rows": bs,
+        "greedy_matched_fraction": float(np.mean(prefix)),
+        "greedy_decoder_path": decoder.path,
+        # the same batch's wall time, prompt pass included (ours: a decoder already compiled)
+        "greedy_static_s": t1 - t0,
+        "greedy_generate_s": t2 - t1,
+    }
 
 
 @torch.no_grad()
@@ -320,10 +387,17 @@ def generation(
     prompt_len: int,
     bw: float,
     path: str = "hf",
+    equal_batches: tuple[int, ...] = (1, 256),
+    profile: bool = True,
+    temperature: float = 1.0,
 ) -> list[dict]:
+    """tokens/s per batch size on one GEN_PATHS entry; for the static engine also its decode
+    step (decode_step; `profile`: kernels per step) and, at `equal_batches`, its greedy ids
+    against generate()'s (greedy_vs_generate)."""
     from transformers import AutoModelForCausalLM
 
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
+    os.environ[decode.STEP_ENV] = STEP_OF_PATH.get(path, "auto")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()
     cfg = model.config
@@ -338,7 +412,7 @@ def generation(
     prompt = chat.render([{"role": "user", "content": "x" * (prompt_len - 20)}], True)
     rows = []
     for bs in batches:
-        dec = sampling.Decoding(temperature=1.0, max_new_tokens=new_tokens)
+        dec = sampling.Decoding(temperature=temperature, max_new_tokens=new_tokens)
         times = []
         for _ in range(2):  # the first call warms up; the second is timed
             torch.cuda.synchronize()
@@ -359,7 +433,9 @@ def generation(
         made = sum(o[0]["n_tokens"] for o in outs)
         engine = {}
         if GEN_PATHS[path].get("engine") == "static":
-            engine = decode_step(model, tok, prompt, dec, bs)
+            engine = decode_step(model, tok, prompt, dec, bs, profile)
+            if bs in equal_batches:
+                engine.update(greedy_vs_generate(model, tok, bs, new_tokens))
         ctx = prompt_len + new_tokens / 2  # mean context length during decoding
         bound = bs * bw / (weight_bytes + bs * ctx * kv_per_token)
         rows.append(
@@ -394,7 +470,10 @@ def main() -> None:
         "--train", nargs="+", default=TRAIN_DEFAULT, help="key=value,... per training run"
     )
     ap.add_argument("--gen-batches", default="1,16,64,256")
-    ap.add_argument("--gen-paths", default="hf,hf-static,static", help=f"of {', '.join(GEN_PATHS)}")
+    ap.add_argument(
+        "--gen-paths", default="hf,hf-static,static-hf,static", help=f"of {', '.join(GEN_PATHS)}"
+    )
+    ap.add_argument("--equal-batches", default="1,256", help="greedy ids checked vs generate()")
     ap.add_argument("--new-tokens", type=int, default=128)
     args = ap.parse_args()
     root, parts = Path(args.root), args.parts.split(",")
@@ -437,6 +516,7 @@ def main() -> None:
             128,
             c["copy_bytes_per_s"],
             path,
+            tuple(int(b) for b in args.equal_batches.split(",")),
         )
     Path(args.out).write_text(json.dumps(res, indent=2))
     for r in res["train"]:
@@ -450,19 +530,31 @@ def main() -> None:
                 f"peak {r['peak_gpu_mem_gib']} GiB"
             )
     for g in res["generation"]:
-        print(
-            f"generate {g['path']:14s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
-            f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
-            f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)"
-            + (
-                f"; decode step {g['graph_step_ms']:.2f} ms (eager {g['eager_step_ms']:.2f}), "
-                f"{g['kernels_per_step']:.0f} kernels = {g['kernel_ms_per_step']:.2f} ms "
-                "of GPU time per step: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
-                if "graph_step_ms" in g
-                else ""
-            )
+        print(generation_line(g))
+
+
+def generation_line(g: dict) -> str:
+    """One generation row in words: rate, share of the bound, and for the static engine the
+    step that ran, its time and kernels, and whether its greedy ids equal generate()'s."""
+    line = (
+        f"generate {g['path']:14s} bs {g['batch']:4d}: {g['tokens_per_s']:9.0f} tok/s = "
+        f"{g['fraction_of_bound']:.1%} of the bandwidth bound {g['bound_tokens_per_s']:.0f} "
+        f"({g['step_ms']:.2f} ms/step; first call {g['first_call_s']:.1f} s)"
+    )
+    if "graph_step_ms" in g:
+        line += f"; {g['decoder_path']}: decode step {g['graph_step_ms']:.2f} ms"
+    if "kernels_per_step" in g:
+        line += (
+            f" (no graphs {g['eager_step_ms']:.2f}), {g['kernels_per_step']:.0f} kernels = "
+            f"{g['kernel_ms_per_step']:.2f} ms of GPU time per step: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
         )
+    if "greedy_equal" in g:
+        line += (
+            f"; greedy = generate(): {g['greedy_equal']} ({g['greedy_rows_equal']}/"
+            f"{g['greedy_rows']} rows, {g['greedy_matched_fraction']:.1%} of tokens matched)"
+        )
+    return line
 
 
 if __name__ == "__main__":

