@@ -125,6 +125,7 @@ CODE_DEFAULTS = {
     "lm_head_lr": None,
     "checkpoint_every": 0,
     "zero3_persistence_threshold": 100000,
+    "zero_stage": "auto",  # issue 15: stage 3 on several ranks, 2 on one (train/loop.py)
     "length_bucketing": True,
     "zero3_leaf_modules": "auto",
     "fused_lora": True,

@@ -38,6 +38,7 @@ HYPER = {
     "mem_mb": 1000,
     "checkpoint_every": 0,
     "zero3_persistence_threshold": 0,  # partition every parameter: exposes an ungathered save
+    "zero_stage": 3,  # ZeRO-3 on one rank too (auto would run stage 2; test_train_fidelity.py)
 }
 
 

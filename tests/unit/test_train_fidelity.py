@@ -109,6 +109,9 @@ def one_rank(tmp_path_factory, corpus):
     probe = out.parent / "probe.pt"
     proc = train(out, corpus, HYPER, env={"ARENAFLOW_PROBE_LOGITS": str(probe)})
     assert "fused LoRA linears: 6" in proc.stderr  # q_proj, v_proj, up_proj x 2 layers
+    # zero_stage: auto, one rank: stage 2, no ZeRO-3 hooks, so no leaf modules either
+    assert "ZeRO stage 2 (zero_stage: auto, 1 ranks)" in proc.stderr
+    assert "leaf modules" not in proc.stderr
     return out
 
 
@@ -201,7 +204,9 @@ def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path):
     )
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
-    assert json.loads((out / "training_evidence.json").read_text())["world_size"] == 2
+    ev = json.loads((out / "training_evidence.json").read_text())
+    assert (ev["world_size"], ev["zero_stage"]) == (2, 3)  # zero_stage auto: ZeRO-3 on 2 ranks
+    assert json.loads((one_rank / "training_evidence.json").read_text())["zero_stage"] == 2
 
 
 @pytest.mark.parametrize(
@@ -209,16 +214,22 @@ def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path):
     [
         ({"zero3_leaf_modules": []}, "ZeRO-3 leaf modules: none"),
         ({"fused_lora": False}, "ZeRO-3 leaf modules: ['LlamaDecoderLayer']"),
+        ({}, "ZeRO-3 leaf modules: ['LlamaDecoderLayer']"),
     ],
 )
 def test_zero3_leaf_blocks_and_fused_lora_change_no_number(
     one_rank, corpus, tmp_path, change, log_line
 ):
-    """The default (one ZeRO-3 unit per decoder layer, LoRA linears fused) optimises as hooks on
-    every submodule and PEFT's own LoRA forward do; only the time differs (BENCHMARKS.md)."""
+    """ZeRO-3 on one rank (as it ran before zero_stage: auto chose stage 2 there), with one unit
+    per decoder layer and LoRA linears fused, with hooks on every submodule, or with PEFT's own
+    LoRA forward, optimises as the default does (stage 2, fused); only the time differs
+    (BENCHMARKS.md)."""
     out = tmp_path / "H" / "final"
-    proc = train(out, corpus, {**HYPER, **change})
-    assert log_line in proc.stderr and "fused LoRA linears" not in proc.stderr
+    proc = train(out, corpus, {**HYPER, "zero_stage": 3, **change})
+    assert "ZeRO stage 3 (zero_stage: 3, 1 ranks)" in proc.stderr
+    assert log_line in proc.stderr
+    assert ("fused LoRA linears: 6" in proc.stderr) == (change == {})
+    assert json.loads((out / "training_evidence.json").read_text())["zero_stage"] == 3
     assert [m["loss"] for m in metrics(out)] == pytest.approx(
         [m["loss"] for m in metrics(one_rank)], abs=1e-6
     )
@@ -355,6 +366,32 @@ def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
 
 
+def test_zero3_checkpoint_resumes_at_stage_2_on_one_rank_to_the_same_weights(
+    one_rank, corpus, tmp_path
+):
+    """A one-rank checkpoint written at ZeRO-3 (zero_stage: 3, or any run before zero_stage
+    existed) resumed under zero_stage: auto (stage 2 on one rank) goes through the universal
+    checkpoint and ends where an uninterrupted stage-2 run ends."""
+    out = tmp_path / "S" / "final"
+    hyper = {**HYPER, "checkpoint_every": 3}
+    proc = train(
+        out, corpus, {**hyper, "zero_stage": 3}, env={"ARENAFLOW_FAIL_AFTER_STEP": "6"}, check=False
+    )
+    assert proc.returncode == 75
+    proc = train(out, corpus, hyper)
+    assert "step_000006 at step 6 (universal checkpoint" in proc.stderr
+    assert "ZeRO stage 2 (zero_stage: auto, 1 ranks)" in proc.stderr
+    want, got = metrics(one_rank), metrics(out)
+    assert [m["lr"] for m in got] == [m["lr"] for m in want]
+    assert [m["loss"] for m in got] == pytest.approx([m["loss"] for m in want], abs=1e-6)
+    wa, wb = (
+        load_file(one_rank / "adapter_model.safetensors"),
+        load_file(out / "adapter_model.safetensors"),
+    )
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
+
+
 def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(
     corpus, tmp_path
 ):
@@ -377,6 +414,33 @@ def test_checkpoint_of_another_configuration_is_not_resumed(corpus, tmp_path):
     proc = train(out, corpus, {**hyper, "lr": 1e-3})
     assert "another configuration" in proc.stderr
     assert json.loads((out / "training_evidence.json").read_text())["resumed_from_step"] is None
+
+
+def test_full_fine_tuning_at_stage_2_trains_and_saves_as_zero3_does(corpus, tmp_path):
+    """One rank, full fine-tuning: zero_stage auto (stage 2) and ZeRO-3 take the same steps and
+    save the same whole weights, which reload."""
+    from transformers import AutoModelForCausalLM
+
+    hyper = {
+        **HYPER,
+        "method": "full",
+        "lr": 1e-3,
+        "max_steps": 3,
+        "lora": {**HYPER["lora"], "modules_to_save": []},
+    }
+    runs = {}
+    for stage in ("auto", 3):
+        runs[stage] = tmp_path / f"z{stage}" / "final"
+        proc = train(runs[stage], corpus, {**hyper, "zero_stage": stage})
+        assert f"ZeRO stage {2 if stage == 'auto' else 3} (zero_stage: {stage}" in proc.stderr
+    assert [m["loss"] for m in metrics(runs["auto"])] == pytest.approx(
+        [m["loss"] for m in metrics(runs[3])], abs=1e-6
+    )
+    wa, wb = load_file(runs[3] / "model.safetensors"), load_file(runs["auto"] / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
+    AutoModelForCausalLM.from_pretrained(runs["auto"])  # reloads
 
 
 def test_full_fine_tuning_saves_gathered_full_weights(corpus, tmp_path):

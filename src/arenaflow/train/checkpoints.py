@@ -38,6 +38,7 @@ LAYOUT_KEYS = (
     "runtime_min",
     "mem_mb",
     "checkpoint_every",
+    "zero_stage",  # how the state is laid out on the ranks, not what is computed
 )
 
 
@@ -60,7 +61,7 @@ class Plan:
     universal: bool = False  # it was written at another world size
 
 
-def plan(ckpt_dir: Path, run: dict, world: int) -> Plan:
+def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
     """What to resume, decided before DeepSpeed starts (universal loading is an engine setting).
     Every rank reads the same files and comes to the same answer."""
     if not (ckpt_dir / "latest").exists() or not (ckpt_dir / META).exists():
@@ -85,7 +86,9 @@ def plan(ckpt_dir: Path, run: dict, world: int) -> Plan:
         )
         discard(ckpt_dir)
         return Plan()
-    return Plan(meta["tag"], universal=meta["world_size"] != world)
+    # Checkpoints written before zero_stage existed are ZeRO-3's.
+    written = meta.get("zero_stage", 3)
+    return Plan(meta["tag"], universal=meta["world_size"] != world or written != stage)
 
 
 def discard(ckpt_dir: Path) -> None:
@@ -114,6 +117,9 @@ def to_universal(ckpt_dir: Path, tag: str) -> None:
                 "2",
                 "--num_merge_workers",
                 "1",
+                # A ZeRO-1/2 checkpoint (a one-rank job's, zero_stage: auto) lacks the
+                # version record Megatron-DeepSpeed adds; ZeRO-3's conversion ignores it.
+                "--inject_missing_state",
             ],
             capture_output=True,
             text=True,
@@ -124,9 +130,58 @@ def to_universal(ckpt_dir: Path, tag: str) -> None:
                 f"{ckpt_dir / tag}: could not convert this checkpoint to DeepSpeed's universal "
                 f"format to resume it at another world size:\n{proc.stderr[-3000:]}"
             )
+        name_both_stages(tmp)
         tmp.rename(done)
         log.info("converted %s to the universal format for a new world size", ckpt_dir / tag)
     torch.distributed.barrier()
+
+
+def name_both_stages(universal: Path) -> None:
+    """Make a universal checkpoint loadable at ZeRO stage 2 and 3 alike (zero_stage: auto runs a
+    one-rank job at 2, several ranks at 3). Its weights and Adam moments (zero/<param>/) hold
+    the same numbers whichever stage wrote them; DeepSpeed 0.19's two loaders want them laid
+    out differently, and this fills in, from what is there, what the other stage's loader reads.
+    The metadata file (steps, LR schedule, client state) is named
+    zero_pp_rank_0_mp_rank_XX_model_states.pt by ZeRO-3, mp_rank_XX_model_states.pt by ZeRO-1/2:
+    each is linked to the other name."""
+    meta = None
+    for f in sorted(universal.glob("*mp_rank_*_model_states.pt")):
+        mp = f.name.split("mp_rank_")[1]
+        other = (
+            "mp_rank_" + mp if f.name.startswith("zero_pp_rank_") else "zero_pp_rank_0_" + f.name
+        )
+        if not (universal / other).exists():
+            os.link(f, universal / other)
+        meta = f
+    state = universal / "zero/optimizer_state.pt"
+    sd = torch.load(state, weights_only=False)
+    if "optimizer_state_dict" not in sd:  # from ZeRO-1/2
+        # ZeRO-3 reads the Adam step and param groups from optimizer_state_dict
+        step = torch.load(next(universal.glob("zero/*/step.pt")), weights_only=False)
+        sd["optimizer_state_dict"] = {
+            "state": {0: {"step": step}},
+            "param_groups": sd["param_groups"],
+        }
+    else:  # from ZeRO-3
+        meta = torch.load(meta, weights_only=False)
+        sd.setdefault("ds_version", meta["ds_version"])
+        shapes = {k: v for group in meta["param_shapes"] for k, v in group.items()}
+        zero3_to_zero12(universal / "zero", shapes, sd["optimizer_state_dict"]["state"][0]["step"])
+    torch.save(sd, state)
+
+
+def zero3_to_zero12(zero: Path, shapes: dict, step) -> None:
+    """ZeRO-1/2 read each parameter's fp32 weight and Adam moments as {"param": tensor of the
+    parameter's shape} and its Adam step from step.pt; ZeRO-3 writes flat tensors and keeps
+    the step in optimizer_state.pt (its loader takes both forms)."""
+    for name, shape in shapes.items():
+        for key in ("fp32", "exp_avg", "exp_avg_sq"):
+            f = zero / name / f"{key}.pt"
+            t = torch.load(f, weights_only=False)
+            if torch.is_tensor(t):
+                torch.save({"param": t.view(shape)}, f)
+        if not (zero / name / "step.pt").exists():
+            torch.save(step, zero / name / "step.pt")
 
 
 def resume(engine, ckpt_dir: Path, p: Plan) -> tuple[int, list]:
@@ -159,12 +214,14 @@ def resume(engine, ckpt_dir: Path, p: Plan) -> tuple[int, list]:
         "resumed from %s at step %d%s",
         ckpt_dir / client["tag"],
         client["step"],
-        " (universal checkpoint: another world size)" if p.universal else "",
+        " (universal checkpoint: another world size or ZeRO stage)" if p.universal else "",
     )
     return client["step"], client["metrics"]
 
 
-def save(engine, ckpt_dir: Path, step: int, metrics: list, run: dict, world: int) -> None:
+def save(
+    engine, ckpt_dir: Path, step: int, metrics: list, run: dict, world: int, stage: int
+) -> None:
     tag = f"step_{step:06d}"
     engine.save_checkpoint(
         str(ckpt_dir), tag=tag, client_state={"step": step, "metrics": metrics, "tag": tag}
@@ -172,5 +229,11 @@ def save(engine, ckpt_dir: Path, step: int, metrics: list, run: dict, world: int
     if int(os.environ["RANK"]) == 0:
         io.write_json(
             ckpt_dir / META,
-            {"fingerprint": fingerprint(run), "run": run, "world_size": world, "tag": tag},
+            {
+                "fingerprint": fingerprint(run),
+                "run": run,
+                "world_size": world,
+                "zero_stage": stage,
+                "tag": tag,
+            },
         )

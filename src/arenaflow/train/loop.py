@@ -1,4 +1,7 @@
-"""The training loop: DeepSpeed ZeRO-3 always (CPU/gloo here, CUDA/NCCL on GPUs), resumable.
+"""The training loop: DeepSpeed ZeRO (CPU/gloo here, CUDA/NCCL on GPUs), resumable.
+
+ZeRO stage 3 on several ranks; on one rank (`zero_stage: auto`) stage ONE_RANK_STAGE, since
+one rank has nothing to partition and ZeRO-3's per-module hooks only cost host time.
 
 Checkpoints go to runs/{arm}/checkpoints/step_NNNNNN every `checkpoint_every` optimizer steps,
 tagged with a fingerprint of everything that defines the run (train/checkpoints.py). A retried
@@ -39,6 +42,8 @@ PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"
 # verification: "aot_eager" traces the fused kernels on CPU too
 FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"
+# the ZeRO stage of a one-rank job under zero_stage: auto (see zero_stage)
+ONE_RANK_STAGE = 2
 
 
 def ensure_dist_env() -> None:
@@ -58,7 +63,19 @@ def ensure_dist_env() -> None:
     )
 
 
-def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
+def zero_stage(hyper: dict, world: int) -> int:
+    """The ZeRO stage a run of `world` ranks uses: the arm's `zero_stage`, 'auto' resolved.
+    A one-rank ZeRO-3 job partitions nothing, yet its hooks around every module run each step:
+    a host-bound SmolLM2-135M LoRA step on an H200 spent ~100 ms of 543 in them (issue #15).
+    Stage ONE_RANK_STAGE takes the same optimizer steps (equal losses, BENCHMARKS.md) without
+    them, and its checkpoints still resume on several ranks (train/checkpoints.py)."""
+    setting = hyper["zero_stage"]
+    if setting == "auto":
+        return 3 if world > 1 else ONE_RANK_STAGE
+    return int(setting)
+
+
+def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int) -> dict:
     return {
         "train_micro_batch_size_per_gpu": hyper["micro_batch_size"],
         "gradient_accumulation_steps": hyper["grad_accum"],
@@ -66,7 +83,7 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool = False) -> dict:
         # Parameters smaller than this stay gathered on every rank. Tests set 0 so that every
         # parameter is partitioned, however small (a tiny model otherwise hides save bugs).
         "zero_optimization": {
-            "stage": 3,
+            "stage": stage,
             "stage3_param_persistence_threshold": hyper["zero3_persistence_threshold"],
         },
         "zero_allow_untested_optimizer": True,
@@ -182,6 +199,7 @@ class Run:
     cuda: bool
     rank: int
     world: int
+    stage: int = 3  # the ZeRO stage (zero_stage, resolved)
     corpus: dict = None
     corpus_record: dict = None
     sources: list | None = None  # a mixture's per-source statistics
@@ -241,6 +259,8 @@ def setup(args, hyper: dict) -> Run:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     r = Run(args=args, hyper=hyper, cuda=cuda, rank=rank, world=world)
+    r.stage = zero_stage(hyper, world)
+    log.info("ZeRO stage %d (zero_stage: %s, %d ranks)", r.stage, hyper["zero_stage"], world)
     setup_data(r)
     setup_engine(r)
     return r
@@ -311,7 +331,7 @@ def setup_data(r: Run) -> None:
     r.run_id = checkpoints.identity(
         hyper, r.corpus_record["digest"], args.init, r.base_rev, r.world
     )
-    r.plan = checkpoints.plan(r.ckpt_dir, r.run_id, r.world)
+    r.plan = checkpoints.plan(r.ckpt_dir, r.run_id, r.world, r.stage)
     if r.plan.universal:
         checkpoints.to_universal(r.ckpt_dir, r.plan.tag)
 
@@ -322,9 +342,12 @@ def setup_engine(r: Run) -> None:
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     net, hyper = r.net, r.hyper
-    leaf = tmodel.mark_zero3_leaves(net, hyper, r.args.base_model)
-    log.info("ZeRO-3 leaf modules: %s", leaf or "none (hooks on every submodule)")
-    if leaf and hyper["method"] == "lora" and hyper["fused_lora"]:  # needs whole blocks gathered
+    leaf = []
+    if r.stage == 3:  # below stage 3 no weight is partitioned, nothing hooks modules
+        leaf = tmodel.mark_zero3_leaves(net, hyper, r.args.base_model)
+        log.info("ZeRO-3 leaf modules: %s", leaf or "none (hooks on every submodule)")
+    # The fused function reads the weights directly: whole blocks gathered, or none partitioned
+    if (leaf or r.stage < 3) and hyper["method"] == "lora" and hyper["fused_lora"]:
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
     backend = os.environ.get(FUSED_BACKEND)
     if hyper["fused_kernels"] and (
@@ -343,7 +366,7 @@ def setup_engine(r: Run) -> None:
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
             opt, r.warmup, r.n_steps, min_lr_rate=hyper["min_lr_ratio"]
         ),
-        config=deepspeed_config(hyper, r.cuda, r.plan.universal),
+        config=deepspeed_config(hyper, r.cuda, r.plan.universal, r.stage),
     )
     r.start, r.metrics = checkpoints.resume(r.engine, r.ckpt_dir, r.plan)
     if r.rank == 0:  # start-up (imports, model, DeepSpeed) ends; the first step compiles
@@ -456,7 +479,7 @@ def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int]:
 
 
 def save_checkpoint(r: Run, step: int) -> None:
-    checkpoints.save(r.engine, r.ckpt_dir, step, r.metrics, r.run_id, r.world)
+    checkpoints.save(r.engine, r.ckpt_dir, step, r.metrics, r.run_id, r.world, r.stage)
     if os.environ.get(FAIL_AFTER_STEP) == str(step):
         log.warning("%s=%d: exiting as if preempted", FAIL_AFTER_STEP, step)
         sys.stdout.flush()
@@ -467,7 +490,7 @@ def save(r: Run) -> None:
     """The final weights, evidence, metrics and manifest; the probe's logits when asked."""
     # Every rank joins the gather inside save(); only rank 0 writes.
     with io.atomic_dir(r.out) if r.rank == 0 else contextlib.nullcontext(r.out) as tmp:
-        tmodel.save(r.engine, r.net, tmp, r.rank, r.hyper)
+        tmodel.save(r.engine, r.net, tmp, r.rank, r.hyper, r.stage)
         if r.rank == 0:
             io.write_json(tmp / "training_evidence.json", training_evidence(r))
             io.write_jsonl(tmp / "metrics.jsonl", r.metrics)
@@ -517,6 +540,7 @@ def training_evidence(r: Run) -> dict:
         "init": Path(args.init).parent.name if args.init != "base" else "base",
         "hyperparameters": r.hyper,
         "world_size": r.world,
+        "zero_stage": r.stage,
         "device": "cuda" if cuda else "cpu",
         "code": manifest.code_version(),
         "wall_time_s": round(wall, 2),

@@ -129,11 +129,16 @@ def param_groups(model, hyper: dict) -> list[dict]:
     return groups
 
 
-def save(engine, model, out_dir: Path, rank: int, hyper: dict) -> None:
+def save(engine, model, out_dir: Path, rank: int, hyper: dict, stage: int) -> None:
     """Gather ZeRO-3 shards, then save on rank 0. Saving without the gather writes
-    shape-(0,) tensors (docs/notes.md#zero-3-save-gathers-first)."""
+    shape-(0,) tensors (docs/notes.md#zero-3-save-gathers-first). Below stage 3 every rank
+    holds every weight whole (ZeRO 1/2 partition only optimizer state and gradients)."""
     import deepspeed
 
+    if stage < 3:
+        if rank == 0:
+            model.save_pretrained(str(out_dir), safe_serialization=True)
+        return
     if hyper["method"] == "full":
         # Gathers one layer at a time onto rank 0, never the whole model on every rank.
         state = engine._zero3_consolidated_16bit_state_dict()
