@@ -8,13 +8,14 @@ Builds a Llama-shaped model with random bf16 weights (throughput does not depend
 values; 24 x 2048 is 1.2 B parameters) and synthetic corpora with sha256 manifests, then
 measures, in one run:
 - ceilings: device-to-device copy bandwidth and a bf16 8192^3 matmul;
-- training tokens/s through `python -m arenaflow.train` (DeepSpeed ZeRO-3, NCCL, 1 GPU), one
+- training tokens/s through `python -m arenaflow.train` (DeepSpeed ZeRO, NCCL, 1 GPU), one
   run per --train spec (keys: method lora|full, micro rows per micro-batch, persist the ZeRO-3
   persistence threshold, corpus fixed|mixed row lengths, bucket 1|0 length bucketing, leaf
   auto|none|Class+Class: ZeRO-3 leaf modules, fuse 1|0 fused LoRA linears, ew 1|0 fused norm
-  and SwiGLU kernels). MFU = model FLOPs per token x tokens/s / matmul peak, with model FLOPs
-  per token 6 N (full) or 4 N (LoRA: no weight gradients) over the N weights that multiply (all
-  but the input embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
+  and SwiGLU kernels, stage auto|2|3: zero_stage, auto being stage 2 on this one GPU).
+  MFU = model FLOPs per token x tokens/s / matmul peak, with model FLOPs per token 6 N (full)
+  or 4 N (LoRA: no weight gradients) over the N weights that multiply (all but the input
+  embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
 - generation tokens/s through arenaflow.sampling.generate at batch sizes 1..256 on each
   --gen-paths entry (GEN_PATHS: generate() with its dynamic or static cache, arenaflow's
   static engine with the compiled Llama step or with transformers' modelling code), each timed
@@ -131,6 +132,7 @@ def parse_spec(text: str) -> dict:
         "leaf": "auto",
         "fuse": 1,
         "ew": 1,
+        "stage": "auto",
     }
     for item in text.split(","):
         key, _, value = item.partition("=")
@@ -208,6 +210,7 @@ def train(
         else [c for c in spec["leaf"].split("+") if c != "none"],
         fused_lora=bool(spec["fuse"]),
         fused_kernels=bool(spec["ew"]),
+        zero_stage=spec["stage"] if spec["stage"] == "auto" else int(spec["stage"]),
     )
     name = "-".join(f"{k}{v}" for k, v in spec.items())
     out = root / f"runs/{name}/final"

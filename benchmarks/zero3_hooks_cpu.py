@@ -27,18 +27,24 @@ import torch
 from arenaflow import manifest, tinymodel
 
 
-def build(root: Path, layers: int, hidden: int, rows: int, seq: int) -> tuple[Path, Path]:
+def build(
+    root: Path, layers: int, hidden: int, rows: int, seq: int, shape: dict | None = None
+) -> tuple[Path, Path]:
+    """A random Llama (`shape`: LlamaConfig keys over the small default) and a corpus."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=512,
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64),
-        num_key_value_heads=max(1, hidden // 128),
-        max_position_embeddings=seq,
-        tie_word_embeddings=False,
+        **{
+            "vocab_size": 512,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": max(1, hidden // 64),
+            "num_key_value_heads": max(1, hidden // 128),
+            "max_position_embeddings": seq,
+            "tie_word_embeddings": False,
+            **(shape or {}),
+        }
     )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(root / "model")
@@ -55,7 +61,9 @@ def build(root: Path, layers: int, hidden: int, rows: int, seq: int) -> tuple[Pa
     return root / "model", root / "corpus"
 
 
-def run(root: Path, model: Path, corpus: Path, leaf, args, i: int) -> dict:
+def run(root: Path, model: Path, corpus: Path, extra: dict, args, i: int) -> dict:
+    """One `python -m arenaflow.train` LoRA run with `extra` over the hyper below: its mean step
+    time after the warm-up steps and its losses."""
     hyper = {
         "method": "lora",
         "lora": {
@@ -84,7 +92,8 @@ def run(root: Path, model: Path, corpus: Path, leaf, args, i: int) -> dict:
         "seq_len": args.seq,
         "seed": 0,
         "zero3_persistence_threshold": 0,
-        "zero3_leaf_modules": leaf,
+        "zero_stage": 3,  # leaf modules are ZeRO-3's (auto runs one rank at stage 2)
+        **extra,
     }
     out = root / f"runs/{i}/final"
     proc = subprocess.run(
@@ -114,7 +123,7 @@ def run(root: Path, model: Path, corpus: Path, leaf, args, i: int) -> dict:
     m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     skip = 2  # the first steps include warm-up
     return {
-        "leaf": leaf,
+        **extra,
         "step_s": (m[-1]["elapsed_s"] - m[skip - 1]["elapsed_s"]) / (len(m) - skip),
         "losses": [x["loss"] for x in m],
     }
@@ -134,16 +143,17 @@ def main() -> None:
         root = Path(tmp)
         model, corpus = build(root, args.layers, args.hidden, args.steps * args.micro + 4, args.seq)
         rows = [
-            run(root, model, corpus, leaf, args, i)
+            run(root, model, corpus, {"zero3_leaf_modules": leaf}, args, i)
             for i, leaf in enumerate([[], "auto", [], "auto"])
         ]
     best = {
-        k: min(r["step_s"] for r in rows if (r["leaf"] == "auto") == (k == "auto"))
+        k: min(r["step_s"] for r in rows if (r["zero3_leaf_modules"] == "auto") == (k == "auto"))
         for k in ("none", "auto")
     }
     diff = max(abs(a - b) for a, b in zip(rows[0]["losses"], rows[1]["losses"]))
     for r in rows:
-        print(f"zero3_leaf_modules {str(r['leaf']):6s}: {r['step_s'] * 1e3:7.1f} ms/step")
+        leaf = str(r["zero3_leaf_modules"])
+        print(f"zero3_leaf_modules {leaf:6s}: {r['step_s'] * 1e3:7.1f} ms/step")
     print(
         f"best of two: hooks on every submodule {best['none'] * 1e3:.1f} ms/step, "
         f"one unit per block {best['auto'] * 1e3:.1f} ms/step: "
