@@ -1,7 +1,7 @@
 """The training loop: DeepSpeed ZeRO (CPU/gloo here, CUDA/NCCL on GPUs), resumable.
 
-ZeRO stage 3 on several ranks; on one rank (`zero_stage: auto`) stage ONE_RANK_STAGE, since
-one rank has nothing to partition and ZeRO-3's per-module hooks only cost host time.
+ZeRO stage 3 on several ranks; on one rank (`zero_stage: auto`) stage 2, since one rank has
+nothing to partition and ZeRO-3's per-module hooks only cost host time (zero_stage()).
 
 Checkpoints go to runs/{arm}/checkpoints/step_NNNNNN every `checkpoint_every` optimizer steps,
 tagged with a fingerprint of everything that defines the run (train/checkpoints.py). A retried
@@ -42,7 +42,8 @@ PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"
 # verification: "aot_eager" traces the fused kernels on CPU too
 FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"
-# the ZeRO stage of a one-rank job under zero_stage: auto (see zero_stage)
+# the ZeRO stage of a one-rank job under zero_stage: auto; why 2, not 0:
+# docs/notes.md#one-rank-zero-stage-2-not-3
 ONE_RANK_STAGE = 2
 
 
@@ -67,8 +68,8 @@ def zero_stage(hyper: dict, world: int) -> int:
     """The ZeRO stage a run of `world` ranks uses: the arm's `zero_stage`, 'auto' resolved.
     A one-rank ZeRO-3 job partitions nothing, yet its hooks around every module run each step:
     a host-bound SmolLM2-135M LoRA step on an H200 spent ~100 ms of 543 in them (issue #15).
-    Stage ONE_RANK_STAGE takes the same optimizer steps (equal losses, BENCHMARKS.md) without
-    them, and its checkpoints still resume on several ranks (train/checkpoints.py)."""
+    Stage 2 takes the same optimizer steps (equal losses, BENCHMARKS.md) without them, and its
+    checkpoints still resume on several ranks (train/checkpoints.py)."""
     setting = hyper["zero_stage"]
     if setting == "auto":
         return 3 if world > 1 else ONE_RANK_STAGE
