@@ -11,7 +11,7 @@ from arenaflow.train import loop
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="Train one arenaflow arm on DeepSpeed ZeRO-3.")
+    ap = argparse.ArgumentParser(description="Train one arenaflow arm on DeepSpeed ZeRO.")
     ap.add_argument("--arm", required=True, help="arm id")
     ap.add_argument("--params-json", required=True, help="the arm's merged hyperparameters as JSON")
     ap.add_argument(
