@@ -302,13 +302,22 @@ def test_zero3_leaf_classes_resolve_auto_and_refuse_what_deepspeed_cannot_do():
         )
 
 
-def test_profile_step_writes_the_profilers_table_next_to_the_run(corpus, tmp_path):
+@pytest.mark.parametrize("stage", ["auto", 3])
+def test_profile_step_writes_the_profilers_table_next_to_the_run(corpus, tmp_path, stage):
+    """The profiler's table of step 2; ZeRO-3's module hook functions show in it, and are gone
+    from a one-rank run under zero_stage: auto (stage 2; issue #15)."""
     out = tmp_path / "P" / "final"
-    train(out, corpus, {**HYPER, "max_steps": 2}, env={"ARENAFLOW_PROFILE_STEP": "2"})
+    train(
+        out,
+        corpus,
+        {**HYPER, "max_steps": 2, "zero_stage": stage},
+        env={"ARENAFLOW_PROFILE_STEP": "2"},
+    )
     table = (out.parent / "profile_rank0.txt").read_text()
     assert (
         "aten::mm" in table and table.count("Self CPU time total") == 2
     )  # device-time and host-time tables
+    assert ("PreBackwardFunctionForModuleBackward" in table) == (stage == 3)
 
 
 def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path):
