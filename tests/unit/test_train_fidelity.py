@@ -343,14 +343,16 @@ def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path
     assert not (cut.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
 
 
+@pytest.mark.parametrize("stage", ["auto", 3])
 def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(
-    one_rank, corpus, tmp_path
+    one_rank, corpus, tmp_path, stage
 ):
     """1 rank -> killed at step 3 -> 2 ranks -> killed at step 6 -> 1 rank, at one global batch
-    of 8 rows, through DeepSpeed's universal checkpoint, ends where the uninterrupted run ends."""
+    of 8 rows, through DeepSpeed's universal checkpoint, ends where the uninterrupted run ends:
+    under zero_stage auto that is ZeRO stage 2 -> 3 -> 2, under zero_stage 3 always stage 3."""
     one, two = (
-        {**HYPER, "checkpoint_every": 3},
-        {**HYPER, "checkpoint_every": 3, "micro_batch_size": 2},
+        {**HYPER, "checkpoint_every": 3, "zero_stage": stage},
+        {**HYPER, "checkpoint_every": 3, "micro_batch_size": 2, "zero_stage": stage},
     )
     out = tmp_path / "U" / "final"
     assert (
@@ -401,6 +403,22 @@ def test_zero3_checkpoint_resumes_at_stage_2_on_one_rank_to_the_same_weights(
     )
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
+
+
+def test_unconvertible_checkpoint_of_another_stage_is_refused_naming_zero_stage(corpus, tmp_path):
+    """A one-rank checkpoint (stage 2) that DeepSpeed cannot convert (its optimizer shard gone)
+    is refused on two ranks (stage 3) with the stages and the key that keeps the stage, and is
+    kept."""
+    hyper = {**HYPER, "checkpoint_every": 3, "epochs": 1}
+    out = tmp_path / "X" / "final"
+    train(out, corpus, hyper, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False)
+    step = out.parent / "checkpoints/step_000003"
+    (step / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    proc = train(out, corpus, {**hyper, "micro_batch_size": 2}, nproc=2, check=False)
+    assert proc.returncode != 0
+    assert "written by 1 ranks at ZeRO stage 2" in proc.stderr, proc.stderr[-3000:]
+    assert "on 2 ranks at stage 3" in proc.stderr and "set zero_stage: 2" in proc.stderr
+    assert step.is_dir() and not (out.parent / "checkpoints/step_000003_universal").exists()
 
 
 def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(

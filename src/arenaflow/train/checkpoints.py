@@ -58,7 +58,9 @@ def fingerprint(run: dict) -> str:
 @dataclass
 class Plan:
     tag: str | None = None  # the checkpoint to resume; None: start from step 0
-    universal: bool = False  # it was written at another world size
+    universal: bool = False  # it was written at another world size or ZeRO stage
+    ranks: int = 1  # the world size and ZeRO stage it was written at
+    stage: int = 3
 
 
 def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
@@ -86,9 +88,9 @@ def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
         )
         discard(ckpt_dir)
         return Plan()
-    # Checkpoints written before zero_stage existed are ZeRO-3's.
-    written = meta.get("zero_stage", 3)
-    return Plan(meta["tag"], universal=meta["world_size"] != world or written != stage)
+    written = meta.get("zero_stage", 3)  # absent: written before zero_stage existed, at 3
+    universal = meta["world_size"] != world or written != stage
+    return Plan(meta["tag"], universal, meta["world_size"], written)
 
 
 def discard(ckpt_dir: Path) -> None:
@@ -98,8 +100,10 @@ def discard(ckpt_dir: Path) -> None:
     torch.distributed.barrier()
 
 
-def to_universal(ckpt_dir: Path, tag: str) -> None:
-    """Rank 0 converts `tag` to the universal format once (kept if already done); all ranks wait."""
+def to_universal(ckpt_dir: Path, p: Plan, world: int, stage: int) -> None:
+    """Rank 0 converts checkpoint p.tag to the universal format once (kept if already done), to
+    resume it on `world` ranks at ZeRO `stage`; all ranks wait."""
+    tag = p.tag
     done = ckpt_dir / f"{tag}_universal"
     if int(os.environ["RANK"]) == 0 and not done.is_dir():
         tmp = ckpt_dir / f".{tag}_universal.partial"
@@ -124,15 +128,26 @@ def to_universal(ckpt_dir: Path, tag: str) -> None:
             capture_output=True,
             text=True,
         )
-        if proc.returncode:
+        try:
+            if proc.returncode:
+                raise RuntimeError(proc.stderr[-3000:])
+            name_both_stages(tmp)
+        except (RuntimeError, KeyError, OSError, StopIteration) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise SystemExit(
-                f"{ckpt_dir / tag}: could not convert this checkpoint to DeepSpeed's universal "
-                f"format to resume it at another world size:\n{proc.stderr[-3000:]}"
-            )
-        name_both_stages(tmp)
+                f"{ckpt_dir / tag}: could not convert this checkpoint, written by {p.ranks} ranks "
+                f"at ZeRO stage {p.stage}, to DeepSpeed's universal format to resume it on "
+                f"{world} ranks at stage {stage} (zero_stage resolves to 2 on one rank, 3 on "
+                f"several); set zero_stage: {p.stage} to keep its stage, or delete {ckpt_dir} to "
+                f"start over:\n{e!r}"
+            ) from None
         tmp.rename(done)
-        log.info("converted %s to the universal format for a new world size", ckpt_dir / tag)
+        log.info(
+            "converted %s to the universal format for %d ranks at ZeRO stage %d",
+            ckpt_dir / tag,
+            world,
+            stage,
+        )
     torch.distributed.barrier()
 
 

@@ -334,7 +334,7 @@ def setup_data(r: Run) -> None:
     )
     r.plan = checkpoints.plan(r.ckpt_dir, r.run_id, r.world, r.stage)
     if r.plan.universal:
-        checkpoints.to_universal(r.ckpt_dir, r.plan.tag)
+        checkpoints.to_universal(r.ckpt_dir, r.plan, r.world, r.stage)
 
 
 def setup_engine(r: Run) -> None:
