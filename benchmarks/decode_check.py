@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_bench import build_model, ceilings, generation, generation_line
-
-from arenaflow import manifest
+from gpu_bench import build_model, generation, generation_line, run_header
 
 
 def main() -> None:
@@ -37,14 +35,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
-    res = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "args": vars(args),
-        "code": manifest.code_version(),
-        "ceilings": ceilings(),
-        "generation": [],
-    }
+    res = {**run_header(args), "generation": []}
     torch.cuda.empty_cache()
     model_dir, res["model"] = build_model(Path(args.root), args.layers, args.hidden)
     print(json.dumps({"phase": "model built", "s": time.perf_counter() - t0}), flush=True)

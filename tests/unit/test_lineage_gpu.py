@@ -293,3 +293,46 @@ def test_smoke_run_on_cpu(tmp_path):
     assert {j["rule"] for j in gpu} == {"sample_candidates", "train_arm", "readout"}
     assert all(j["startup_s"] > 0 and j["tokens"] > 0 for j in gpu)
     assert rep["targets"]["measured"] is False
+
+
+def test_resume_needs_an_earlier_leg_and_takes_its_config_files(tmp_path):
+    args = lg.argparse.Namespace(resume=str(tmp_path), results=None)
+    with pytest.raises(SystemExit, match="no earlier leg's bench/run.json"):
+        lg.start_leg(args)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench/run.json").write_text(
+        json.dumps({"configfiles": ["config/seeds/002.yaml", "/abs/over.yaml"]})
+    )
+    for leg in (2, 3):
+        results, bench, configs = lg.start_leg(args)
+        assert bench == tmp_path / f"bench-{leg}" and bench.is_dir()
+        assert configs == [REPO / "config/seeds/002.yaml", Path("/abs/over.yaml")]
+    assert [p.name for p in lg.leg_dirs(tmp_path)] == ["bench", "bench-2", "bench-3"]
+    fresh = lg.argparse.Namespace(resume=None, results=str(tmp_path))
+    with pytest.raises(SystemExit, match="not empty.*--resume"):
+        lg.start_leg(fresh)
+
+
+@pytest.mark.dag
+def test_a_run_stopped_at_its_deadline_finishes_with_resume(tmp_path):
+    """Leg 1 stops at --deadline (counted from the script's start) with the DAG unfinished;
+    --resume runs the rest in the same results directory as leg 2, reported on its own."""
+    results, target = tmp_path / "r", "compare/math/greedy/R220__S1.json"
+
+    def leg(*extra):
+        out = tmp_path / f"leg{len(list(tmp_path.glob('leg*.json'))) + 1}.json"
+        cmd = [sys.executable, "benchmarks/lineage_gpu.py", "--smoke", "--out", str(out), *extra]
+        proc = subprocess.run(
+            [*cmd, "--target", target], cwd=REPO, capture_output=True, text=True, timeout=1800
+        )
+        return proc, json.loads(out.read_text())
+
+    proc1, rep1 = leg("--results", str(results), "--deadline", "18")
+    assert proc1.returncode == 1 and rep1["summary"]["deadline_hit"]
+    assert rep1["summary"]["jobs_done"] < rep1["summary"]["jobs_total"]
+    assert not (results / target).exists()
+    proc2, rep2 = leg("--resume", str(results))
+    assert proc2.returncode == 0, proc2.stdout[-4000:] + proc2.stderr[-4000:]
+    assert rep2["summary"]["complete"] and (results / target).exists()
+    run2 = json.loads((results / "bench-2/run.json").read_text())
+    assert "--rerun-incomplete" in run2["command"] and run2["leg"] == "bench-2"

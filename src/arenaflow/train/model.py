@@ -64,23 +64,12 @@ def zero3_leaf_classes(model, hyper: dict) -> list[str]:
     one set of hooks, instead of hooks on every submodule. 'auto' is the model's own
     transformer block (`_no_split_modules`, what FSDP wraps); [] hooks every submodule.
     PEFT turns each adapted Linear into five modules, and per-module hooks kept the GPU idle
-    most of a LoRA step (BENCHMARKS.md).
-
-    Not for DPO/SimPO: they run the model twice (chosen, rejected) before one backward, and
-    DeepSpeed 0.19 then reduces a leaf's gradients twice (an assertion in its bucketing)."""
+    most of a LoRA step (BENCHMARKS.md). DPO and SimPO qualify too: both sides of a pair go
+    through one forward pass (objective.preference_sum)."""
     setting = hyper["zero3_leaf_modules"]
-    preference = hyper["objective"] in ("dpo", "simpo")
     if setting == "auto":
-        if preference:
-            return []
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         return sorted(getattr(base, "_no_split_modules", None) or [])
-    if setting and preference:
-        raise SystemExit(
-            f"zero3_leaf_modules {setting}: objective {hyper['objective']!r} "
-            "runs two forward passes per backward, "
-            "which DeepSpeed's leaf modules do not support; use 'auto' or []"
-        )
     return list(setting or [])
 
 

@@ -36,10 +36,29 @@ def sft_sum(model, batch: dict) -> tuple[torch.Tensor, dict]:
     return loss, {}
 
 
+def stack_sides(chosen: dict, rejected: dict) -> dict:
+    """Chosen rows then rejected rows as one right-padded batch. Padding is masked out of
+    attention and loss (attention_mask 0, label -100), and a right pad comes after every real
+    token, so no real position's log-prob changes."""
+    width = max(chosen["input_ids"].shape[1], rejected["input_ids"].shape[1])
+    fills = {"input_ids": 0, "attention_mask": 0, "labels": -100}
+    return {
+        k: torch.cat(
+            [F.pad(side[k], (0, width - side[k].shape[1]), value=v) for side in (chosen, rejected)]
+        )
+        for k, v in fills.items()
+    }
+
+
 def preference_sum(model, chosen: dict, rejected: dict, ref: tuple | None, hyper: dict):
-    """Summed DPO or SimPO loss over the pairs of a micro-batch, and summed diagnostics."""
-    c, c_len = token_logprobs(model, chosen)
-    r, r_len = token_logprobs(model, rejected)
+    """Summed DPO or SimPO loss over the pairs of a micro-batch, and summed diagnostics.
+
+    Both sides go through the model in ONE forward pass: half the kernel launches, and one
+    forward per backward, which DeepSpeed's ZeRO-3 leaf modules need (two passes before one
+    backward reduce a leaf's gradients twice)."""
+    lp, n = token_logprobs(model, stack_sides(chosen, rejected))
+    k = chosen["input_ids"].shape[0]
+    c, r, c_len, r_len = lp[:k], lp[k:], n[:k], n[k:]
     beta = hyper["beta"]
     if hyper["objective"] == "dpo":
         c_ref, r_ref = ref
