@@ -109,20 +109,8 @@ def render(p: dict) -> str:
     ]
     if not p["pending"]:
         return "\n".join([*lines, "no pending arms: every arm has runs/{arm}/final"])
-    head = (
-        "arm",
-        "prio",
-        "gpus",
-        "rows",
-        "steps",
-        "train",
-        "readouts",
-        "search",
-        "guards",
-        "corpus",
-        "sampling",
-        "needs",
-        "run",
+    head = tuple(
+        "arm prio gpus rows steps train readouts search guards corpus sampling needs run".split()
     )
     rows = [
         (
