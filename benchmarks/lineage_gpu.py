@@ -4,6 +4,7 @@
     python benchmarks/lineage_gpu.py --smoke    # the tiny model at the mini DAG's sizes, on CPU
     python benchmarks/lineage_gpu.py --report RESULTS_DIR   # the report again, from a run's files
     python benchmarks/lineage_gpu.py --resume RESULTS_DIR   # go on where --deadline stopped it
+    ... --archive OUT.tgz    # and the results without weights, to bring back from a device call
 
 Runs `python -m snakemake --profile profiles/gpu-local --cores 16 bundles/B3f` over
 config/config.yaml + config/smollm2-gpu.yaml into a fresh results directory, with
@@ -946,6 +947,25 @@ def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
     return server
 
 
+ARCHIVE_SKIP = (".safetensors", ".bin", ".pt", ".sock")  # weights, optimizer state, sockets
+ARCHIVE_SKIP_DIRS = {"candidates", ".cache", ".snakemake", "checkpoints"}
+
+
+def archive(results: Path, out: Path) -> None:
+    """results as a tar.gz of what a report is read from, small enough to bring back."""
+    import tarfile
+
+    def keep(info: tarfile.TarInfo):
+        parts = Path(info.name).parts
+        if info.name.endswith(ARCHIVE_SKIP) or ARCHIVE_SKIP_DIRS & set(parts):
+            return None
+        return info
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(results, arcname=results.name, filter=keep)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -1024,6 +1044,12 @@ def main(argv: list[str] | None = None) -> int:
         "results directory, as the next leg (bench-2, ...)",
     )
     ap.add_argument("--commit", help="the code's commit, when this copy has no .git")
+    ap.add_argument(
+        "--archive",
+        metavar="TGZ",
+        help="also write the results directory to this tar.gz without weights, candidates or "
+        "caches (what a device call brings back: logs, readouts, comparisons, evidence, bench)",
+    )
     args = ap.parse_args(argv)
     args.started = time.time()
     stamp = dt.datetime.now().strftime("%Y-%m-%d")
@@ -1048,6 +1074,9 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(rep, indent=1, default=str) + "\n")
     print(table(rep))
     print(f"report: {out}")
+    if args.archive:
+        archive(results, Path(args.archive))
+        print(f"archive: {args.archive}")
     return 0 if rep["summary"]["complete"] else 1
 
 

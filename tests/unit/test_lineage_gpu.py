@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -331,8 +332,13 @@ def test_a_run_stopped_at_its_deadline_finishes_with_resume(tmp_path):
     assert proc1.returncode == 1 and rep1["summary"]["deadline_hit"]
     assert rep1["summary"]["jobs_done"] < rep1["summary"]["jobs_total"]
     assert not (results / target).exists()
-    proc2, rep2 = leg("--resume", str(results))
+    proc2, rep2 = leg("--resume", str(results), "--archive", str(tmp_path / "r.tgz"))
     assert proc2.returncode == 0, proc2.stdout[-4000:] + proc2.stderr[-4000:]
     assert rep2["summary"]["complete"] and (results / target).exists()
+    with tarfile.open(tmp_path / "r.tgz") as tar:
+        names = tar.getnames()
+    assert f"r/{target}" in names and "r/bench-2/run.json" in names
+    assert any(n.startswith("r/runs/S1/final/") for n in names)  # evidence, manifest
+    assert not [n for n in names if n.endswith(".safetensors") or "/candidates/" in n]
     run2 = json.loads((results / "bench-2/run.json").read_text())
     assert "--rerun-incomplete" in run2["command"] and run2["leg"] == "bench-2"
