@@ -341,11 +341,6 @@ STEP_OF_PATH = {
 }  # ARENAFLOW_DECODE_STEP
 
 
-def until_stop(row: list[int], stops: list[int]) -> list[int]:
-    cut = next((i for i, t in enumerate(row) if t in stops), None)
-    return row if cut is None else row[: cut + 1]
-
-
 @torch.no_grad()
 def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> dict:
     """Token ids of a greedy run of the static engine against generate()'s (dynamic cache) on
@@ -365,7 +360,7 @@ def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> d
     decoder = decode.decoder_for(model, *ids.shape, new_tokens, dec, stops, pad)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    ours = [until_stop(r, stops) for r in decoder.run(ids, mask)]
+    ours = [sampling.until_stop(r, stops) for r in decoder.run(ids, mask)]
     t1 = time.perf_counter()
     ref = model.generate(
         input_ids=ids,
@@ -376,7 +371,7 @@ def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> d
         do_sample=False,
     )[:, ids.shape[1] :].tolist()
     t2 = time.perf_counter()
-    ref = [until_stop(r, stops) for r in ref]
+    ref = [sampling.until_stop(r, stops) for r in ref]
     prefix = [
         next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) / len(b)
         for a, b in zip(ours, ref)

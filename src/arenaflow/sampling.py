@@ -122,15 +122,21 @@ def _decode_batch(
     return gen[:, enc["input_ids"].shape[1] :].tolist()
 
 
+def until_stop(ids: list[int], stops) -> list[int]:
+    """New token ids through the first stop token (kept), all of them if none stops."""
+    stop_at = next((j for j, t in enumerate(ids) if t in stops), None)
+    return ids if stop_at is None else ids[: stop_at + 1]
+
+
 def _sample(tokenizer, ids: list[int], stops) -> dict:
     """{text, n_tokens, stopped} of one sample's new tokens, cut at the first stop token (which
     counts)."""
-    stop_at = next((j for j, t in enumerate(ids) if t in stops), None)
-    kept = ids if stop_at is None else ids[:stop_at]
+    cut = until_stop(ids, stops)
+    stopped = len(cut) < len(ids) or (bool(cut) and cut[-1] in stops)
     return {
-        "text": tokenizer.decode(kept, skip_special_tokens=True),
-        "n_tokens": len(kept) + (stop_at is not None),
-        "stopped": stop_at is not None,
+        "text": tokenizer.decode(cut[:-1] if stopped else cut, skip_special_tokens=True),
+        "n_tokens": len(cut),
+        "stopped": stopped,
     }
 
 
