@@ -752,6 +752,9 @@ def run(args) -> Path:
         command=" ".join(cmd),
         env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition("=")[0] for kv in args.env))},
     )
+    if args.resume:  # a leg stopped by SIGKILL leaves Snakemake's lock; that leg is over
+        unlock = [*cmd[: cmd.index("--")], "--unlock"]
+        subprocess.run(unlock, cwd=REPO, env=env, check=True, capture_output=True)
     server = start_zygote(bench, env, run_meta) if args.zygote else None
     sampler = GpuSampler(bench / "gpu_util.tsv")
     sampler.start()

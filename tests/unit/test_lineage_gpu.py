@@ -332,6 +332,9 @@ def test_a_run_stopped_at_its_deadline_finishes_with_resume(tmp_path):
     assert proc1.returncode == 1 and rep1["summary"]["deadline_hit"]
     assert rep1["summary"]["jobs_done"] < rep1["summary"]["jobs_total"]
     assert not (results / target).exists()
+    locks = results / ".snakemake/locks"
+    locks.mkdir(parents=True, exist_ok=True)  # as a leg killed with SIGKILL leaves it
+    (locks / "0.input.lock").write_text(str(results))
     proc2, rep2 = leg("--resume", str(results), "--archive", str(tmp_path / "r.tgz"))
     assert proc2.returncode == 0, proc2.stdout[-4000:] + proc2.stderr[-4000:]
     assert rep2["summary"]["complete"] and (results / target).exists()
