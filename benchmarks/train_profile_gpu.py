@@ -1,0 +1,72 @@
+"""Where a one-rank SmolLM2-135M LoRA step's time goes on one GPU (issue 15), by set-up.
+
+    python benchmarks/train_profile_gpu.py --out-dir $OUT/train_profile [--rows 512 --seq 80
+        --steps 6 --profile-step 4 --setups stage2,stage2-unfused,stage3]
+
+SmolLM2-135M's shape with random weights (zero_stage_cpu.SHAPES; the step's cost depends on
+shapes, not values), one `python -m arenaflow.train` run per set-up with LoRA r 64 on all seven
+projections, `--rows` rows of `--seq` tokens a step (the lineage's S1 steps carry ~39k tokens).
+Writes per set-up the metrics (each step's elapsed time, so the first step's compile shows apart)
+and the torch.profiler tables of step `--profile-step` (device time, then host time) to --out-dir,
+and prints the first step's seconds, the steady seconds a step and tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from zero3_hooks_cpu import build, run
+from zero_stage_cpu import SHAPES
+
+SETUPS = {
+    "stage2": {"zero_stage": 2},
+    "stage2-unfused": {"zero_stage": 2, "fused_kernels": False},
+    "stage3": {"zero_stage": 3},
+}
+LORA = {
+    "r": 64,
+    "alpha": 128,
+    "dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--seq", type=int, default=80)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--profile-step", type=int, default=4)
+    ap.add_argument("--setups", default=",".join(SETUPS))
+    args = ap.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["ARENAFLOW_PROFILE_STEP"] = str(args.profile_step)
+    run_args = argparse.Namespace(steps=args.steps, micro=args.rows, seq=args.seq, threads=4)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model, corpus = build(root, 0, 0, args.steps * args.rows + 4, args.seq, SHAPES["smollm2"])
+        for i, name in enumerate(args.setups.split(",")):
+            r = run(root, model, corpus, {**SETUPS[name], "lora": LORA}, run_args, i)
+            runs = root / f"runs/{i}"
+            m = [json.loads(x) for x in (runs / "final/metrics.jsonl").read_text().splitlines()]
+            first = m[0]["elapsed_s"]
+            tokens = args.rows * args.seq
+            print(
+                f"{name:16s} first step {first:6.2f} s  steady {r['step_s'] * 1e3:7.1f} ms/step "
+                f"= {tokens / r['step_s']:9,.0f} tokens/s",
+                flush=True,
+            )
+            for f in ("profile_rank0.txt", "final/metrics.jsonl"):
+                if (runs / f).exists():
+                    shutil.copy(runs / f, out / f"{name}.{Path(f).name}")
+
+
+if __name__ == "__main__":
+    main()
