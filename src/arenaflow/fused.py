@@ -19,8 +19,22 @@ import types
 import torch
 import torch.nn.functional as F
 
+# Compiling costs ~7 s with a cold cache and 2-3 s with a warm one, and saves 0.14 s of a 0.42 s
+# SmolLM2-135M LoRA step of 41k tokens on an H200 (BENCHMARKS.md, "One step in isolation"): it
+# pays back after ~20-50 steps, and a run of a few steps spends most of its GPU time idle
+# while inductor compiles.
+AUTO_MIN_STEPS = 32
+
 NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm"}
 MLPS = {"LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP"}
+
+
+def wanted(setting: bool | str, steps: int) -> bool:
+    """Whether a training of `steps` optimizer steps compiles the fused kernels: `true`,
+    `false`, or under `auto` when the steps pay the compile back."""
+    if setting == "auto":
+        return steps >= AUTO_MIN_STEPS
+    return bool(setting)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

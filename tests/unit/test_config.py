@@ -129,7 +129,7 @@ CODE_DEFAULTS = {
     "length_bucketing": True,
     "zero3_leaf_modules": "auto",
     "fused_lora": True,
-    "fused_kernels": True,
+    "fused_kernels": "auto",  # compiled when the steps pay it back (arenaflow.fused)
     "nproc": 1,
     "nodes": 1,
     "epochs": 1,

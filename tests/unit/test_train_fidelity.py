@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from arenaflow import corpora, pools, tinymodel
+from arenaflow import corpora, fused, pools, tinymodel
 from arenaflow.config import hyper_defaults
 from arenaflow.train import data, objective
 from arenaflow.train import model as tmodel
@@ -248,7 +248,7 @@ def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_p
     """The compiled norm and SwiGLU graphs (traced with aot_eager: CPU has no inductor kernels
     here) inside ZeRO-3, partitioned norm weights trainable in full fine-tuning, give the
     losses and weights of transformers' own modules (float32)."""
-    hyper = {**HYPER, "method": method, "epochs": 1}
+    hyper = {**HYPER, "method": method, "epochs": 1, "fused_kernels": True}
     runs = {}
     for backend in ("aot_eager", None):
         out = tmp_path / f"{backend}" / "final"
@@ -265,6 +265,18 @@ def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_p
     wa, wb = load_file(plain / weights), load_file(fused_run / weights)
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5)
+
+
+def test_fused_kernels_auto_compiles_only_runs_long_enough_to_pay_it_back(corpus, tmp_path):
+    """`auto` (the default) leaves a 5-step run uncompiled, where a forced backend would have
+    compiled it; the threshold is the measured pay-back (arenaflow.fused.AUTO_MIN_STEPS)."""
+    out = tmp_path / "auto" / "final"
+    proc = train(out, corpus, {**HYPER, "epochs": 1}, env={"ARENAFLOW_FUSED_BACKEND": "aot_eager"})
+    assert "fused norm and SwiGLU kernels: off (fused_kernels auto, 5 steps;" in proc.stderr
+    assert len(metrics(out)) == 5
+    assert not fused.wanted("auto", fused.AUTO_MIN_STEPS - 1)
+    assert fused.wanted("auto", fused.AUTO_MIN_STEPS)
+    assert fused.wanted(True, 1) and not fused.wanted(False, 10**6)
 
 
 @pytest.mark.gpu

@@ -351,12 +351,18 @@ def setup_engine(r: Run) -> None:
     if (leaf or r.stage < 3) and hyper["method"] == "lora" and hyper["fused_lora"]:
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
     backend = os.environ.get(FUSED_BACKEND)
-    if hyper["fused_kernels"] and (
-        r.cuda or backend
-    ):  # inductor kernels: GPUs only (gains measured there)
-        log.info(
-            "fused norm and SwiGLU kernels: %d modules", fused.install(net, backend or "inductor")
-        )
+    if r.cuda or backend:  # inductor kernels: GPUs only (gains measured there)
+        if fused.wanted(hyper["fused_kernels"], r.n_steps):
+            n = fused.install(net, backend or "inductor")
+            log.info("fused norm and SwiGLU kernels: %d modules", n)
+        else:
+            log.info(
+                "fused norm and SwiGLU kernels: off (fused_kernels %s, %d steps; auto compiles "
+                "from %d)",
+                hyper["fused_kernels"],
+                r.n_steps,
+                fused.AUTO_MIN_STEPS,
+            )
     jobclock.mark(r.args.out, "setup")  # data plan, DPO reference, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
