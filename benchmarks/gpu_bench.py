@@ -29,6 +29,7 @@ measures, in one run:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -372,6 +373,7 @@ def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> d
     )[:, ids.shape[1] :].tolist()
     t2 = time.perf_counter()
     ref = [sampling.until_stop(r, stops) for r in ref]
+    ties = divergence_ties(model, ids, mask, ours, ref)
     prefix = [
         next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) / len(b)
         for a, b in zip(ours, ref)
@@ -382,9 +384,51 @@ def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> d
         "greedy_rows": bs,
         "greedy_matched_fraction": float(np.mean(prefix)),
         "greedy_decoder_path": decoder.path,
+        **ties,
         # the same batch's wall time, prompt pass included (ours: a decoder already compiled)
         "greedy_static_s": t1 - t0,
         "greedy_generate_s": t2 - t1,
+    }
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (None if equal). Both runs keep their stop
+    token, so when neither is longer the lists are equal; else they differ inside both."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+@torch.no_grad()
+def divergence_ties(model, ids, mask, ours: list, ref: list, limit: int = 64) -> dict:
+    """Whether each row where our greedy ids leave generate()'s leaves them at a tie.
+
+    In bf16 two correct decoders can pick different arg-maxes where two logits are closer than
+    their rounding: random weights make such near-flat logits common, so token equality is no
+    oracle there. At the first difference, on the common prefix, the model's float32 copy
+    scores both tokens; the divergence is a tie when their float32 gap is within twice the
+    model's own rounding there (the largest |own - float32| logit over the vocabulary: each run
+    may round either way). `greedy_unexplained_rows` > 0 means a decoder chose a token that
+    rounding cannot explain. At most `limit` diverging rows are scored."""
+    exact = copy.deepcopy(model).float()
+    rows = [(r, i) for r, i in enumerate(map(first_difference, ours, ref)) if i is not None]
+    ratios = []
+    for r, i in rows[:limit]:
+        prompt = ids[r][mask[r].bool()]
+        ctx = torch.cat([prompt, torch.tensor(ref[r][:i], device=prompt.device)])[None]
+        own = model(ctx).logits[0, -1].float()
+        high = exact(ctx).logits[0, -1].float()
+        noise = (own - high).abs().max()
+        gap = (high[ours[r][i]] - high[ref[r][i]]).abs()
+        if noise > 0:
+            ratios.append(float(gap / (2 * noise)))
+        else:  # a float32 model: only an exact tie explains a difference
+            ratios.append(0.0 if gap == 0 else float("inf"))
+    del exact
+    return {
+        "greedy_diverging_rows": len(rows),
+        "greedy_scored_rows": len(ratios),
+        "greedy_unexplained_rows": sum(x > 1 for x in ratios),
+        # the largest float32 gap at a divergence, in units of twice the rounding (<= 1: a tie)
+        "greedy_gap_over_rounding_max": max(ratios, default=0.0),
     }
 
 
@@ -555,8 +599,15 @@ def generation_line(g: dict) -> str:
     if "greedy_equal" in g:
         line += (
             f"; greedy = generate(): {g['greedy_equal']} ({g['greedy_rows_equal']}/"
-            f"{g['greedy_rows']} rows, {g['greedy_matched_fraction']:.1%} of tokens matched)"
+            f"{g['greedy_rows']} rows, {g['greedy_matched_fraction']:.1%} of tokens matched"
         )
+        if "greedy_unexplained_rows" in g:
+            line += (
+                f"; {g['greedy_diverging_rows']} rows diverge, "
+                f"{g['greedy_unexplained_rows']} of {g['greedy_scored_rows']} scored not at a "
+                f"bf16 tie (largest gap {g['greedy_gap_over_rounding_max']:.2f} x rounding)"
+            )
+        line += ")"
     return line
 
 
