@@ -47,6 +47,7 @@ from pathlib import Path
 
 from arenaflow import mcguard, paths
 from arenaflow.config import (
+    PREFERENCE_OBJECTIVES,
     REPO_ROOT,
     TRAINED,
     decoding_of,
@@ -104,8 +105,10 @@ def train_steps(rows: int, hyper: dict) -> int:
 
 
 def row_ktokens(hyper: dict) -> float:
-    """Rows of 1024 tokens one rank processes per optimizer step (padded to seq_len)."""
-    return hyper["micro_batch_size"] * hyper["grad_accum"] * hyper["seq_len"] / KTOK
+    """Rows of 1024 tokens one rank processes per optimizer step (padded to seq_len); a
+    preference row is a pair, both of its sides run through the model."""
+    sides = 2 if hyper.get("objective") in PREFERENCE_OBJECTIVES else 1
+    return sides * hyper["micro_batch_size"] * hyper["grad_accum"] * hyper["seq_len"] / KTOK
 
 
 def train_minutes(rows: int, hyper: dict, row_seconds: float, overhead_minutes: float) -> float:

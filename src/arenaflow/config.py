@@ -35,6 +35,8 @@ BASE, REFERENCE = "base", "reference"
 TRAINED, MERGE, DOSE = "trained", "merge", "dose"  # the kinds of arm (arm.schema.yaml)
 NOMINEE = continual.NOMINEE  # a round's nominee, as an arm (arenaflow.continual)
 RESERVED = {BASE, REFERENCE}
+# objectives that train on pairs (format: pairs): each row runs its chosen and rejected sides
+PREFERENCE_OBJECTIVES = ("dpo", "simpo")
 
 
 class ConfigError(ValueError):
@@ -472,7 +474,7 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
     objective = with_hyper_defaults(hyper)["objective"]
     for cid in mix:
         fmt = cfg["corpora"][cid]["format"]
-        if (objective in ("dpo", "simpo")) != (fmt == "pairs"):
+        if (objective in PREFERENCE_OBJECTIVES) != (fmt == "pairs"):
             raise ConfigError(
                 f"{where} 'hyper/objective': {objective!r} cannot train on corpus {cid!r} "
                 f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"

@@ -70,6 +70,18 @@ def test_measured_step_time_inverts_the_model():
     assert afbudget.record_minutes(rec, overhead_minutes=1.0) == pytest.approx(2 * (7.2 / 60 + 1.0))
 
 
+def test_a_preference_row_costs_its_two_sides():
+    """DPO/SimPO rows are pairs: a step runs twice the sequences of an SFT step of as many rows,
+    and a DPO record's measured seconds are per sequence, so SFT and DPO runs pool."""
+    dpo = {**HYPER, "objective": "dpo"}
+    assert afbudget.row_ktokens(dpo) == 2 * afbudget.row_ktokens(HYPER)
+    assert afbudget.train_minutes(100, dpo, 0.1, 0.0) == pytest.approx(
+        2 * afbudget.train_minutes(100, HYPER, 0.1, 0.0)
+    )
+    rec = {"hyperparameters": dpo, "optimizer_steps": 18, "wall_time_s": 18 * 0.8}
+    assert afbudget.measured_row_seconds(rec) == pytest.approx(0.1)
+
+
 # ---- a resolved config over a results directory -----------------------------------------
 def e2e_config(
     tmp_path: Path, budget: dict | None = None, arm_overrides: dict | None = None

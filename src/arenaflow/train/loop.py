@@ -296,7 +296,7 @@ def setup_data(r: Run) -> None:
     args, hyper = r.args, r.hyper
     load_data(r)
     corpus = r.corpus
-    r.preference = preference = hyper["objective"] in ("dpo", "simpo")
+    r.preference = preference = hyper["objective"] in afconfig.PREFERENCE_OBJECTIVES
     if preference != ("chosen" in corpus):
         raise SystemExit(
             f"objective {hyper['objective']!r} needs a "
