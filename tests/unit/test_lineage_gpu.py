@@ -333,8 +333,8 @@ def test_a_run_stopped_at_its_deadline_finishes_with_resume(tmp_path):
     assert rep1["summary"]["jobs_done"] < rep1["summary"]["jobs_total"]
     assert not (results / target).exists()
     locks = results / ".snakemake/locks"
-    locks.mkdir(parents=True, exist_ok=True)  # as a leg killed with SIGKILL leaves it
-    (locks / "0.input.lock").write_text(str(results))
+    locks.mkdir(parents=True, exist_ok=True)  # as a leg killed with SIGKILL leaves it:
+    (locks / "0.output.lock").write_text(target + "\n")  # Snakemake's own format, its own path
     proc2, rep2 = leg("--resume", str(results), "--archive", str(tmp_path / "r.tgz"))
     assert proc2.returncode == 0, proc2.stdout[-4000:] + proc2.stderr[-4000:]
     assert rep2["summary"]["complete"] and (results / target).exists()
