@@ -42,7 +42,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from arenaflow import fused, llamastep
 
 ATTENTION = "arenaflow_decode"
-FUSED_ENV = "ARENAFLOW_FUSED"  # diagnosis: "0" keeps transformers' unfused norm and SwiGLU on CUDA
+# On CUDA, "1" / "0" force the compiled norm, SwiGLU and masked-softmax kernels on / off; unset
+# or "auto": on from AUTO_MIN_TOKENS planned tokens (plan())
+FUSED_ENV = "ARENAFLOW_FUSED"
+# Compiling them costs a process ~4-5 s (SmolLM2 on an H200: first batch 4.8 -> 1.1 s and exit
+# 2.5 -> 1.3 s without) and saves 5-7 us a generated token (SmolLM2 sampling 37.9k -> 48.0k
+# tokens/s; the 1.2 B shape at batch 256, 7.33 -> 5.67 ms a step): from about a million tokens
+# it pays back (BENCHMARKS.md); a short readout spends the compile with the GPU idle.
+AUTO_MIN_TOKENS = 1_000_000
+_planned_tokens: int | None = None
 KV_BUCKET = 32  # key positions per captured graph: a step reads < 32 cache rows it cannot see
 SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has stopped
 
@@ -67,8 +75,18 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
 
 
+def plan(tokens: int) -> None:
+    """The tokens this process is about to decode (prompts x k x max_new_tokens, at most),
+    which `auto` weighs against the compile."""
+    global _planned_tokens
+    _planned_tokens = tokens
+
+
 def fused_kernels_on() -> bool:
-    return os.environ.get(FUSED_ENV, "1") != "0"
+    setting = os.environ.get(FUSED_ENV, "auto")
+    if setting != "auto":
+        return setting != "0"
+    return _planned_tokens is None or _planned_tokens >= AUTO_MIN_TOKENS
 
 
 def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:

@@ -71,6 +71,8 @@ def generate(
     if engine not in ("hf", "static"):
         raise ValueError(f"engine {engine!r}: expected 'hf' or 'static'")
     model.eval()
+    if engine == "static":
+        decode.plan(len(prompts) * k * decoding.max_new_tokens)
     stops = stop_token_ids(tokenizer)
     pad = models.pad_id(tokenizer)
     out: list[list[dict]] = []
