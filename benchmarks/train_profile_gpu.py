@@ -24,10 +24,10 @@ from pathlib import Path
 from zero3_hooks_cpu import build, run
 from zero_stage_cpu import SHAPES
 
-SETUPS = {
-    "stage2": {"zero_stage": 2},
+SETUPS = {  # fused kernels named: `auto` would leave a run this short uncompiled
+    "stage2": {"zero_stage": 2, "fused_kernels": True},
     "stage2-unfused": {"zero_stage": 2, "fused_kernels": False},
-    "stage3": {"zero_stage": 3},
+    "stage3": {"zero_stage": 3, "fused_kernels": True},
 }
 LORA = {
     "r": 64,
