@@ -583,6 +583,26 @@ def report(results: Path, meta: dict, bench: Path | None = None) -> dict:
     return out
 
 
+def legs_summary(results: Path) -> dict | None:
+    """A run in several legs as one: each leg's DAG wall time and jobs, their sums, and whether
+    the last leg completed it. None for a run of one leg."""
+    legs = leg_dirs(results)
+    if len(legs) < 2:
+        return None
+    each = [report(results, {}, bench=leg)["summary"] for leg in legs]
+    done = [s["jobs_done"] for s in each]
+    return {
+        "legs": [leg.name for leg in legs],
+        "dag_wall_s": [s["dag_wall_s"] for s in each],
+        "dag_wall_s_sum": round(sum(s["dag_wall_s"] or 0 for s in each), 1),
+        "jobs_done": done,
+        "jobs_done_sum": sum(done),
+        # a leg's total is what was left of the DAG when it started
+        "jobs_total": sum(done[:-1]) + each[-1]["jobs_total"],
+        "complete": each[-1]["complete"],
+    }
+
+
 def _f(x, nd=1, pct=False):
     if x is None:
         return ""
@@ -603,6 +623,13 @@ def table(rep: dict) -> str:
             else ""
         )
     ]
+    legs = rep.get("all_legs")
+    if legs:
+        rows.append(
+            f"all {len(legs['legs'])} legs: {_f(legs['dag_wall_s_sum'])} s of DAG wall "
+            f"({' + '.join(_f(w) for w in legs['dag_wall_s'])}), "
+            f"{legs['jobs_done_sum']}/{legs['jobs_total']} jobs, complete: {legs['complete']}"
+        )
     c = s.get("critical_chain") or {}
     if c.get("jobs"):
         rows.append(
@@ -1064,6 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
         args.results = args.results or f"/tmp/arenaflow-lineage-{dt.datetime.now():%Y%m%d-%H%M%S}"
         results = run(args)
     rep = report(results, {"results_dir": str(results), "smoke": bool(args.smoke)})
+    rep["all_legs"] = legs_summary(results)
     out = (
         Path(args.out)
         if args.out

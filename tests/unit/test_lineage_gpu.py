@@ -345,3 +345,9 @@ def test_a_run_stopped_at_its_deadline_finishes_with_resume(tmp_path):
     assert not [n for n in names if n.endswith(".safetensors") or "/candidates/" in n]
     run2 = json.loads((results / "bench-2/run.json").read_text())
     assert "--rerun-incomplete" in run2["command"] and run2["leg"] == "bench-2"
+    legs, s1, s2 = rep2["all_legs"], rep1["summary"], rep2["summary"]
+    assert legs["legs"] == ["bench", "bench-2"] and legs["complete"]
+    assert legs["dag_wall_s"] == [s1["dag_wall_s"], s2["dag_wall_s"]]
+    assert legs["jobs_done_sum"] == legs["jobs_total"] == s1["jobs_done"] + s2["jobs_total"]
+    assert f"all 2 legs: {legs['dag_wall_s_sum']:,.1f} s of DAG wall" in proc2.stdout
+    assert rep1["all_legs"] is None
