@@ -507,6 +507,8 @@ def generation(
                 **engine,
             }
         )
+        if "graph_step_ms" in engine:  # the decode steps alone: the prompt pass is compute-bound
+            rows[-1]["step_fraction_of_bound"] = bs / (engine["graph_step_ms"] / 1e3) / bound
         print(json.dumps(rows[-1]), flush=True)
     del model
     torch.cuda.empty_cache()
@@ -593,6 +595,8 @@ def generation_line(g: dict) -> str:
     )
     if "graph_step_ms" in g:
         line += f"; {g['decoder_path']}: decode step {g['graph_step_ms']:.2f} ms"
+        if "step_fraction_of_bound" in g:
+            line += f" = {g['step_fraction_of_bound']:.1%} of the bound"
     if "kernels_per_step" in g:
         line += (
             f" (no graphs {g['eager_step_ms']:.2f}), {g['kernels_per_step']:.0f} kernels = "
