@@ -150,3 +150,13 @@ def test_smollm2s_own_pad_token_is_its_eos_and_a_supervised_eos_stays_supervised
     for i, (ids, _) in enumerate(rows):
         closing = max(j for j, t in enumerate(ids) if t == pad)
         assert batch["labels"][i, closing] == pad
+
+
+def test_the_import_keeps_a_bpe_s_spaces_before_punctuation(smol):
+    """The imported tokenizer says clean_up_tokenization_spaces: false in its config (releases
+    differ on the default), and decoding gives the text back as it was written."""
+    config = json.loads((smol / "tokenizer_config.json").read_text())
+    assert config["clean_up_tokenization_spaces"] is False
+    tok = models.load_tokenizer(str(smol))
+    text = "Total : 42 , not 41 . Is it ?"
+    assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
