@@ -7,7 +7,7 @@ for the batch, runs the prompt pass eagerly, and on CUDA replays each decode ste
 graph, captured once per key-length bucket so that a step reads only the cache rows it can see.
 The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
 - "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
-  ARENAFLOW_DECODE_STEP=llama until its first H200 run): arenaflow.llamastep's
+  ARENAFLOW_DECODE_STEP=llama, see step_kind): arenaflow.llamastep's
   pure function over packed QKV and gate/up weights, the whole step (embedding, layers, final
   norm, lm_head and the token choice) compiled on CUDA as ONE torch.compile(fullgraph=True)
   graph, in inductor's default mode, inside our own per-bucket torch.cuda.CUDAGraph capture
@@ -158,8 +158,10 @@ def step_kind(model, step: str | None = None) -> str:
             f"the packed Llama decode step cannot decode {why}; use step 'hf' (or unset {STEP_ENV})"
         )
     if want == "auto" and not why and model.device.type == "cuda":
-        # not yet run on a GPU (no device time was left in the session that built it): "auto"
-        # keeps the measured path there until benchmarks/decode_check.py and the GPU tests pass
+        # On the H200 the compiled step decodes x1.2-1.7 faster but its first call compiles for
+        # 52-78 s cold, 12 s warm (BENCHMARKS.md), which a lineage's short readouts cannot pay
+        # back, and its bf16 greedy output is not yet held to generate()'s by the tie-aware
+        # check (benchmarks/gpu_bench.py): "auto" keeps "hf" there
         return "hf"
     return "hf" if want == "hf" or why else "llama"
 
