@@ -158,6 +158,15 @@ def parse_spec(text: str) -> dict:
     return spec
 
 
+# LoRA r=64 on all seven projections: the H200 runs' adapter (BENCHMARKS.md)
+LORA = {
+    "r": 64,
+    "alpha": 128,
+    "dropout": 0.0,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+
+
 def hyperparameters(
     method: str, micro: int, accum: int, steps: int, seq: int, lr: float, **extra
 ) -> dict:
@@ -167,20 +176,7 @@ def hyperparameters(
     return {
         "fused_kernels": True,
         "method": method,
-        "lora": {
-            "r": 64,
-            "alpha": 128,
-            "dropout": 0.0,
-            "target_modules": [
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ],
-        },
+        "lora": copy.deepcopy(LORA),
         "lr": lr,
         "weight_decay": 0.0,
         "warmup_ratio": 0.0,
@@ -377,8 +373,8 @@ def greedy_vs_generate(model, tok, bs: int, new_tokens: int, seed: int = 0) -> d
     t2 = time.perf_counter()
     ref = [sampling.until_stop(r, stops) for r in ref]
     ties = divergence_ties(model, ids, mask, ours, ref)
-    prefix = [
-        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b))) / len(b)
+    prefix = [  # the share of generate()'s tokens matched before the first difference
+        (min(len(a), len(b)) if (i := first_difference(a, b)) is None else i) / len(b)
         for a, b in zip(ours, ref)
     ]
     return {

@@ -21,6 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from gpu_bench import LORA
 from zero3_hooks_cpu import build, run
 from zero_stage_cpu import SHAPES
 
@@ -28,12 +29,6 @@ SETUPS = {  # fused kernels named: `auto` would leave a run this short uncompile
     "stage2": {"zero_stage": 2, "fused_kernels": True},
     "stage2-unfused": {"zero_stage": 2, "fused_kernels": False},
     "stage3": {"zero_stage": 3, "fused_kernels": True},
-}
-LORA = {
-    "r": 64,
-    "alpha": 128,
-    "dropout": 0.0,
-    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
 }
 
 
