@@ -396,6 +396,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+def float_copy(model):
+    """A float32 copy of `model`, without the decoders and packed weights arenaflow.decode
+    keeps on it (CUDA graphs do not copy)."""
+    kept = {k: model.__dict__.pop(k) for k in list(model.__dict__) if k.startswith("_arenaflow")}
+    try:
+        return copy.deepcopy(model).float()
+    finally:
+        model.__dict__.update(kept)
+
+
 @torch.no_grad()
 def divergence_ties(model, ids, mask, ours: list, ref: list, limit: int = 64) -> dict:
     """Whether each row where our greedy ids leave generate()'s leaves them at a tie.
@@ -407,7 +417,7 @@ def divergence_ties(model, ids, mask, ours: list, ref: list, limit: int = 64) ->
     model's own rounding there (the largest |own - float32| logit over the vocabulary: each run
     may round either way). `greedy_unexplained_rows` > 0 means a decoder chose a token that
     rounding cannot explain. At most `limit` diverging rows are scored."""
-    exact = copy.deepcopy(model).float()
+    exact = float_copy(model)
     rows = [(r, i) for r, i in enumerate(map(first_difference, ours, ref)) if i is not None]
     ratios = []
     for r, i in rows[:limit]:
