@@ -45,11 +45,13 @@ ATTENTION = "arenaflow_decode"
 # On CUDA, "1" / "0" force the compiled norm, SwiGLU and masked-softmax kernels on / off; unset
 # or "auto": on from AUTO_MIN_TOKENS planned tokens (plan())
 FUSED_ENV = "ARENAFLOW_FUSED"
-# Compiling them costs a process ~4-5 s (SmolLM2 on an H200: first batch 4.8 -> 1.1 s and exit
-# 2.5 -> 1.3 s without) and saves 5-7 us a generated token (SmolLM2 sampling 37.9k -> 48.0k
-# tokens/s; the 1.2 B shape at batch 256, 7.33 -> 5.67 ms a step): from about a million tokens
-# it pays back (BENCHMARKS.md); a short readout spends the compile with the GPU idle.
-AUTO_MIN_TOKENS = 1_000_000
+# Compiling them costs a process ~4-5 s alone and 7-11 s inside a lineage (SmolLM2's corpora on
+# the H200, run 7: first batch 8-13 s against 1.3-2.7 s uncompiled), and saves 5-7 us a generated
+# token (SmolLM2 sampling 37.9k -> 48.0k tokens/s; the 1.2 B shape at batch 256, 7.33 -> 5.67 ms
+# a step). A plan counts every row's max_new_tokens, but rows stop early: those corpora planned
+# 1.28-2.56 M tokens and generated 12-15 % of them, so the compile pays back from about 8 M
+# planned tokens (BENCHMARKS.md); below that a job spends it with the GPU idle.
+AUTO_MIN_TOKENS = 8_000_000
 _planned_tokens: int | None = None
 KV_BUCKET = 32  # key positions per captured graph: a step reads < 32 cache rows it cannot see
 SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has stopped
