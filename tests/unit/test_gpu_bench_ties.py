@@ -84,3 +84,23 @@ def test_divergences_of_float32_and_bf16_greedy_are_ties_and_a_planted_token_is_
 def test_first_difference_is_none_only_for_equal_lists():
     assert gpu_bench.first_difference([5, 6, 1], [5, 6, 1]) is None
     assert gpu_bench.first_difference([5, 6, 1], [5, 7, 8, 1]) == 1
+
+
+class Uncopyable:
+    """Stands for a torch.cuda.CUDAGraph, which a decoder cached on the model holds on a GPU."""
+
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle 'CUDAGraph' object")
+
+
+@torch.no_grad()
+def test_tie_check_runs_on_a_model_that_carries_decoders_and_leaves_them_there():
+    low = flat_llama().to(torch.bfloat16)
+    ids, mask = prompts(4)
+    decoders = low.__dict__.setdefault("_arenaflow_decoders", {})
+    decoders["graphs"] = Uncopyable()
+    ref = greedy(low, ids, mask)
+    planted = [r[:1] + [(r[1] + 1) % 256] + r[2:] for r in ref]
+    got = gpu_bench.divergence_ties(low, ids, mask, planted, ref)
+    assert got["greedy_scored_rows"] == 4
+    assert low.__dict__["_arenaflow_decoders"] is decoders  # still cached for the next batch
