@@ -1,0 +1,91 @@
+"""Where a one-rank LoRA training's start-up goes on a GPU (issue 15), outside the workflow.
+
+    python benchmarks/train_startup_gpu.py [nccl]
+
+SmolLM2-135M's shape with random bf16 weights, LoRA r 64 on all seven projections, ZeRO stage 2
+over NCCL, one rank (what `arenaflow.train` runs for one arm on one GPU). Prints the seconds of:
+the imports; `deepspeed.runtime.zero.muon.muon_optimizer`, which `deepspeed.initialize` imports
+for its optimizer check and which pulls in torch._inductor; with `nccl`, a first all_reduce
+(NCCL's communicator); `deepspeed.initialize` itself, with a cProfile table; and four steps of
+512 x 80 tokens (the first one pays CUDA's lazy initialisation).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1")
+os.environ.setdefault("LOCAL_RANK", "0")
+
+
+def timed(label: str, t0: float) -> None:
+    print(label, round(time.time() - t0, 2), flush=True)
+
+
+def main() -> None:
+    t = time.time()
+    import deepspeed
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    timed("imports", t)
+    t = time.time()
+    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+
+    timed("muon import", t)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    )
+    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    net = get_peft_model(
+        LlamaForCausalLM(cfg).to(torch.bfloat16).cuda(),
+        LoraConfig(r=64, lora_alpha=128, target_modules=projections),
+    )
+    t = time.time()
+    deepspeed.init_distributed(dist_backend="nccl")
+    timed("init_distributed", t)
+    if "nccl" in sys.argv[1:]:
+        t = time.time()
+        x = torch.ones(1, device="cuda")
+        torch.distributed.all_reduce(x)
+        torch.cuda.synchronize()
+        timed("first all_reduce (NCCL init)", t)
+    conf = {
+        "train_micro_batch_size_per_gpu": 512,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 2},
+        "bf16": {"enabled": True},
+    }
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
+    t = time.time()
+    prof = cProfile.Profile()
+    prof.enable()
+    engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config=conf)
+    prof.disable()
+    timed("initialize", t)
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(18)
+    ids = torch.randint(0, cfg.vocab_size, (512, 80), device="cuda")
+    for i in range(4):
+        torch.cuda.synchronize()
+        t = time.time()
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        torch.cuda.synchronize()
+        timed(f"step {i}", t)
+
+
+if __name__ == "__main__":
+    main()
