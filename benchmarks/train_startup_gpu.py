@@ -2,8 +2,9 @@
 
     python benchmarks/train_startup_gpu.py [nccl]
 
-SmolLM2-135M's shape with random bf16 weights, LoRA r 64 on all seven projections, ZeRO stage 2
-over NCCL, one rank (what `arenaflow.train` runs for one arm on one GPU). Prints the seconds of:
+SmolLM2-135M's shape with random bf16 weights (zero_stage_cpu.SHAPES), gpu_bench's LoRA (r 64 on
+all seven projections), ZeRO stage 2 over NCCL, one rank (what `arenaflow.train` runs for one arm
+on one GPU). Prints the seconds of:
 the imports; `deepspeed.runtime.zero.muon.muon_optimizer`, which `deepspeed.initialize` imports
 for its optimizer check and which pulls in torch._inductor; with `nccl`, a first all_reduce
 (NCCL's communicator); `deepspeed.initialize` itself, with a cProfile table; and four steps of
@@ -38,20 +39,12 @@ def main() -> None:
     import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
 
     timed("muon import", t)
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-    )
-    projections = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    net = get_peft_model(
-        LlamaForCausalLM(cfg).to(torch.bfloat16).cuda(),
-        LoraConfig(r=64, lora_alpha=128, target_modules=projections),
-    )
+    from gpu_bench import LORA
+    from zero_stage_cpu import SHAPES
+
+    cfg = LlamaConfig(**SHAPES["smollm2"])
+    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
+    net = get_peft_model(LlamaForCausalLM(cfg).to(torch.bfloat16).cuda(), lora)
     t = time.time()
     deepspeed.init_distributed(dist_backend="nccl")
     timed("init_distributed", t)
