@@ -79,7 +79,7 @@ def ceilings() -> dict:
     return {"copy_bytes_per_s": copy_bw, "bf16_matmul_flops": flops}
 
 
-def build_model(root: Path, layers: int, hidden: int) -> tuple[Path, dict]:
+def build_model(root: Path, layers: int, hidden: int, device: str = "cuda") -> tuple[Path, dict]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = root / f"model-{layers}x{hidden}"
@@ -94,7 +94,7 @@ def build_model(root: Path, layers: int, hidden: int) -> tuple[Path, dict]:
         tie_word_embeddings=False,
         dtype="bfloat16",
     )
-    with torch.device("cuda"):
+    with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     shape = {
         "parameters": sum(p.numel() for p in model.parameters()),
@@ -108,7 +108,8 @@ def build_model(root: Path, layers: int, hidden: int) -> tuple[Path, dict]:
         model.save_pretrained(out)
         tinymodel.build_tokenizer().save_pretrained(out)
     del model
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return out, shape
 
 

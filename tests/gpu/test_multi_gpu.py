@@ -48,5 +48,5 @@ def test_two_gpus_match_one_reload_and_resume_across_world_sizes(tmp_path):
     failed = [c for c, ok in res["checks"].items() if not ok]
     assert proc.returncode == 0 and not failed, (failed, proc.stdout[-3000:], proc.stderr[-3000:])
     assert (
-        len(res["checks"]) == 8
-    )  # losses, world size (LoRA and full), reload, three resume checks
+        len(res["checks"]) == 9
+    )  # losses, world size (LoRA and full), reload, four resume checks (with the weights)
