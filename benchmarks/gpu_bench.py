@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import chat, decode, manifest, models, sampling, tinymodel
+from arenaflow import chat, decode, llamastep, manifest, models, sampling, tinymodel
 
 TRAIN_DEFAULT = [
     "method=lora,micro=16",
@@ -331,12 +331,14 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
     # arenaflow.decode, CUDA-graph steps per key-length bucket: the packed Llama step compiled
     # whole (issue 23) ...
     "static": {"engine": "static"},
-    # ... or transformers' modelling code with arenaflow.fused's kernels (the path before it)
+    "static-flex": {"engine": "static"},  # ... its decode attention through FlexAttention ...
+    # ... or transformers'' modelling code with arenaflow.fused's kernels (the path before it)
     "static-hf": {"engine": "static"},
     "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (ARENAFLOW_FUSED=0)
 }
 STEP_OF_PATH = {
     "static": "llama",
+    "static-flex": "llama",
     "static-hf": "hf",
     "static-unfused": "hf",
 }  # ARENAFLOW_DECODE_STEP
@@ -461,6 +463,7 @@ def generation(
 
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
     os.environ[decode.STEP_ENV] = STEP_OF_PATH.get(path, "auto")
+    os.environ[llamastep.ATTENTION_ENV] = "flex" if path.endswith("-flex") else "matmul"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()
     cfg = model.config

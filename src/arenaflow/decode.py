@@ -120,7 +120,9 @@ def decoder_for(
     captured once); the least recently used beyond KEEP_DECODERS is dropped."""
     # kept on the model, so that they (and their KV caches) go when it goes
     kept = model.__dict__.setdefault("_arenaflow_decoders", {})
-    key = (batch, prompt_len, new_tokens, decoding, tuple(stops), pad)
+    # the environment's choices too: a decoder built under another step or attention is another
+    env = tuple(os.environ.get(k) for k in (STEP_ENV, llamastep.ATTENTION_ENV))
+    key = (batch, prompt_len, new_tokens, decoding, tuple(stops), pad, env)
     decoder = kept.pop(key, None) or StaticDecoder(
         model, batch, prompt_len, new_tokens, decoding, stops, pad
     )
@@ -160,10 +162,10 @@ def step_kind(model, step: str | None = None) -> str:
             f"the packed Llama decode step cannot decode {why}; use step 'hf' (or unset {STEP_ENV})"
         )
     if want == "auto" and not why and model.device.type == "cuda":
-        # On the H200 the compiled step decodes x1.2-1.7 faster but its first call compiles for
-        # 52-78 s cold, 12 s warm (BENCHMARKS.md), which a lineage's short readouts cannot pay
-        # back, and its bf16 greedy output is not yet held to generate()'s by the tie-aware
-        # check (benchmarks/gpu_bench.py): "auto" keeps "hf" there
+        # On the H200 the compiled step decodes x1.2-1.7 faster, and where its bf16 greedy
+        # output leaves generate()'s it is at a rounding tie (gpu_bench's tie-aware check), but
+        # its first call compiles for 52-86 s cold, 12-13 s warm (BENCHMARKS.md), which a
+        # lineage's short readouts cannot pay back: "auto" keeps "hf" there
         return "hf"
     return "hf" if want == "hf" or why else "llama"
 
@@ -200,10 +202,13 @@ def llama_step(weights, shape, cache, st: dict, seen_rows, tables, decoding, pad
     that are up to the cursor and not left padding (st["visible"]), and chooses the next token.
     S is a tensor's size, not an int, so that one compiled graph serves every bucket."""
     seen = seen_rows.shape[0]
-    mask = st["visible"][:, :seen] & (seen_rows <= st["cursor"])
+    if shape.attention == "flex":
+        mask = llamastep.Keys(st["visible"], st["cursor"], seen)
+    else:
+        mask = (st["visible"][:, :seen] & (seen_rows <= st["cursor"]))[:, None, None]
     rows = st["cursor"].view(1)
     logits = llamastep.forward(
-        weights, shape, cache, st["token"], st["position"], rows, mask[:, None, None], tables
+        weights, shape, cache, st["token"], st["position"], rows, mask, tables
     )
     choose(logits, st, decoding, pad)
     st["position"].add_(1)

@@ -14,23 +14,35 @@ so that greedy decoding gives generate()'s tokens (tests/unit/test_decode.py).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
 from arenaflow.fused import rms_norm
+
+# how a decoding token attends over the cache: "matmul" (default; two grouped-query products
+# and a masked softmax between them) or "flex" (FlexAttention: compiled, inductor's
+# flex-decoding kernel, one kernel a layer, the keys split across thread blocks). Opt-in until
+# a GPU measures it (issue 23)
+ATTENTION_ENV = "ARENAFLOW_DECODE_ATTENTION"
+ATTENTIONS = ("matmul", "flex")
 
 
 @dataclass(frozen=True)
 class Shape:
-    """The numbers of a Llama config that the forward pass needs (constants to the compiler)."""
+    """The numbers of a Llama config that the forward pass needs, and the decode attention
+    (constants to the compiler)."""
 
     heads: int
     kv_heads: int
     head_dim: int
     inter: int
     eps: float
+    attention: str = "matmul"
 
 
 def unsupported(model) -> str | None:
@@ -93,12 +105,16 @@ def packed(model) -> dict:
 def shape_of(model) -> Shape:
     cfg = model.config
     heads = cfg.num_attention_heads
+    attention = os.environ.get(ATTENTION_ENV) or "matmul"
+    if attention not in ATTENTIONS:
+        raise ValueError(f"${ATTENTION_ENV}={attention!r}: expected one of {ATTENTIONS}")
     return Shape(
         heads=heads,
         kv_heads=cfg.num_key_value_heads,
         head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
         inter=cfg.intermediate_size,
         eps=cfg.rms_norm_eps,
+        attention=attention,
     )
 
 
@@ -133,12 +149,37 @@ def _attend(q, k, v, cache_k, cache_v, rows, mask, s: Shape) -> torch.Tensor:
         k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return out.transpose(1, 2).reshape(batch, t, s.heads * dim)
+    if isinstance(mask, Keys):
+        k, v = cache_k[:, :, : mask.seen], cache_v[:, :, : mask.seen]
+        out = _flex_decode(q, k, v, mask, scale)
+        return out.transpose(1, 2).reshape(batch, 1, s.heads * dim)
     seen = mask.shape[-1]
     qg = q.reshape(batch, s.kv_heads, s.heads // s.kv_heads, dim)
     scores = torch.matmul(qg, cache_k[:, :, :seen].transpose(-1, -2)).float() * scale
     probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
     out = torch.matmul(probs, cache_v[:, :, :seen])
     return out.reshape(batch, 1, s.heads * dim)
+
+
+class Keys(NamedTuple):
+    """The cache rows a decoding token may attend to, for FlexAttention: rows 0..seen-1 that are
+    visible (not left padding) and not past the cursor. Graph inputs themselves, not a mask
+    computed from them: inductor's CPU flex template takes only inputs into its score function."""
+
+    visible: torch.Tensor  # [B, >= seen] bool
+    cursor: torch.Tensor  # () long, the row the token is written to
+    seen: int
+
+
+def _flex_decode(q, k, v, keys: Keys, scale: float) -> torch.Tensor:
+    """q [B, H, 1, D] over k, v [B, H_kv, S, D] where `keys` allows; [B, H, 1, D]. The query
+    heads sharing a KV head read it together (enable_gqa)."""
+
+    def hide(score, b, h, q_idx, kv_idx):
+        seen = keys.visible[b, kv_idx] & (kv_idx <= keys.cursor)
+        return torch.where(seen, score, -float("inf"))
+
+    return flex_attention(q, k, v, score_mod=hide, scale=scale, enable_gqa=True)
 
 
 def _layer(h, w: tuple, cache_k, cache_v, cos, sin, rows, mask, s: Shape) -> torch.Tensor:
@@ -162,7 +203,8 @@ def forward(weights: dict, s: Shape, cache: tuple, ids, positions, rows, mask, t
 
     ids, positions [B, T]; rows [T]: the cache rows they go to; cache (keys, values):
     new_cache's; mask bool, [B, 1, T, T] for a prompt, [B, 1, 1, S] for one token
-    (True: may attend); tables: rotary_tables' (cos, sin)."""
+    (True: may attend), or for one token under flex attention its Keys; tables:
+    rotary_tables' (cos, sin)."""
     cos, sin = (x[positions].unsqueeze(1) for x in tables)  # [B, 1, T, D]
     h = F.embedding(ids, weights["embed"])
     for i, w in enumerate(weights["layers"]):

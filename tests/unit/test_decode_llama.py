@@ -15,7 +15,7 @@ import torch
 from test_decode import BASE, VOCAB, left_padded, random_llama, until_stop
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from arenaflow import chat, decode, models, sampling, tinymodel
+from arenaflow import chat, decode, llamastep, models, sampling, tinymodel
 
 
 def greedy_generate(model, ids, mask, new: int, stops: list[int], pad: int) -> list[list[int]]:
@@ -68,6 +68,47 @@ def test_smollm2_greedy_texts_equal_generate_s_through_the_packed_llama_step(smo
     assert any(s["stopped"] for (s,) in static) and len({s["text"] for (s,) in static}) == 3
 
 
+def test_flex_attention_decodes_smollm2_as_the_grouped_products_and_generate_do(smol, monkeypatch):
+    """ARENAFLOW_DECODE_ATTENTION=flex: FlexAttention over the cache (eager on CPU; compiled,
+    inductor's flex-decoding kernel, on a GPU), 9 query heads over 3 KV heads, left padding
+    hidden by its score function."""
+    model, tok = smol
+    prompts = [
+        chat.render(chat.prompt_messages("You are a helpful assistant.", q), True)
+        for q in ("What is 2 + 2?", "Hi", "Name a large city in Europe.")
+    ]
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=24)
+    matmul = sampling.generate(model, tok, prompts, dec, batch_size=3, engine="static")
+    monkeypatch.setenv(llamastep.ATTENTION_ENV, "flex")
+    flex = sampling.generate(model, tok, prompts, dec, batch_size=3, engine="static")
+    shapes = {d.shape.attention for d in model.__dict__["_arenaflow_decoders"].values()}
+    assert shapes == {"matmul", "flex"}  # a decoder apiece, not the first one reused
+    assert flex == matmul == sampling.generate(model, tok, prompts, dec, batch_size=3)
+
+
+def test_flex_attention_on_ragged_prompts_and_an_unknown_attention_named(monkeypatch):
+    model = random_llama("cpu")
+    ids, mask = ragged()
+    runs = []
+    for attention in ("matmul", "flex"):
+        monkeypatch.setenv(llamastep.ATTENTION_ENV, attention)
+        for dec in (
+            sampling.Decoding(temperature=0.0, max_new_tokens=20),
+            sampling.Decoding(temperature=0.8, top_p=0.9, max_new_tokens=20),
+        ):
+            torch.manual_seed(3)
+            d = decode.StaticDecoder(model, *ids.shape, 20, dec, [1, 2], 0, compiled=False)
+            assert d.shape.attention == attention
+            runs.append(d.run(ids, mask))
+    assert runs[:2] == runs[2:]  # greedy and sampled tokens, through either attention
+    assert [until_stop(r, [1, 2]) for r in runs[2]] == greedy_generate(
+        model, ids, mask, 20, [1, 2], 0
+    )
+    monkeypatch.setenv(llamastep.ATTENTION_ENV, "paged")
+    with pytest.raises(ValueError, match="ARENAFLOW_DECODE_ATTENTION='paged'.*matmul"):
+        decode.StaticDecoder(model, *ids.shape, 20, dec, [1, 2], 0, compiled=False)
+
+
 def test_the_embedded_model_decodes_through_the_packed_llama_step():
     model, tok = models.load_policy(BASE, None)
     prompts = [
@@ -118,6 +159,21 @@ def test_on_cuda_the_compiled_step_in_graphs_decodes_as_the_eager_step_and_gener
     assert got == [until_stop(r, [1, 2]) for r in eager.run(ids, mask)]
     assert got == greedy_generate(model, ids, mask, 40, [1, 2], 0)
     assert len(graphed.graphs) == 3  # buckets of 32, 64 and 70 cache rows
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_compiled_flex_attention_decodes_as_the_grouped_products(monkeypatch):
+    model = random_llama("cuda")
+    ids, mask = (t.cuda() for t in ragged(6, (5, 17, 9, 30, 1, 12)))
+    dec = sampling.Decoding(max_new_tokens=40)
+    got = {}
+    for attention in ("matmul", "flex"):
+        monkeypatch.setenv(llamastep.ATTENTION_ENV, attention)
+        d = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0, step="llama")
+        got[attention] = [until_stop(r, [1, 2]) for r in d.run(ids, mask)]
+        assert d.path == "llama-compiled+graphs"  # not a fallback
+    assert got["flex"] == got["matmul"] == greedy_generate(model, ids, mask, 40, [1, 2], 0)
 
 
 def test_other_architectures_keep_transformers_modelling_path():
