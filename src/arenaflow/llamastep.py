@@ -176,8 +176,8 @@ def _flex_decode(q, k, v, keys: Keys, scale: float) -> torch.Tensor:
     heads sharing a KV head read it together (enable_gqa)."""
 
     def hide(score, b, h, q_idx, kv_idx):
-        seen = keys.visible[b, kv_idx] & (kv_idx <= keys.cursor)
-        return torch.where(seen, score, -float("inf"))
+        allowed = keys.visible[b, kv_idx] & (kv_idx <= keys.cursor)
+        return torch.where(allowed, score, -float("inf"))
 
     return flex_attention(q, k, v, score_mod=hide, scale=scale, enable_gqa=True)
 
