@@ -194,6 +194,23 @@ def hyperparameters(
     }
 
 
+def train_argv(name: str, hyper: dict, corpus: Path, model: Path, out: Path, launcher=None):
+    """The command that trains arm `name` from the base `model` on `corpus` into `out`:
+    `python -m arenaflow.train ...`, or `launcher` (e.g. torchrun's argv up to its -m) instead
+    of `python -m`."""
+    return [
+        *(launcher or [sys.executable, "-m"]),
+        "arenaflow.train",
+        *("--arm", name, "--params-json", json.dumps(hyper), "--corpus", str(corpus)),
+        *("--init", "base", "--base-model", str(model), "--out", str(out)),
+    ]
+
+
+def run_metrics(out: Path) -> list[dict]:
+    """A finished run's metrics.jsonl, a dict per step."""
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def timed_rate(metrics: list[dict], skip: int = 3) -> tuple[float, float]:
     """(tokens/s, s/step) over the steps after the first `skip` (allocator and kernel warm-up)."""
     tok = metrics[-1]["tokens_seen"] - metrics[skip - 1]["tokens_seen"]
@@ -227,30 +244,11 @@ def train(
     name = "-".join(f"{k}{v}" for k, v in spec.items())
     out = root / f"runs/{name}/final"
     t = time.time()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arenaflow.train",
-            "--arm",
-            name,
-            "--params-json",
-            json.dumps(hyper),
-            "--corpus",
-            str(corpus),
-            "--init",
-            "base",
-            "--base-model",
-            str(model),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    argv = train_argv(name, hyper, corpus, model, out)
+    proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode:
         return {"spec": spec, "error": proc.stderr[-3000:]}
-    m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    m = run_metrics(out)
     ev = json.loads((out / "training_evidence.json").read_text())
     rate, step_s = timed_rate(m)
     return {

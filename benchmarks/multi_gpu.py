@@ -64,27 +64,8 @@ def train(
     )
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), **(env or {})}
     t = time.time()
-    proc = subprocess.run(
-        [
-            *launcher,
-            "arenaflow.train",
-            "--arm",
-            name,
-            "--params-json",
-            json.dumps(hp),
-            "--corpus",
-            str(corpus),
-            "--init",
-            "base",
-            "--base-model",
-            str(model),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    argv = gpu_bench.train_argv(name, hp, corpus, model, out, launcher)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     r = {
         "name": name,
         "gpus": gpus,
@@ -96,7 +77,7 @@ def train(
         "resumed": next((x for x in proc.stderr.splitlines() if "resumed from" in x), None),
     }
     if proc.returncode == 0:
-        m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        m = gpu_bench.run_metrics(out)
         r.update(
             losses=[x["loss"] for x in m],
             tokens_per_s=gpu_bench.timed_rate(m)[0],

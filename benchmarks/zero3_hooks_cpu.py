@@ -26,6 +26,9 @@ import torch
 
 from arenaflow import manifest, tinymodel
 
+sys.path.insert(0, str(Path(__file__).parent))
+import gpu_bench  # noqa: E402  (a sibling script: the benchmarks' shared builders)
+
 
 def build(
     root: Path, layers: int, hidden: int, rows: int, seq: int, shape: dict | None = None
@@ -97,30 +100,14 @@ def run(root: Path, model: Path, corpus: Path, extra: dict, args, i: int) -> dic
     }
     out = root / f"runs/{i}/final"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arenaflow.train",
-            "--arm",
-            "bench",
-            "--params-json",
-            json.dumps(hyper),
-            "--corpus",
-            str(corpus),
-            "--init",
-            "base",
-            "--base-model",
-            str(model),
-            "--out",
-            str(out),
-        ],
+        gpu_bench.train_argv("bench", hyper, corpus, model, out),
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
     )
     if proc.returncode:
         raise SystemExit(proc.stderr[-3000:])
-    m = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    m = gpu_bench.run_metrics(out)
     skip = 2  # the first steps include warm-up
     return {
         **extra,
