@@ -17,6 +17,11 @@ metric is read on the clause's suite and regime (default: the round's):
   level (e.g. truncation_rate < 5); with `vs` the candidate's level minus that arm's (e.g.
   loop_rate vs control <= 2: "not worse than control by more than 2 points").
 
+On a multi-turn suite (a pool with `turns` >= 2, arenaflow.multiturn) the comparison's headline is
+"every turn passes", which a small model may never reach; `turn: k` reads a paired per-item metric
+of turn k alone instead (TURN_METRICS, from the comparison's by_turn), e.g.
+    - {suite: multiturn, turn: 1, metric: delta, op: ">", value: 0}
+
 Lineage 002's v749 rule (docs/lineages.md#002-the-2x2-null-grid), with the clause that kept its
 incumbent (p_value) written in:
     - {metric: delta, op: ">", value: 0}                  # a positive headline delta
@@ -61,6 +66,8 @@ LEVELS = (
     "mean_words",
     "mean_tokens",
 )  # what arenaflow.evals.levels() returns per side
+# the paired statistics the comparison keeps for each turn of a multi-turn suite (by_turn)
+TURN_METRICS = ("delta", "p_value", "t_items", "wins_minus_losses")
 NOISE_STATS = ("mean_abs_delta", "max_abs_delta", "spread", "max_abs_t")
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
@@ -89,6 +96,8 @@ def resolve(rnd: dict) -> list[dict]:
             "vs": vs,
             "against": None if vs == "none" else rnd.get(vs),
         }
+        if "turn" in c:
+            r["turn"] = c["turn"]
         if "value" in c:
             r["value"] = c["value"]
         else:
@@ -104,9 +113,10 @@ def resolve(rnd: dict) -> list[dict]:
     return out
 
 
-def validate(rnd: dict, replicates, arms: set[str]) -> list[tuple[str, str]]:
+def validate(rnd: dict, replicates, arms: set[str], turns=None) -> list[tuple[str, str]]:
     """Semantic errors of a round's bar as (key under the round, message); `replicates(suite,
-    regime)` gives K, or None for an unknown suite/regime."""
+    regime)` gives K, or None for an unknown suite/regime; `turns(suite)` the turns of its
+    conversations (default: 1)."""
     errors = []
     for i, c in enumerate(rnd["bar"]):
         key = f"bar/{i}"
@@ -130,6 +140,8 @@ def validate(rnd: dict, replicates, arms: set[str]) -> list[tuple[str, str]]:
             )
         if vs == "control" and "control" not in rnd:
             errors.append((f"{key}/vs", "vs: control, but the round names no control arm"))
+        if "turn" in c:
+            errors += _turn_errors(c, key, suite, turns(suite) if turns else 1)
         if c["metric"] == "t" and k < 2:
             errors.append(
                 (
@@ -149,6 +161,22 @@ def validate(rnd: dict, replicates, arms: set[str]) -> list[tuple[str, str]]:
             if c["noise"].get("arm", rnd["incumbent"]) not in arms:
                 errors.append((f"{key}/noise/arm", f"unknown arm {c['noise']['arm']!r}"))
     return errors
+
+
+def _turn_errors(c: dict, key: str, suite: str, turns: int) -> list[tuple[str, str]]:
+    if turns < 2:
+        return [(f"{key}/turn", f"suite {suite!r} is not multi-turn (its pool has 1 turn)")]
+    if c["turn"] > turns:
+        return [(f"{key}/turn", f"turn {c['turn']}: suite {suite!r} has {turns} turns")]
+    if c["metric"] not in TURN_METRICS:
+        return [
+            (
+                f"{key}/metric",
+                f"{c['metric']!r} is not kept per turn; a turn clause reads one of "
+                f"{', '.join(TURN_METRICS)}",
+            )
+        ]
+    return []
 
 
 def comparisons_needed(rnd: dict) -> list[tuple[str, str, str, str]]:
@@ -194,14 +222,17 @@ def judge_clause(clause: dict, cand: str, incumbent: str, compares: dict, noises
     comp = compares[(s, r, cand, ref)]
     why = None
     try:
-        if m in PAIRED:
+        if "turn" in clause:  # JSON keeps by_turn's keys as strings
+            observed = comp["by_turn"][str(clause["turn"])][m]
+        elif m in PAIRED:
             observed = comp[m]
         elif clause["vs"] == "none":
             observed = _level(comp, "cand", m)
         else:
             observed = _level(comp, "cand", m) - _level(comp, "ref", m)
     except KeyError:
-        observed, why = None, f"{m} is not in the comparison {cand} vs {ref} on {s}/{r}"
+        what = f"turn {clause['turn']}'s {m}" if "turn" in clause else m
+        observed, why = None, f"{what} is not in the comparison {cand} vs {ref} on {s}/{r}"
     out = {k: v for k, v in clause.items()}
     if "noise" in clause:
         nz = clause["noise"]
@@ -223,7 +254,8 @@ def judge_clause(clause: dict, cand: str, incumbent: str, compares: dict, noises
 
 def describe(c: dict) -> str:
     """'clause 2: loop_rate vs R2d on math/served = 4.4 <= 2 fails' for reasons and tables."""
-    lhs = f"{c['metric']}" + (f" vs {c['against']}" if c.get("against") else "")
+    lhs = (f"turn {c['turn']} " if "turn" in c else "") + c["metric"]
+    lhs += f" vs {c['against']}" if c.get("against") else ""
     obs = "undefined" if c["observed"] is None else f"{c['observed']:.4g}"
     thr = "undefined" if c["threshold"] is None else f"{c['threshold']:.4g}"
     return (

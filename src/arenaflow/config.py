@@ -684,6 +684,9 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
     def replicates(suite, regime):
         return _replicates(cfg, suite, regime)
 
+    def turns(suite):
+        return cfg["pools"].get(cfg["evals"][suite]["pool"], {}).get("turns", 1)
+
     for rid, rnd in cfg["rounds"].items():
         where = f"{config_file}: key 'rounds/{rid}"
         if rnd["suite"] not in cfg["evals"]:
@@ -704,7 +707,7 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
             raise ConfigError(
                 f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate"
             )
-        for key, msg in afbar.validate(rnd, replicates, known_arms):
+        for key, msg in afbar.validate(rnd, replicates, known_arms, turns):
             raise ConfigError(f"{where}/{key}': {msg}")
 
 
