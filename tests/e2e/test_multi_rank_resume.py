@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -22,6 +23,7 @@ multi_gpu = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(multi_gpu)
 
 
+@pytest.mark.ranks
 def test_four_ranks_resume_through_two_to_the_uninterrupted_runs_weights(tmp_path):
     out = tmp_path / "multi.json"
     args = ["--device", "cpu", "--gpus", "4", "--layers", "2", "--hidden", "256", "--seq", "128"]
