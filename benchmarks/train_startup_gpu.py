@@ -1,6 +1,6 @@
 """Where a one-rank LoRA training's start-up goes on a GPU (issue 15), outside the workflow.
 
-    python benchmarks/train_startup_gpu.py [nccl]
+    python benchmarks/train_startup_gpu.py [nccl] [profile]
 
 SmolLM2-135M's shape with random bf16 weights (zero_stage_cpu.SHAPES), gpu_bench's LoRA (r 64 on
 all seven projections), ZeRO stage 2 over NCCL, one rank (what `arenaflow.train` runs for one arm
@@ -8,11 +8,14 @@ on one GPU). Prints the seconds of:
 the imports; `deepspeed.runtime.zero.muon.muon_optimizer`, which `deepspeed.initialize` imports
 for its optimizer check and which pulls in torch._inductor; with `nccl`, a first all_reduce
 (NCCL's communicator); `deepspeed.initialize` itself, with a cProfile table; and four steps of
-512 x 80 tokens (the first one pays CUDA's lazy initialisation).
+512 x 80 tokens (the first one pays CUDA's lazy initialisation; with `profile`, the first two
+under torch.profiler, each with its table of operators by self CPU time, to show where the
+first step's extra second goes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import os
 import pstats
@@ -71,13 +74,20 @@ def main() -> None:
     pstats.Stats(prof).sort_stats("cumulative").print_stats(18)
     ids = torch.randint(0, cfg.vocab_size, (512, 80), device="cuda")
     for i in range(4):
-        torch.cuda.synchronize()
-        t = time.time()
-        loss = engine(input_ids=ids, labels=ids).loss
-        engine.backward(loss)
-        engine.step()
-        torch.cuda.synchronize()
+        # `profile`: the first step (and the second, to set against it) under torch.profiler
+        traced = "profile" in sys.argv[1:] and i < 2
+        with (
+            torch.profiler.profile(record_shapes=False) if traced else contextlib.nullcontext() as p
+        ):
+            torch.cuda.synchronize()
+            t = time.time()
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            torch.cuda.synchronize()
         timed(f"step {i}", t)
+        if traced:
+            print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 
 
 if __name__ == "__main__":
