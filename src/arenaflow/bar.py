@@ -113,10 +113,10 @@ def resolve(rnd: dict) -> list[dict]:
     return out
 
 
-def validate(rnd: dict, replicates, arms: set[str], turns=None) -> list[tuple[str, str]]:
+def validate(rnd: dict, replicates, arms: set[str], turns) -> list[tuple[str, str]]:
     """Semantic errors of a round's bar as (key under the round, message); `replicates(suite,
     regime)` gives K, or None for an unknown suite/regime; `turns(suite)` the turns of its
-    conversations (default: 1)."""
+    conversations."""
     errors = []
     for i, c in enumerate(rnd["bar"]):
         key = f"bar/{i}"
@@ -141,7 +141,7 @@ def validate(rnd: dict, replicates, arms: set[str], turns=None) -> list[tuple[st
         if vs == "control" and "control" not in rnd:
             errors.append((f"{key}/vs", "vs: control, but the round names no control arm"))
         if "turn" in c:
-            errors += _turn_errors(c, key, suite, turns(suite) if turns else 1)
+            errors += _turn_errors(c, key, suite, turns(suite))
         if c["metric"] == "t" and k < 2:
             errors.append(
                 (

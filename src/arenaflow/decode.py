@@ -201,11 +201,7 @@ def llama_step(weights, shape, cache, st: dict, seen_rows, tables, decoding, pad
     feeds `token` at cache row `cursor`, attending over the cache rows `seen_rows` (0..S-1)
     that are up to the cursor and not left padding (st["visible"]), and chooses the next token.
     S is a tensor's size, not an int, so that one compiled graph serves every bucket."""
-    seen = seen_rows.shape[0]
-    if shape.attention == "flex":
-        mask = llamastep.Keys(st["visible"], st["cursor"], seen)
-    else:
-        mask = (st["visible"][:, :seen] & (seen_rows <= st["cursor"]))[:, None, None]
+    mask = llamastep.decode_mask(shape, st["visible"], st["cursor"], seen_rows)
     rows = st["cursor"].view(1)
     logits = llamastep.forward(
         weights, shape, cache, st["token"], st["position"], rows, mask, tables

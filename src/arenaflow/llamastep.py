@@ -171,6 +171,15 @@ class Keys(NamedTuple):
     seen: int
 
 
+def decode_mask(s: Shape, visible, cursor, seen_rows):
+    """What a decoding token written at cache row `cursor` may attend to: the rows `seen_rows`
+    (0..S-1) up to the cursor that `visible` [B, >= S] does not hide (left padding), in the form
+    `s.attention` reads (Keys for flex, else a bool mask [B, 1, 1, S])."""
+    if s.attention == "flex":
+        return Keys(visible, cursor, seen_rows.shape[0])
+    return (visible[:, : seen_rows.shape[0]] & (seen_rows <= cursor))[:, None, None]
+
+
 def _flex_decode(q, k, v, keys: Keys, scale: float) -> torch.Tensor:
     """q [B, H, 1, D] over k, v [B, H_kv, S, D] where `keys` allows; [B, H, 1, D]. The query
     heads sharing a KV head read it together (enable_gqa)."""
