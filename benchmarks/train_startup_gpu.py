@@ -1,16 +1,19 @@
 """Where a one-rank LoRA training's start-up goes on a GPU (issue 15), outside the workflow.
 
-    python benchmarks/train_startup_gpu.py [nccl] [profile]
+    python benchmarks/train_startup_gpu.py [nccl] [profile] [cudnn] [nowarm]
 
 SmolLM2-135M's shape with random bf16 weights (zero_stage_cpu.SHAPES), gpu_bench's LoRA (r 64 on
 all seven projections), ZeRO stage 2 over NCCL, one rank (what `arenaflow.train` runs for one arm
-on one GPU). Prints the seconds of:
-the imports; `deepspeed.runtime.zero.muon.muon_optimizer`, which `deepspeed.initialize` imports
-for its optimizer check and which pulls in torch._inductor; with `nccl`, a first all_reduce
-(NCCL's communicator); `deepspeed.initialize` itself, with a cProfile table; and four steps of
-512 x 80 tokens (the first one pays CUDA's lazy initialisation; with `profile`, the first two
-under torch.profiler, each with its table of operators by self CPU time, to show where the
-first step's extra second goes).
+on one GPU). Prints the seconds of: the imports; `deepspeed.runtime.zero.muon.muon_optimizer`,
+which `deepspeed.initialize` imports for its optimizer check and which pulls in torch._inductor;
+with `nccl`, a first all_reduce (NCCL's communicator); `deepspeed.initialize` itself, with a
+cProfile table; and four steps of 512 x 80 tokens, then one of 512 x 72 and one of 512 x 96 (the
+first one pays CUDA's lazy initialisation; with `profile`, the first two under torch.profiler, each
+with its table of operators by self CPU time, to show where the first step's extra second goes).
+The attention kernels are training's (arenaflow.train.model.attention_kernels: no cuDNN) unless
+`cudnn` is given, which leaves PyTorch's own choice, cuDNN's attention on Hopper: run both to see
+what that choice costs a first step. The CUDA warm-up of `arenaflow.train.cuda_warmup` runs beside
+the model's construction, as in a training job, unless `nowarm` is given.
 """
 
 from __future__ import annotations
@@ -45,9 +48,25 @@ def main() -> None:
     from gpu_bench import LORA
     from zero_stage_cpu import SHAPES
 
+    if "cudnn" not in sys.argv[1:]:
+        from arenaflow.train.model import attention_kernels
+
+        attention_kernels()
     cfg = LlamaConfig(**SHAPES["smollm2"])
+    warm = None
+    if "nowarm" not in sys.argv[1:]:
+        from arenaflow.train import cuda_warmup
+
+        cfg.save_pretrained("/tmp/train_startup_gpu")  # what the warm-up reads of the base
+        warm = cuda_warmup.start("/tmp/train_startup_gpu")
+    t = time.time()
     lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
     net = get_peft_model(LlamaForCausalLM(cfg).to(torch.bfloat16).cuda(), lora)
+    timed("model built", t)
+    if warm is not None:
+        t = time.time()
+        cuda_warmup.finish(warm)
+        timed(f"warm-up joined (it took {warm.outcome.get('s', float('nan')):.2f} s)", t)
     t = time.time()
     deepspeed.init_distributed(dist_backend="nccl")
     timed("init_distributed", t)
@@ -72,8 +91,9 @@ def main() -> None:
     prof.disable()
     timed("initialize", t)
     pstats.Stats(prof).sort_stats("cumulative").print_stats(18)
-    ids = torch.randint(0, cfg.vocab_size, (512, 80), device="cuda")
-    for i in range(4):
+    # four steps of one shape, then two of new lengths (a length-bucketed run's next buckets)
+    for i, width in enumerate((80, 80, 80, 80, 72, 96)):
+        ids = torch.randint(0, cfg.vocab_size, (512, width), device="cuda")
         # `profile`: the first step (and the second, to set against it) under torch.profiler
         traced = "profile" in sys.argv[1:] and i < 2
         with (
@@ -85,7 +105,7 @@ def main() -> None:
             engine.backward(loss)
             engine.step()
             torch.cuda.synchronize()
-        timed(f"step {i}", t)
+        timed(f"step {i} ({width} tokens a row)", t)
         if traced:
             print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 

@@ -27,9 +27,10 @@ def load_tokenizer(path: str | Path):
 def pad_id(tokenizer) -> int:
     """The id that fills padded positions: the tokenizer's pad token, else its EOS.
 
-    Every padded position is masked out of attention and losses, so which real token fills it
-    does not matter; many bases ship no pad token (Llama 3, some GGUF imports), and the
-    tokenizer is never given one, so a bundle's tokenizer reloads as the user's."""
+    No padded position reaches a real token's output or a loss (masked out, or after every real
+    token under the causal mask), so which real token fills it does not matter; many bases ship
+    no pad token (Llama 3, some GGUF imports), and the tokenizer is never given one, so a bundle's
+    tokenizer reloads as the user's."""
     for i in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if i is not None:
             return i

@@ -160,3 +160,42 @@ def test_the_import_keeps_a_bpe_s_spaces_before_punctuation(smol):
     tok = models.load_tokenizer(str(smol))
     text = "Total : 42 , not 41 . Is it ?"
     assert tok.decode(tok(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_smollm2s_training_losses_without_the_padding_mask_equal_the_masked_ones(smol):
+    """objective.causal_logits drops the attention mask of a right-padded batch: the oracle is
+    the same forward with the mask, at every supervised position, and what the pads hold must
+    not matter."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    from arenaflow.train import objective
+
+    model = AutoModelForCausalLM.from_pretrained(smol, dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    rows = [
+        (rng.integers(10, 4000, n), (np.arange(n) >= n // 3).astype(np.int8)) for n in (7, 19, 12)
+    ]
+    batch = data.collate(
+        rows, [0, 1, 2], seq_len=64, pad_id=models.pad_id(models.load_tokenizer(smol))
+    )
+    assert (batch["attention_mask"] == 0).any()  # the batch really is ragged
+    with torch.no_grad():
+        masked = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        unmasked = objective.causal_logits(model, batch)
+        real = batch["attention_mask"].bool()
+        assert torch.allclose(unmasked[real], masked[real], atol=2e-4, rtol=1e-4)
+        loss, _ = objective.sft_sum(model, batch)
+        oracle = F.cross_entropy(
+            masked[:, :-1].reshape(-1, masked.shape[-1]),
+            batch["labels"][:, 1:].reshape(-1),
+            ignore_index=-100,
+            reduction="sum",
+        )
+        assert loss.item() == pytest.approx(oracle.item(), rel=1e-5)
+        other = {**batch, "input_ids": batch["input_ids"].masked_fill(~real, 1234)}
+        assert objective.sft_sum(model, other)[0].item() == pytest.approx(loss.item(), rel=1e-5)
+        lp, n = objective.token_logprobs(model, batch)
+        assert n.tolist() == [int((m[1:] == 1).sum()) for _, m in rows]
+        assert lp.sum().item() == pytest.approx(-loss.item(), rel=1e-5)

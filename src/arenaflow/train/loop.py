@@ -30,7 +30,7 @@ import torch
 
 from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
-from arenaflow.train import checkpoints, data, heldout, lora_fused, objective
+from arenaflow.train import checkpoints, cuda_warmup, data, heldout, lora_fused, objective
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
@@ -213,7 +213,8 @@ class Run:
     ref: dict | None = None
     n_steps: int = 0
     lengths: Any = None
-    warmup: int = 0
+    warmup: int = 0  # learning-rate warm-up steps
+    cuda_warmup: Any = None  # the thread of cuda_warmup.start
     base_rev: str = ""
     out: Path = None
     ckpt_dir: Path = None
@@ -259,7 +260,9 @@ def setup(args, hyper: dict) -> Run:
     log.info("code: %s", json.dumps(manifest.code_version()))
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        tmodel.attention_kernels()
     r = Run(args=args, hyper=hyper, cuda=cuda, rank=rank, world=world)
+    r.cuda_warmup = cuda_warmup.start(args.base_model)  # beside the corpus and model loads
     r.stage = zero_stage(hyper, world)
     log.info("ZeRO stage %d (zero_stage: %s, %d ranks)", r.stage, hyper["zero_stage"], world)
     setup_data(r)
@@ -363,6 +366,7 @@ def setup_engine(r: Run) -> None:
                 r.n_steps,
                 fused.AUTO_MIN_STEPS,
             )
+    cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing of it runs beside the engine
     jobclock.mark(r.args.out, "setup")  # data plan, DPO reference, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,

@@ -59,6 +59,16 @@ def build(base_model: str, init: str, hyper: dict):
     return get_peft_model(model, cfg)
 
 
+def attention_kernels() -> None:
+    """Training's attention runs on SDPA's flash kernel (causal_logits passes no mask), or the
+    memory-efficient one, never cuDNN's. On Hopper PyTorch 2.11 ranks cuDNN first, and cuDNN
+    plans each new shape on the host: 1.3 s of a SmolLM2 LoRA job's first step on the H200,
+    in a lineage whose trainings are 1-6 steps long (BENCHMARKS.md, issue 15)."""
+    import torch
+
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def zero3_leaf_classes(model, hyper: dict) -> list[str]:
     """The module classes ZeRO-3 treats as one unit: all their parameters gathered on entry,
     one set of hooks, instead of hooks on every submodule. 'auto' is the model's own

@@ -15,9 +15,20 @@ import torch
 import torch.nn.functional as F
 
 
+def causal_logits(model, batch: dict) -> torch.Tensor:
+    """Logits of a right-padded batch, computed without its attention mask.
+
+    Under the causal mask a real token sees only earlier positions, and right padding keeps
+    those real, so the padding mask changes no position that carries loss (the pads' own
+    outputs are never read: label -100). Without it SDPA runs its causal flash kernel; with it,
+    PyTorch picks cuDNN's masked attention on Hopper, whose plan for each new shape cost 1.3 s
+    of a SmolLM2 LoRA job's first step on the H200 (BENCHMARKS.md, issue 15)."""
+    return model(input_ids=batch["input_ids"]).logits
+
+
 def token_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of log p over supervised tokens, number of supervised tokens), per sequence."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = causal_logits(model, batch)
     labels = batch["labels"][:, 1:]
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     mask = labels != -100
@@ -26,7 +37,7 @@ def token_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sft_sum(model, batch: dict) -> tuple[torch.Tensor, dict]:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = causal_logits(model, batch)
     loss = F.cross_entropy(
         logits[:, :-1].float().reshape(-1, logits.shape[-1]),
         batch["labels"][:, 1:].reshape(-1),
@@ -37,9 +48,9 @@ def sft_sum(model, batch: dict) -> tuple[torch.Tensor, dict]:
 
 
 def stack_sides(chosen: dict, rejected: dict) -> dict:
-    """Chosen rows then rejected rows as one right-padded batch. Padding is masked out of
-    attention and loss (attention_mask 0, label -100), and a right pad comes after every real
-    token, so no real position's log-prob changes."""
+    """Chosen rows then rejected rows as one right-padded batch. A right pad comes after every
+    real token and carries label -100, so no real position's log-prob changes
+    (causal_logits)."""
     width = max(chosen["input_ids"].shape[1], rejected["input_ids"].shape[1])
     fills = {"input_ids": 0, "attention_mask": 0, "labels": -100}
     return {

@@ -1,0 +1,103 @@
+"""CUDA's lazy start-up, paid while a training job loads its model instead of in its first step.
+
+PyTorch loads each CUDA kernel the first time it runs (CUDA_MODULE_LOADING=LAZY) and cuBLAS sets
+itself up on the first product: about 0.7-1 s of a SmolLM2 LoRA job's first step on the H200
+(benchmarks/train_startup_gpu.py), in a lineage whose trainings are 1-6 steps long, while the
+seconds before it (corpus, weights, data plan) keep the host busy and the GPU idle. `start` runs
+one training step of a one-layer model of the base's architecture on a side thread during that
+load; `finish` joins it before DeepSpeed builds its engine, so nothing of the warm-up runs beside
+DeepSpeed.
+
+The warm-up draws no random numbers from the global generators (its weights are constants, its
+tokens come from a private generator): the main thread seeds them for the run, and a step that
+drew from them would shift the run's dropout and shuffles by a race. Off with
+ARENAFLOW_CUDA_WARMUP=0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import torch
+
+from arenaflow.train import objective
+
+log = logging.getLogger(__name__)
+ENV = "ARENAFLOW_CUDA_WARMUP"
+
+
+def start(base_model: str) -> threading.Thread | None:
+    """A started warm-up thread on the current CUDA device; None without CUDA or when off."""
+    if os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
+        return None
+    dev = torch.device("cuda", torch.cuda.current_device())
+    outcome: dict = {}
+    thread = threading.Thread(
+        target=run, args=(base_model, dev, outcome), name="cuda-warmup", daemon=True
+    )
+    thread.outcome = outcome
+    thread.start()
+    return thread
+
+
+def finish(thread: threading.Thread | None) -> None:
+    if thread is None:
+        return
+    thread.join()
+    outcome = thread.outcome
+    if "error" in outcome:  # an optimisation only: the first step pays what it did not
+        log.warning("CUDA warm-up failed, the first step pays it: %s", outcome["error"])
+    else:
+        log.info("CUDA warm-up: %.2f s, beside the model load", outcome["s"])
+
+
+def run(base_model: str, dev: torch.device, outcome: dict) -> None:
+    """The warm-up; its seconds, or the error that stopped it, go to `outcome`."""
+    t = time.perf_counter()
+    try:
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)  # the current device is per thread
+        step(one_layer(base_model, dev))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        outcome["s"] = time.perf_counter() - t
+    except Exception as e:  # noqa: BLE001 - reported by finish(), on the main thread
+        outcome["error"] = f"{type(e).__name__}: {e}"
+
+
+def one_layer(base_model: str, dev: torch.device):
+    """The base's architecture with one layer, constant weights, on `dev`, in training mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from arenaflow import models
+
+    cfg = AutoConfig.from_pretrained(base_model)
+    cfg.num_hidden_layers = 1
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:1]
+    cfg.use_cache = False
+    with torch.device("meta"):  # no initialiser runs, so no generator is drawn from
+        model = AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
+    model = model.to_empty(device=dev)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.02)
+        for b in model.buffers():  # rotary frequencies: any finite values do
+            b.fill_(1.0)
+    return model.train()
+
+
+def step(model) -> None:
+    """What a training step runs: forward with the loss, backward, clipping, fused AdamW."""
+    dev = next(model.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (4, 32), device=dev, generator=gen)
+    batch = {"input_ids": ids, "labels": ids}
+    loss, _ = objective.sft_sum(model, batch)
+    loss.backward()
+    params = [p for p in model.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    torch.optim.AdamW(params, lr=1e-9, fused=dev.type == "cuda").step()
