@@ -157,6 +157,37 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     assert "whole DAG: 31.0 s wall" in lg.table(rep)
 
 
+def test_a_jobs_own_process_samples_set_its_busy_fraction_not_its_neighbours(run_dir):
+    """S1 (pid 41) works from 6 s to 20 s; the driver reports a process every 0.2 s for the
+    periods it ran in. S1 ran at 50 % SM for 7 s of its 14 (samples from 6.2 s to 13.0 s) while
+    a neighbour (pid 99) kept the device busy all the time: the device says ~90 %, S1's own
+    samples 7 s x 50 % / 14 s = 25 %, and that is what the target judges."""
+    bench = run_dir / "bench"
+    events = [json.loads(x) for x in (bench / "events.jsonl").read_text().splitlines()]
+    for e in events:
+        e["pid"] = 41 if e["job"] == "runs/S1/final" else 42
+    (bench / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    own = [(T0 + 6.0 + 0.2 * i, 41, 50) for i in range(1, 36)]  # 35 periods: 7 s
+    other = [(T0 + 0.2 * i, 99, 100) for i in range(1, 150)]
+    (bench / "gpu_proc_util.tsv").write_text(
+        "".join(f"{t:.6f}\t{pid}\t{sm}\n" for t, pid, sm in sorted(own + other))
+    )
+    rep = lg.report(run_dir, {})
+    t = next(j for j in rep["jobs"] if j["rule"] == "train_arm")
+    assert rep["summary"]["process_sample_period_s"] == pytest.approx(0.2)
+    assert t["gpu_own_samples"] == 35
+    assert t["gpu_busy_own"] == pytest.approx(35 * 0.5 * 0.2 / 14.0)
+    assert t["gpu_busy_after_load"] > 0.8  # the device's: the neighbour's work counts
+    below = rep["targets"]["gpu_busy_after_load"]["below"]
+    assert {
+        "rule": "train_arm",
+        "wildcards": "arm=S1",
+        "busy": t["gpu_busy_own"],
+        "measure": "own",
+    } in below
+    assert "own process busy (median / min)" in lg.table(rep)
+
+
 def test_a_suites_readout_rule_is_the_readout_stage_with_its_suite_as_a_wildcard():
     assert lg.stage("readout_math", "rarm=B3") == ("readout", "suite=math, rarm=B3")
     assert lg.stage("train_arm", "arm=B3") == ("train_arm", "arm=B3")
