@@ -59,6 +59,7 @@ from arenaflow import paths as afpaths
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_RULES = ("sample_candidates", "train_arm", "readout")
+PROC_POLL_S = 0.05  # under the driver's per-process sampling period, so that none is missed
 TARGETS = {"dag_wall_s": 240.0, "gpu_busy_after_load": 0.50, "train_tokens_per_s": 100_000.0}
 PROGRESS = re.compile(
     r"^(?P<desc>.+?): (?P<done>\d+)/(?P<total>\d+) prompts x(?P<k>\d+) \| (?P<tok>\d+) tok "
@@ -103,15 +104,18 @@ class GpuSampler(threading.Thread):
         self.device, self.source = name.decode() if isinstance(name, bytes) else name, "nvml"
         last = 0  # the driver's timestamp (us) of the newest per-process sample read
         proc = self.proc_path.open("w") if self.proc_path else None
+        due = 0.0
         while not self.stop.is_set():
             t = time.time()
-            u = pynvml.nvmlDeviceGetUtilizationRates(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
-            out.write(f"{t:.3f}\t{u.gpu}\t{mem:.0f}\n")
-            out.flush()
-            if proc:
+            if t >= due:
+                u = pynvml.nvmlDeviceGetUtilizationRates(h)
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
+                out.write(f"{t:.3f}\t{u.gpu}\t{mem:.0f}\n")
+                out.flush()
+                due = t + self.period
+            if proc:  # each call returns the driver's latest period only: read it often
                 last = self._processes(pynvml, h, last, proc)
-            self.stop.wait(max(0.0, self.period - (time.time() - t)))
+            self.stop.wait(max(0.0, min(due, t + PROC_POLL_S) - time.time()))
         if proc:
             proc.close()
 
@@ -184,7 +188,8 @@ def read_process_samples(path: Path) -> list[tuple[float, int, float]]:
 
 def sample_period(proc: list[tuple[float, int, float]]) -> float | None:
     """The driver's per-process sampling period: the median gap between one process's
-    consecutive samples."""
+    consecutive samples (each NVML call returns the latest period's sample of each process
+    that ran in it; GpuSampler reads faster than the driver samples)."""
     by_pid: dict[int, list[float]] = {}
     for t, pid, _ in proc:
         by_pid.setdefault(pid, []).append(t)
