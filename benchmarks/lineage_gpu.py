@@ -26,8 +26,9 @@ to Snakemake's 'Finished': interpreter teardown, e.g. compile workers). The GPU 
 when jobs overlap, its busy fraction is the device's, and `overlap` says for how much of a job's
 work another GPU job was working too. With NVML the report also reads each job's own process
 (`gpu_busy_own`: the driver's per-process samples, nvmlDeviceGetProcessUtilization), and the
-busy target takes that where the driver reported the job. The critical chain is the run of jobs
-each started by the previous one's end, back from the last: what the DAG's wall time is made of.
+busy target takes that for a job that worked alone (job_busy). The critical chain is the run of
+jobs each started by the previous one's end, back from the last: what the DAG's wall time is made
+of.
 Writes benchmarks/results/lineage_gpu-<date>.json (or --out) and prints a markdown table, the
 targets of issue 15 last.
 
@@ -559,11 +560,16 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
     return stages
 
 
-def job_busy(r: dict) -> float:
-    """A GPU job's busy fraction after load: its own process's, when NVML reported that (the
-    device's counts whatever ran beside it), else the device's."""
+def job_busy(r: dict) -> tuple[float, str]:
+    """A GPU job's busy fraction after load, and which measure gave it. A job that worked alone
+    (overlap 0): its own process's, when NVML reported that (finer samples, and no neighbour's
+    start-up counted). A job that shared the GPU: the device's, since a GPU busy with the jobs
+    beside it is busy; its own share is at most its part of the device (readouts running eight
+    at once read 17-43 % each on a device 62-99 % busy, run 11)."""
     own = r.get("gpu_busy_own")
-    return own if own is not None else r["gpu_busy_after_load"]
+    if own is not None and r.get("overlap") == 0:
+        return own, "own"
+    return r["gpu_busy_after_load"], "device"
 
 
 def targets(summary: dict, jobs: list[dict], gpu: bool) -> dict:
@@ -573,9 +579,9 @@ def targets(summary: dict, jobs: list[dict], gpu: bool) -> dict:
     gjobs = [r for r in jobs if r.get("gpu_busy_after_load") is not None]
     low = sorted(
         (
-            (r["rule"], r["wildcards"], job_busy(r), "own" if "gpu_busy_own" in r else "device")
+            (r["rule"], r["wildcards"], *job_busy(r))
             for r in gjobs
-            if job_busy(r) < TARGETS["gpu_busy_after_load"]
+            if job_busy(r)[0] < TARGETS["gpu_busy_after_load"]
         ),
         key=lambda x: x[2],
     )
@@ -592,9 +598,9 @@ def targets(summary: dict, jobs: list[dict], gpu: bool) -> dict:
         "gpu_busy_after_load": {
             "target": TARGETS["gpu_busy_after_load"],
             "jobs": len(gjobs),
-            "measure": "the job's own process where NVML reported it (gpu_busy_own), else the "
-            "device's utilisation",
-            "own": sum(1 for r in gjobs if "gpu_busy_own" in r),
+            "measure": "a job alone on the GPU: its own process's (gpu_busy_own) where NVML "
+            "reported it; a job beside others: the device's utilisation",
+            "own": sum(1 for r in gjobs if job_busy(r)[1] == "own"),
             "below": [{"rule": a, "wildcards": b, "busy": c, "measure": m} for a, b, c, m in low],
             "met": bool(gjobs) and not low and summary["complete"],
         },
@@ -762,8 +768,8 @@ def table(rep: dict) -> str:
         )
         rows.append(
             f"target GPU busy >= {100 * g['target']:.0f} % after load in every GPU job: "
-            f"{len(g['below'])} of {g['jobs']} below ({g.get('own', 0)} measured by their own "
-            f"process, the rest by the device) -> {'MET' if g['met'] else 'NOT MET'}"
+            f"{len(g['below'])} of {g['jobs']} below ({g.get('own', 0)} alone, measured by their "
+            f"own process; the rest by the device) -> {'MET' if g['met'] else 'NOT MET'}"
         )
         rows.append(
             f"target LoRA training >= {tr['target']:,.0f} tokens/s (steady, per arm): min "

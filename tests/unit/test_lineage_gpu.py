@@ -178,6 +178,7 @@ def test_a_jobs_own_process_samples_set_its_busy_fraction_not_its_neighbours(run
     assert t["gpu_own_samples"] == 35
     assert t["gpu_busy_own"] == pytest.approx(35 * 0.5 * 0.2 / 14.0)
     assert t["gpu_busy_after_load"] > 0.8  # the device's: the neighbour's work counts
+    assert t["overlap"] == 0  # pid 99 is no job of the DAG's: S1 worked alone
     below = rep["targets"]["gpu_busy_after_load"]["below"]
     assert {
         "rule": "train_arm",
@@ -186,6 +187,15 @@ def test_a_jobs_own_process_samples_set_its_busy_fraction_not_its_neighbours(run
         "measure": "own",
     } in below
     assert "own process busy (median / min)" in lg.table(rep)
+
+
+def test_a_job_that_shared_the_gpu_is_judged_by_the_device():
+    alone = {"gpu_busy_after_load": 0.9, "gpu_busy_own": 0.3, "overlap": 0.0}
+    shared = {**alone, "overlap": 0.6}
+    unreported = {"gpu_busy_after_load": 0.9, "overlap": 0.0}
+    assert lg.job_busy(alone) == (0.3, "own")
+    assert lg.job_busy(shared) == (0.9, "device")
+    assert lg.job_busy(unreported) == (0.9, "device")
 
 
 def test_a_suites_readout_rule_is_the_readout_stage_with_its_suite_as_a_wildcard():
