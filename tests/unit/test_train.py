@@ -161,3 +161,18 @@ def test_unknown_target_module_fails_with_its_name(corpus, tmp_path):
     hyper = {**HYPER, "lora": {**HYPER["lora"], "target_modules": ["q_proj", "in_proj"]}}
     proc = run_train(tmp_path / "Y" / "final", corpus, hyper=hyper, check=False)
     assert proc.returncode != 0 and "in_proj" in proc.stderr
+
+
+@pytest.mark.parametrize("warmup_ratio", [0.5, 0.0])
+def test_a_one_step_run_inside_the_warm_up_is_told_its_weights_will_not_change(
+    corpus, tmp_path, warmup_ratio
+):
+    """48 rows, 48 rows a step: one optimizer step. In the warm-up it is taken at LR 0 (the
+    fresh adapter's B stays all zero) and the log says so; without warm-up it trains."""
+    hyper = {**HYPER, "micro_batch_size": 48, "grad_accum": 1, "warmup_ratio": warmup_ratio}
+    out = tmp_path / "W" / "final"
+    proc = run_train(out, corpus, hyper=hyper)
+    lora_b = [v for k, v in load_file(out / "adapter_model.safetensors").items() if "lora_B" in k]
+    moved = any(bool(v.abs().sum() > 0) for v in lora_b)
+    told = "the weights will not change" in proc.stderr
+    assert (told, moved) == ((True, False) if warmup_ratio else (False, True))

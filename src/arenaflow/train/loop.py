@@ -329,6 +329,8 @@ def setup_data(r: Run) -> None:
                 r.lengths, data.row_lengths(corpus["rejected"], hyper["seq_len"])
             )
     r.warmup = math.ceil(hyper["warmup_ratio"] * r.n_steps)
+    if r.rank == 0 and (note := warmup_note(r.n_steps, r.warmup)):
+        log.warning("arm %s: %s", args.arm, note)
     r.base_rev = models.base_revision(args.base_model, args.base_revision)
     r.out = Path(args.out)
     r.ckpt_dir = r.out.parent / "checkpoints"
@@ -338,6 +340,20 @@ def setup_data(r: Run) -> None:
     r.plan = checkpoints.plan(r.ckpt_dir, r.run_id, r.world, r.stage)
     if r.plan.universal:
         checkpoints.to_universal(r.ckpt_dir, r.plan, r.world, r.stage)
+
+
+def warmup_note(n_steps: int, warmup: int) -> str | None:
+    """What a run whose steps are all in the learning-rate warm-up should be told. The schedule
+    (transformers', as HF's Trainer) takes its first step at LR 0, so a run of one step leaves
+    its weights where they started."""
+    if not warmup or n_steps > warmup:
+        return None
+    if n_steps == 1:
+        return (
+            "its one optimizer step is the warm-up's first, taken at LR 0: the weights will not "
+            "change (more rows, a smaller micro-batch or warmup_ratio 0 give it a step that does)"
+        )
+    return f"all {n_steps} optimizer steps fall in the LR warm-up ({warmup} steps)"
 
 
 def setup_engine(r: Run) -> None:
