@@ -34,6 +34,7 @@ def test_the_warm_up_steps_a_one_layer_copy_and_leaves_the_generators_as_it_foun
     cuda_warmup.step(model)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert model.get_input_embeddings().weight.grad is None  # frozen: no vocabulary-sized state
     assert torch.equal(torch.get_rng_state(), before)  # the run's seeded stream is untouched
 
 

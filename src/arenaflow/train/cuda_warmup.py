@@ -87,6 +87,11 @@ def one_layer(base_model: str, dev: torch.device):
             p.fill_(0.02)
         for b in model.buffers():  # rotary frequencies: any finite values do
             b.fill_(1.0)
+    # frozen, as in a LoRA run: no gradients or optimizer state for the vocabulary's matrices
+    # (an 8 B base's are 1 B parameters)
+    for m in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if m is not None:
+            m.weight.requires_grad_(False)
     return model.train()
 
 
