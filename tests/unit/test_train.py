@@ -176,3 +176,24 @@ def test_a_one_step_run_inside_the_warm_up_is_told_its_weights_will_not_change(
     moved = any(bool(v.abs().sum() > 0) for v in lora_b)
     told = "the weights will not change" in proc.stderr
     assert (told, moved) == ((True, False) if warmup_ratio else (False, True))
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(
+    tmp_path, monkeypatch
+):
+    """A killed build of DeepSpeed's CPU shared-memory op leaves torch's lock behind, and every
+    later CPU training waited on it forever in init_distributed (it happened to this repo's CI
+    machine, session 11)."""
+    import os
+    import time
+
+    from arenaflow.train import loop
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert loop.clear_stale_build_lock() is None  # no lock
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.touch()
+    assert loop.clear_stale_build_lock() is None and lock.exists()  # a build under way
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    assert loop.clear_stale_build_lock() == lock and not lock.exists()

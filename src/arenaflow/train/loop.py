@@ -47,6 +47,27 @@ FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"
 ONE_RANK_STAGE = 2
 
 
+def clear_stale_build_lock(name: str = "deepspeed_shm_comm", stale_s: float = 600) -> Path | None:
+    """Remove torch's extension-build lock for `name` when it is older than any build takes.
+
+    On CPU, DeepSpeed's init_distributed compiles its shared-memory op under torch's file lock
+    (about 90 s cold). A build killed mid-way leaves the lock, and every later CPU training then
+    waits on it in init_distributed, silently and forever: torch's lock records no owner to ask.
+    Returns the path removed, if any."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    if age < stale_s:
+        return None
+    log.warning("removing %s, %.0f s old: a build that was killed left it", lock, age)
+    lock.unlink(missing_ok=True)
+    return lock
+
+
 def ensure_dist_env() -> None:
     """A plain `python -m` run is rank 0 of 1; without these DeepSpeed tries mpi4py."""
     if "RANK" in os.environ:
@@ -248,6 +269,8 @@ def setup(args, hyper: dict) -> Run:
     jobclock.mark(args.out, "imports")
     ensure_dist_env()
     cuda = torch.cuda.is_available()
+    if not cuda:
+        clear_stale_build_lock()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     jobclock.mark(args.out, "distributed")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
