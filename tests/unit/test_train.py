@@ -178,9 +178,7 @@ def test_a_one_step_run_inside_the_warm_up_is_told_its_weights_will_not_change(
     assert (told, moved) == ((True, False) if warmup_ratio else (False, True))
 
 
-def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(
-    tmp_path, monkeypatch
-):
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(tmp_path, monkeypatch):
     """A killed build of DeepSpeed's CPU shared-memory op leaves torch's lock behind, and every
     later CPU training waited on it forever in init_distributed (it happened to this repo's CI
     machine, session 11)."""
