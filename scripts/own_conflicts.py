@@ -32,8 +32,13 @@ def main():
             continue
         (own if name in ours else foreign).append(line)
     if foreign:
-        print("scripts/setup.sh: warning: packages outside arenaflow's lock now have conflicts "
-              "(use a virtual environment to keep them apart):", *foreign, sep="\n  ", file=sys.stderr)
+        print(
+            "scripts/setup.sh: warning: packages outside arenaflow's lock now have conflicts "
+            "(use a virtual environment to keep them apart):",
+            *foreign,
+            sep="\n  ",
+            file=sys.stderr,
+        )
     if own:
         print("scripts/setup.sh: inconsistent install:", *own, sep="\n  ", file=sys.stderr)
         sys.exit(1)
