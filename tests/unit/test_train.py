@@ -163,6 +163,17 @@ def test_unknown_target_module_fails_with_its_name(corpus, tmp_path):
     assert proc.returncode != 0 and "in_proj" in proc.stderr
 
 
+def test_a_diverged_step_stops_the_run_naming_it_and_writes_no_adapter(corpus, tmp_path):
+    """An LR of 1e30 sends the first step's LoRA weights to ~1e30, so the second step's forward
+    overflows. DeepSpeed would skip that step and go on (and with bf16, as configured, apply
+    it); the run must stop there instead."""
+    out = tmp_path / "D" / "final"
+    proc = run_train(out, corpus, hyper={**HYPER, "lr": 1e30}, check=False)
+    assert proc.returncode != 0
+    assert "arm D: step 2 has loss" in proc.stderr and "training diverged" in proc.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("warmup_ratio", [0.5, 0.0])
 def test_a_one_step_run_inside_the_warm_up_is_told_its_weights_will_not_change(
     corpus, tmp_path, warmup_ratio
