@@ -24,16 +24,9 @@ import statistics
 import time
 
 import torch
+from zero_stage_cpu import SHAPES  # a sibling script
 
-SMOLLM2 = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    tie_word_embeddings=True,
-    rope_theta=100000.0,
-)
+SMOLLM2 = SHAPES["smollm2"]
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -43,7 +36,7 @@ def build_engine(layers: int, check: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    net = LlamaForCausalLM(LlamaConfig(num_hidden_layers=layers, **SMOLLM2))
+    net = LlamaForCausalLM(LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers}))
     net = get_peft_model(net, LoraConfig(r=64, lora_alpha=128, target_modules=PROJECTIONS))
     params = [p for p in net.parameters() if p.requires_grad]
     config = {
