@@ -33,7 +33,6 @@ import copy
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from arenaflow import chat, decode, llamastep, manifest, models, sampling, tinymodel
+from arenaflow import train as train_cli
 
 TRAIN_DEFAULT = [
     "method=lora,micro=16",
@@ -198,12 +198,7 @@ def train_argv(name: str, hyper: dict, corpus: Path, model: Path, out: Path, lau
     """The command that trains arm `name` from the base `model` on `corpus` into `out`:
     `python -m arenaflow.train ...`, or `launcher` (e.g. torchrun's argv up to its -m) instead
     of `python -m`."""
-    return [
-        *(launcher or [sys.executable, "-m"]),
-        "arenaflow.train",
-        *("--arm", name, "--params-json", json.dumps(hyper), "--corpus", str(corpus)),
-        *("--init", "base", "--base-model", str(model), "--out", str(out)),
-    ]
+    return train_cli.argv(name, hyper, corpus, model, out, launcher=launcher)
 
 
 def run_metrics(out: Path) -> list[dict]:

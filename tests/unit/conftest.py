@@ -110,29 +110,20 @@ def train_arm_cli(
     ranks (launcher). A failed run fails the test with its log's tail; the finished process is
     returned (its log is stderr)."""
     from arenaflow import corpora, models
+    from arenaflow.train import argv as train_argv
 
     corpus = root / "corpora" / corpus_id
     corpora.build(corpus, rows, models.load_tokenizer(base), system, {})
     proc = subprocess.run(
-        [
-            *launcher(nproc),
-            "-m",
-            "arenaflow.train",
-            "--arm",
+        train_argv(
             "A",
-            "--params-json",
-            json.dumps({**TINY_LORA, **hyper}),
-            "--corpus",
-            str(corpus),
-            "--corpus-id",
-            corpus_id,
-            "--init",
-            "base",
-            "--base-model",
-            str(base),
-            "--out",
-            str(root / "runs/A/final"),
-        ],
+            {**TINY_LORA, **hyper},
+            corpus,
+            base,
+            root / "runs/A/final",
+            launcher=[*launcher(nproc), "-m"],
+            extra=["--corpus-id", corpus_id],
+        ),
         capture_output=True,
         text=True,
         timeout=timeout,

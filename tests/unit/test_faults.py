@@ -42,6 +42,7 @@ from arenaflow import (
     pools,
     tinymodel,
 )
+from arenaflow.train import argv as train_argv
 from arenaflow.train import data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -249,23 +250,7 @@ HYPER = {
 
 
 def train_cmd(out: Path, corpus: Path, init: str, hyper: dict) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "arenaflow.train",
-        "--arm",
-        out.parent.name,
-        "--params-json",
-        json.dumps(hyper),
-        "--corpus",
-        str(corpus),
-        "--init",
-        init,
-        "--base-model",
-        str(BASE),
-        "--out",
-        str(out),
-    ]
+    return train_argv(out.parent.name, hyper, corpus, BASE, out, init)
 
 
 def test_init_adapter_bit_flip_before_child_training(arm, corpus, tmp_path):

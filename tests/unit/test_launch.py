@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from arenaflow import launch
+from arenaflow.train import argv as train_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,23 +200,9 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
     }
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def train_args(out, h):
-        return [
-            "-m",
-            "arenaflow.train",
-            "--arm",
-            out.parent.name,
-            "--params-json",
-            json.dumps(h),
-            "--corpus",
-            str(corpus),
-            "--init",
-            "base",
-            "--base-model",
-            str(REPO / "models/tiny-arith"),
-            "--out",
-            str(out),
-        ]
+    def train_args(out, h):  # torchrun's arguments after its own options
+        base = REPO / "models/tiny-arith"
+        return train_argv(out.parent.name, h, corpus, base, out, launcher=["-m"])
 
     two = tmp_path / "N2" / "final"
     slurm = {

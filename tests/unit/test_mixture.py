@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import yaml
 from arenaflow import budget as afbudget
 from arenaflow import config, corpora, io, manifest, pools, tinymodel
 from arenaflow.config import ConfigError
+from arenaflow.train import argv as train_argv
 from arenaflow.train import data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,14 +151,17 @@ def test_a_run_on_a_mixture_records_each_source_in_its_evidence(sources, tmp_pat
     }
     mix = {"b": "all", "a": 7}
     out = tmp_path / "runs/M/final"
-    cmd = [
-        *(sys.executable, "-m", "arenaflow.train", "--arm", "M"),
-        *("--params-json", json.dumps(hyper)),
-        *("--corpus", str(sources / "b"), str(sources / "a")),
-        *("--corpus-id", config.corpus_label(mix), "--mix-json", json.dumps(mix)),
-        *("--arm-file", "arms/M.yaml", "--init", "base", "--base-model", str(BASE)),
-        *("--out", str(out)),
-    ]
+    cmd = train_argv(
+        "M",
+        hyper,
+        [sources / "b", sources / "a"],
+        BASE,
+        out,
+        extra=[
+            *("--corpus-id", config.corpus_label(mix), "--mix-json", json.dumps(mix)),
+            *("--arm-file", "arms/M.yaml"),
+        ],
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

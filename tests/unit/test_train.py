@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from arenaflow import corpora, manifest, pools, tinymodel
+from arenaflow.train import argv as train_argv
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
@@ -43,25 +43,8 @@ HYPER = {
 
 
 def run_train(out: Path, corpus: Path, init: str = "base", hyper: dict | None = None, check=True):
-    cmd = [
-        sys.executable,
-        "-m",
-        "arenaflow.train",
-        "--arm",
-        out.parent.name,
-        "--params-json",
-        json.dumps(hyper or HYPER),
-        "--corpus",
-        str(corpus),
-        "--init",
-        init,
-        "--base-model",
-        str(BASE),
-        "--out",
-        str(out),
-    ]
     proc = subprocess.run(
-        cmd,
+        train_argv(out.parent.name, hyper or HYPER, corpus, BASE, out, init),
         capture_output=True,
         text=True,
         timeout=600,

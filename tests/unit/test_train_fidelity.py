@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from arenaflow import corpora, fused, pools, tinymodel
 from arenaflow.config import hyper_defaults
+from arenaflow.train import argv as train_argv
 from arenaflow.train import data, objective
 from arenaflow.train import model as tmodel
 
@@ -67,22 +68,7 @@ def train(
             "-m",
         ]
     )
-    cmd = [
-        *launcher,
-        "arenaflow.train",
-        "--arm",
-        out.parent.name,
-        "--params-json",
-        json.dumps(hyper),
-        "--corpus",
-        str(corpus),
-        "--init",
-        init,
-        "--base-model",
-        str(BASE),
-        "--out",
-        str(out),
-    ]
+    cmd = train_argv(out.parent.name, hyper, corpus, BASE, out, init, launcher)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=900, env={**ENV, **(env or {})}
     )

@@ -4,15 +4,14 @@ tokens/s and the ETA."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from arenaflow import corpora, io, pools, tinymodel
+from arenaflow.train import argv as train_argv
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 HYPER = {
@@ -35,23 +34,7 @@ HYPER = {
 
 def train(out: Path, corpus: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "arenaflow.train",
-            "--arm",
-            out.parent.name,
-            "--params-json",
-            json.dumps(HYPER),
-            "--corpus",
-            str(corpus),
-            "--init",
-            "base",
-            "--base-model",
-            str(BASE),
-            "--out",
-            str(out),
-        ],
+        train_argv(out.parent.name, HYPER, corpus, BASE, out),
         capture_output=True,
         text=True,
         timeout=600,

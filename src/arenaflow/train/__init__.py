@@ -9,3 +9,34 @@ Output (written atomically by rank 0): the adapter (adapter_model.safetensors +
 adapter_config.json) or full weights, training_evidence.json, metrics.jsonl, manifest.json.
 The corpus manifest is verified before anything is loaded.
 """
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def argv(
+    arm: str,
+    hyper: dict,
+    corpus: Path | Sequence[Path],
+    base_model: Path,
+    out: Path,
+    init: str = "base",
+    launcher: Sequence[str] | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line that trains `arm` into `out`, as rules/train.smk writes it (for tests and
+    benchmarks): `python -m arenaflow.train ...`, or `launcher` (torchrun's argv up to its -m)
+    in place of `python -m`; `extra` adds options (--corpus-id, --mix-json, ...)."""
+    corpora = [corpus] if isinstance(corpus, (str, Path)) else list(corpus)
+    return [
+        *(launcher or [sys.executable, "-m"]),
+        "arenaflow.train",
+        *("--arm", arm, "--params-json", json.dumps(hyper)),
+        *("--corpus", *map(str, corpora)),
+        *extra,
+        *("--init", str(init), "--base-model", str(base_model), "--out", str(out)),
+    ]
