@@ -689,12 +689,7 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
 
     for rid, rnd in cfg["rounds"].items():
         where = f"{config_file}: key 'rounds/{rid}"
-        if rnd["suite"] not in cfg["evals"]:
-            raise ConfigError(f"{where}/suite': unknown suite {rnd['suite']!r}")
-        if rnd["regime"] not in cfg["evals"][rnd["suite"]]["regimes"]:
-            raise ConfigError(
-                f"{where}/regime': suite {rnd['suite']!r} has no regime {rnd['regime']!r}"
-            )
+        _check_suite_regime(cfg, where, rnd["suite"], rnd["regime"])
         named = [
             ("incumbent", rnd["incumbent"]),
             ("control", rnd.get("control")),
@@ -711,18 +706,21 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
             raise ConfigError(f"{where}/{key}': {msg}")
 
 
+def _check_suite_regime(cfg: dict, where: str, suite: str, regime: str) -> None:
+    """A round's or judged read's suite exists and has the regime it names."""
+    if suite not in cfg["evals"]:
+        raise ConfigError(f"{where}/suite': unknown suite {suite!r}")
+    if regime not in cfg["evals"][suite]["regimes"]:
+        raise ConfigError(f"{where}/regime': suite {suite!r} has no regime {regime!r}")
+
+
 def _resolve_judged(cfg: dict, schema: dict, known_arms: set, root: Path, config_file: str) -> None:
     """Each judged read compares two known arms on an existing replicate of a known regime; its
     defaults are filled."""
     for jid, j in cfg.setdefault("judged", {}).items():
         j = cfg["judged"][jid] = _defaults(_part(schema, "judged"), j)
         where = f"{config_file}: key 'judged/{jid}"
-        if j["suite"] not in cfg["evals"]:
-            raise ConfigError(f"{where}/suite': unknown suite {j['suite']!r}")
-        if j["regime"] not in cfg["evals"][j["suite"]]["regimes"]:
-            raise ConfigError(
-                f"{where}/regime': suite {j['suite']!r} has no regime {j['regime']!r}"
-            )
+        _check_suite_regime(cfg, where, j["suite"], j["regime"])
         for key in ("a", "b"):
             if j[key] not in known_arms:
                 raise ConfigError(f"{where}/{key}': unknown arm {j[key]!r}")
