@@ -20,16 +20,34 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 from gpu_bench import LORA
 from zero3_hooks_cpu import build, run
 from zero_stage_cpu import SHAPES
 
-SETUPS = {  # fused kernels named: `auto` would leave a run this short uncompiled
-    "stage2": {"zero_stage": 2, "fused_kernels": True},
-    "stage2-unfused": {"zero_stage": 2, "fused_kernels": False},
-    "stage3": {"zero_stage": 3, "fused_kernels": True},
+from arenaflow.train.loop import OVERFLOW_CHECK
+
+SETUPS = {  # (hyper, environment); fused kernels named: `auto` would leave a run this short unfused
+    "stage2": ({"zero_stage": 2, "fused_kernels": True}, {}),
+    "stage2-unfused": ({"zero_stage": 2, "fused_kernels": False}, {}),
+    "stage3": ({"zero_stage": 3, "fused_kernels": True}, {}),
+    # DeepSpeed's bf16 overflow check, off by default since session 12 (BENCHMARKS.md)
+    "stage2-overflow-check": ({"zero_stage": 2, "fused_kernels": True}, {OVERFLOW_CHECK: "1"}),
 }
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+
+
+def launches(table: str) -> int:
+    """Kernel launches in a profile file of train/loop.py's finish_profile: the calls of the CUDA
+    launch functions, read from whichever of its two tables (device time, host time; the same
+    events) lists them."""
+    calls = {}
+    for line in table.splitlines():
+        words = line.split()
+        if words and words[0] in LAUNCHES:
+            calls[words[0]] = int(words[-1])
+    return sum(calls.values())
 
 
 def step_times(metrics: list[dict], profiled: int) -> tuple[float, float]:
@@ -57,13 +75,18 @@ def main() -> None:
         root = Path(tmp)
         model, corpus = build(root, 0, 0, args.steps * args.rows + 4, args.seq, SHAPES["smollm2"])
         for i, name in enumerate(args.setups.split(",")):
-            run(root, model, corpus, {**SETUPS[name], "lora": LORA}, run_args, i)
+            hyper, env = SETUPS[name]
+            with mock.patch.dict(os.environ, env):  # the training inherits it
+                run(root, model, corpus, {**hyper, "lora": LORA}, run_args, i)
             runs = root / f"runs/{i}"
             m = [json.loads(x) for x in (runs / "final/metrics.jsonl").read_text().splitlines()]
             first, steady = step_times(m, args.profile_step)
+            table = runs / "profile_rank0.txt"
+            n = launches(table.read_text()) if table.exists() else 0
             print(
-                f"{name:16s} first step {first:6.2f} s  steady {steady * 1e3:7.1f} ms/step "
-                f"(median) = {args.rows * args.seq / steady:9,.0f} tokens/s",
+                f"{name:22s} first step {first:6.2f} s  steady {steady * 1e3:7.1f} ms/step "
+                f"(median) = {args.rows * args.seq / steady:9,.0f} tokens/s; "
+                f"{n:,} kernel launches in step {args.profile_step}",
                 flush=True,
             )
             for f in ("profile_rank0.txt", "final/metrics.jsonl"):

@@ -42,6 +42,8 @@ PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"
 PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"
 # verification: "aot_eager" traces the fused kernels on CPU too
 FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"
+# diagnosis: "1" turns DeepSpeed's bf16 overflow check back on (train_profile_gpu.py's A/B)
+OVERFLOW_CHECK = "ARENAFLOW_BF16_OVERFLOW_CHECK"
 # the ZeRO stage of a one-rank job under zero_stage: auto; why 2, not 0:
 # docs/notes.md#one-rank-zero-stage-2-not-3
 ONE_RANK_STAGE = 2
@@ -112,7 +114,7 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int) -> di
         # DeepSpeed's bf16 overflow check runs ~7 kernels per gradient tensor every step (840 LoRA
         # tensors on SmolLM2: ~3k launches of a host-bound step) to skip steps that overflow, a
         # loss-scaling concern bf16 does not have; check_finite() fails the run instead.
-        "bf16": {"enabled": cuda, "check_grad_overflow": False},
+        "bf16": {"enabled": cuda, "check_grad_overflow": os.environ.get(OVERFLOW_CHECK) == "1"},
         "steps_per_print": 10**9,
         "checkpoint": {"load_universal": universal},
     }
