@@ -111,9 +111,10 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int) -> di
             "stage3_param_persistence_threshold": hyper["zero3_persistence_threshold"],
         },
         "zero_allow_untested_optimizer": True,
-        # DeepSpeed's bf16 overflow check runs ~7 kernels per gradient tensor every step (840 LoRA
-        # tensors on SmolLM2: ~3k launches of a host-bound step) to skip steps that overflow, a
-        # loss-scaling concern bf16 does not have; check_finite() fails the run instead.
+        # DeepSpeed's bf16 overflow check runs ~13 kernels per gradient tensor every step (420
+        # LoRA tensors on SmolLM2: ~5.5k of a host-bound step's ~9.9k launches) to skip steps
+        # that overflow, a loss-scaling concern bf16 does not have; check_finite() stops the run
+        # instead (docs/notes.md#bf16-no-overflow-check-a-diverged-run-stops).
         "bf16": {"enabled": cuda, "check_grad_overflow": os.environ.get(OVERFLOW_CHECK) == "1"},
         "steps_per_print": 10**9,
         "checkpoint": {"load_universal": universal},
