@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -415,6 +416,18 @@ def test_unconvertible_checkpoint_of_another_stage_is_refused_naming_zero_stage(
     assert "written by 1 ranks at ZeRO stage 2" in proc.stderr, proc.stderr[-3000:]
     assert "on 2 ranks at stage 3" in proc.stderr and "set zero_stage: 2" in proc.stderr
     assert step.is_dir() and not (out.parent / "checkpoints/step_000003_universal").exists()
+
+
+def test_a_diverged_step_stops_both_ranks_of_a_zero3_run(corpus, tmp_path):
+    """Both ranks read the same all-reduced loss and global gradient norm, so both stop at the
+    same step: neither waits at a collective for the other (a hung Slurm job)."""
+    out = tmp_path / "D" / "final"
+    hyper = {**HYPER, "lr": 1e30, "micro_batch_size": 2, "zero_stage": 3}
+    proc = train(out, corpus, hyper, nproc=2, check=False)
+    assert proc.returncode != 0
+    stops = re.findall(r"\[rank(\d)\]: FloatingPointError: arm D: step (\d+) has loss", proc.stderr)
+    assert sorted(stops) == [("0", stops[0][1]), ("1", stops[0][1])], proc.stderr[-3000:]
+    assert not out.exists()
 
 
 def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(
