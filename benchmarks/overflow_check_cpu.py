@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
 import torch
-from zero_stage_cpu import SHAPES  # a sibling script
+from gpu_bench import LORA  # sibling scripts
+from zero_stage_cpu import SHAPES
+
+from arenaflow.train.loop import ensure_dist_env
 
 SMOLLM2 = SHAPES["smollm2"]
-PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def build_engine(layers: int, check: bool):
@@ -37,7 +38,8 @@ def build_engine(layers: int, check: bool):
 
     torch.manual_seed(0)
     net = LlamaForCausalLM(LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers}))
-    net = get_peft_model(net, LoraConfig(r=64, lora_alpha=128, target_modules=PROJECTIONS))
+    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
+    net = get_peft_model(net, lora)
     params = [p for p in net.parameters() if p.requires_grad]
     config = {
         "train_micro_batch_size_per_gpu": 1,
@@ -87,11 +89,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out")
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
+    ensure_dist_env()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -78,20 +77,6 @@ TINY_LORA = {
 }
 
 
-def launcher(nproc: int) -> list[str]:
-    """The command that starts training's ranks on one node, as rules/common.smk's launcher
-    does: the interpreter for one, torchrun (torch.distributed.run) --standalone for several."""
-    if nproc == 1:
-        return [sys.executable]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-    ]
-
-
 def train_arm_cli(
     root: Path,
     base: Path,
@@ -107,8 +92,8 @@ def train_arm_cli(
     """Arm A trained from `base` through the entry point (python -m arenaflow.train), as the
     workflow runs it: corpus root/corpora/{corpus_id} is built from `rows` with the base's own
     tokenizer, the run goes to root/runs/A/final with TINY_LORA updated by `hyper`, on `nproc`
-    ranks (launcher). A failed run fails the test with its log's tail; the finished process is
-    returned (its log is stderr)."""
+    ranks (torchrun for several). A failed run fails the test with its log's tail; the finished
+    process is returned (its log is stderr)."""
     from arenaflow import corpora, models
     from arenaflow.train import argv as train_argv
 
@@ -121,7 +106,7 @@ def train_arm_cli(
             corpus,
             base,
             root / "runs/A/final",
-            launcher=[*launcher(nproc), "-m"],
+            nproc=nproc,
             extra=["--corpus-id", corpus_id],
         ),
         capture_output=True,

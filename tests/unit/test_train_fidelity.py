@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -57,19 +56,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 def train(
     out: Path, corpus: Path, hyper: dict, nproc: int = 1, init: str = "base", env=None, check=True
 ):
-    launcher = (
-        [sys.executable, "-m"]
-        if nproc == 1
-        else [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "-m",
-        ]
-    )
-    cmd = train_argv(out.parent.name, hyper, corpus, BASE, out, init, launcher)
+    cmd = train_argv(out.parent.name, hyper, corpus, BASE, out, init, nproc=nproc)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=900, env={**ENV, **(env or {})}
     )

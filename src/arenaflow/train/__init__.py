@@ -27,13 +27,18 @@ def argv(
     init: str = "base",
     launcher: Sequence[str] | None = None,
     extra: Sequence[str] = (),
+    nproc: int = 1,
 ) -> list[str]:
     """The command line that trains `arm` into `out`, as rules/train.smk writes it (for tests and
-    benchmarks): `python -m arenaflow.train ...`, or `launcher` (torchrun's argv up to its -m)
-    in place of `python -m`; `extra` adds options (--corpus-id, --mix-json, ...)."""
+    benchmarks): `python -m arenaflow.train ...` for one rank, torchrun --standalone for `nproc`
+    on this node (rules/common.smk's launcher), or `launcher` (a launcher's argv up to its -m)
+    in place of either; `extra` adds options (--corpus-id, --mix-json, ...)."""
+    if launcher is None:
+        torchrun = ["torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
+        launcher = [sys.executable, "-m", *(torchrun if nproc > 1 else [])]
     corpora = [corpus] if isinstance(corpus, (str, Path)) else list(corpus)
     return [
-        *(launcher or [sys.executable, "-m"]),
+        *launcher,
         "arenaflow.train",
         *("--arm", arm, "--params-json", json.dumps(hyper)),
         *("--corpus", *map(str, corpora)),
