@@ -3,7 +3,10 @@ the base's architecture, beside the model load, that draws nothing from the run'
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,8 +32,10 @@ def base(request, repo_root, tmp_path, monkeypatch):
 def test_the_warm_up_steps_a_one_layer_copy_and_leaves_the_generators_as_it_found_them(base):
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    model = cuda_warmup.one_layer(str(base), torch.device("cpu"))
-    assert model.config.num_hidden_layers == 1 and model.training
+    skeleton = cuda_warmup.one_layer(str(base), torch.device("cpu"))
+    assert skeleton.device.type == "meta" and skeleton.config.num_hidden_layers == 1
+    model = cuda_warmup.materialize(skeleton, torch.device("cpu"))
+    assert model.training
     cuda_warmup.step(model)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
@@ -38,19 +43,48 @@ def test_the_warm_up_steps_a_one_layer_copy_and_leaves_the_generators_as_it_foun
     assert torch.equal(torch.get_rng_state(), before)  # the run's seeded stream is untouched
 
 
-def test_a_failed_warm_up_is_reported_and_does_not_stop_the_job(tmp_path, caplog):
-    outcome: dict = {}
-    cuda_warmup.run(str(tmp_path / "missing"), torch.device("cpu"), outcome)
-    assert "error" in outcome and "s" not in outcome
+def test_the_side_thread_imports_nothing(repo_root):
+    """transformers' lazy module is not safe to import from two threads: the warm-up thread's
+    import of the model class beside the main thread's `import peft` failed a fresh training
+    process on the H200. launch() imports everything while it builds the skeleton. Run in a fresh
+    interpreter, so that no other test has imported the model's modules already."""
+    script = f"""
+import json, sys, torch
+from arenaflow.train import cuda_warmup
+fresh, seen, real_run = set(sys.modules), {{}}, cuda_warmup.run
+def run_and_look(model, dev, outcome):
+    seen["before"] = set(sys.modules)
+    real_run(model, dev, outcome)
+    seen["after"] = set(sys.modules)
+cuda_warmup.run = run_and_look
+thread = cuda_warmup.launch({str(repo_root / "models/tiny-arith")!r}, torch.device("cpu"))
+cuda_warmup.finish(thread)
+print(json.dumps({{"outcome": thread.outcome,
+                  "by_launch": sorted(seen["before"] - fresh),
+                  "by_thread": sorted(seen["after"] - seen["before"])}}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "s" in got["outcome"], got["outcome"]
+    # transformers' lazy modules are the hazard; plain imports (torch's own) take Python's locks
+    lazy = [m for m in got["by_thread"] if m.split(".")[0] in ("transformers", "peft")]
+    assert lazy == [], lazy
+    # not vacuous: the model's own module was first imported by launch(), on this thread
+    assert "transformers.models.llama.modeling_llama" in got["by_launch"]
 
-    class Done:
-        def join(self):
-            pass
 
-    done = Done()
-    done.outcome = outcome
-    with caplog.at_level(logging.WARNING, logger=cuda_warmup.__name__):
-        cuda_warmup.finish(done)
+@pytest.mark.parametrize("where", ["skeleton", "thread"])
+def test_a_failed_warm_up_is_reported_and_does_not_stop_the_job(where, tmp_path, caplog, repo_root):
+    base = tmp_path / "missing" if where == "skeleton" else repo_root / "models/tiny-arith"
+    with pytest.MonkeyPatch.context() as mp:
+        if where == "thread":
+            mp.setattr(cuda_warmup, "step", lambda model: 1 / 0)
+        thread = cuda_warmup.launch(str(base), torch.device("cpu"))
+        with caplog.at_level(logging.WARNING, logger=cuda_warmup.__name__):
+            cuda_warmup.finish(thread)
+    assert "error" in thread.outcome and "s" not in thread.outcome
     assert "CUDA warm-up failed" in caplog.text
 
 

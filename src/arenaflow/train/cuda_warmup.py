@@ -8,6 +8,13 @@ one training step of a one-layer model of the base's architecture on a side thre
 load; `finish` joins it before DeepSpeed builds its engine, so nothing of the warm-up runs beside
 DeepSpeed.
 
+The side thread imports nothing: `start` builds the one-layer model's skeleton (config, classes,
+parameters on the meta device) on the calling thread, and the thread only allocates, fills and
+steps it. transformers' lazy top-level module is not safe to import from two threads at once: a
+thread importing the model class while the main thread imported peft failed the job with
+"cannot import name 'AutoModel' from 'transformers'" (a fresh `python -m arenaflow.train` on the
+H200, session 13; the lineage's fork server had imported both before).
+
 The warm-up draws no random numbers from the global generators (its weights are constants, its
 tokens come from a private generator): the main thread seeds them for the run, and a step that
 drew from them would shift the run's dropout and shuffles by a race. Off with
@@ -33,10 +40,18 @@ def start(base_model: str) -> threading.Thread | None:
     """A started warm-up thread on the current CUDA device; None without CUDA or when off."""
     if os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
         return None
-    dev = torch.device("cuda", torch.cuda.current_device())
+    return launch(base_model, torch.device("cuda", torch.cuda.current_device()))
+
+
+def launch(base_model: str, dev: torch.device) -> threading.Thread:
+    """The skeleton built here, its warm-up started on a side thread (see the module's doc)."""
     outcome: dict = {}
+    try:
+        model = one_layer(base_model, dev)
+    except Exception as e:  # noqa: BLE001 - an optimisation only, as in run()
+        model, outcome["error"] = None, f"{type(e).__name__}: {e}"
     thread = threading.Thread(
-        target=run, args=(base_model, dev, outcome), name="cuda-warmup", daemon=True
+        target=run, args=(model, dev, outcome), name="cuda-warmup", daemon=True
     )
     thread.outcome = outcome
     thread.start()
@@ -54,13 +69,16 @@ def finish(thread: threading.Thread | None) -> None:
         log.info("CUDA warm-up: %.2f s, beside the model load", outcome["s"])
 
 
-def run(base_model: str, dev: torch.device, outcome: dict) -> None:
-    """The warm-up; its seconds, or the error that stopped it, go to `outcome`."""
+def run(model, dev: torch.device, outcome: dict) -> None:
+    """The warm-up of a one_layer() skeleton (None: it failed, already in `outcome`); its
+    seconds, or the error that stopped it, go to `outcome`."""
+    if model is None:
+        return
     t = time.perf_counter()
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # the current device is per thread
-        step(one_layer(base_model, dev))
+        step(materialize(model, dev))
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         outcome["s"] = time.perf_counter() - t
@@ -69,7 +87,8 @@ def run(base_model: str, dev: torch.device, outcome: dict) -> None:
 
 
 def one_layer(base_model: str, dev: torch.device):
-    """The base's architecture with one layer, constant weights, on `dev`, in training mode."""
+    """The base's architecture with one layer in `dev`'s dtype, its parameters on the meta device
+    (nothing allocated or initialised: no generator is drawn from)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from arenaflow import models
@@ -79,8 +98,12 @@ def one_layer(base_model: str, dev: torch.device):
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = cfg.layer_types[:1]
     cfg.use_cache = False
-    with torch.device("meta"):  # no initialiser runs, so no generator is drawn from
-        model = AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
+
+
+def materialize(model, dev: torch.device):
+    """The skeleton on `dev` with constant weights, in training mode."""
     model = model.to_empty(device=dev)
     with torch.no_grad():
         for p in model.parameters():
