@@ -36,11 +36,36 @@ def test_the_warm_up_steps_a_one_layer_copy_and_leaves_the_generators_as_it_foun
     assert skeleton.device.type == "meta" and skeleton.config.num_hidden_layers == 1
     model = cuda_warmup.materialize(skeleton, torch.device("cpu"))
     assert model.training
-    cuda_warmup.step(model)
+    cuda_warmup.step(model, rows=4, length=32)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     assert model.get_input_embeddings().weight.grad is None  # frozen: no vocabulary-sized state
     assert torch.equal(torch.get_rng_state(), before)  # the run's seeded stream is untouched
+
+
+def test_the_warm_up_clips_as_torch_does_through_deepspeeds_own_norm_checks(monkeypatch):
+    """ds_norm_and_clip runs DeepSpeed's inf/NaN masking and validity test (their kernels are what
+    the warm-up loads) and clips to the same gradients as torch's clip_grad_norm_."""
+    from deepspeed.runtime import utils as ds_utils
+
+    calls = []
+    for name in ("mask_nan_or_inf_with_val_inplace", "is_invalid_grad_norm"):
+        real = getattr(ds_utils, name)
+        monkeypatch.setattr(
+            ds_utils,
+            name,
+            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k),
+        )
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(s, generator=gen, dtype=torch.bfloat16) for s in ((64, 8), (8, 64), (3,))]
+    oracle = [torch.nn.Parameter(g.float()) for g in grads]
+    for o, g in zip(oracle, grads):
+        o.grad = g.float().clone()
+    torch.nn.utils.clip_grad_norm_(oracle, 0.5)
+    cuda_warmup.ds_norm_and_clip(grads, 0.5)
+    for o, g in zip(oracle, grads):
+        torch.testing.assert_close(g.float(), o.grad, rtol=1e-2, atol=1e-3)  # bf16 rounding
+    assert calls == ["mask_nan_or_inf_with_val_inplace", "is_invalid_grad_norm"]
 
 
 def test_the_side_thread_imports_nothing(repo_root):

@@ -47,6 +47,8 @@ def launch(base_model: str, dev: torch.device) -> threading.Thread:
     """The skeleton built here, its warm-up started on a side thread (see the module's doc)."""
     outcome: dict = {}
     try:
+        import deepspeed.runtime.utils  # noqa: F401 - for ds_norm_and_clip, imported here
+
         model = one_layer(base_model, dev)
     except Exception as e:  # noqa: BLE001 - an optimisation only, as in run()
         model, outcome["error"] = None, f"{type(e).__name__}: {e}"
@@ -118,14 +120,39 @@ def materialize(model, dev: torch.device):
     return model.train()
 
 
-def step(model) -> None:
-    """What a training step runs: forward with the loss, backward, clipping, fused AdamW."""
+# Tokens of the warm-up step: enough rows x length that cuBLAS picks (and loads) the large-M
+# kernels a real micro-batch uses; the first real step paid ~60 ms more in its products than the
+# second without it (profile of a first step on the H200, BENCHMARKS.md, session 13).
+ROWS, LENGTH = 16, 256
+
+
+def step(model, rows: int = ROWS, length: int = LENGTH) -> None:
+    """What a training step runs: forward with the loss, backward, DeepSpeed's ZeRO-1/2 gradient
+    norm and clipping (ds_norm_and_clip), fused AdamW."""
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(0)
-    ids = torch.randint(0, model.config.vocab_size, (4, 32), device=dev, generator=gen)
+    ids = torch.randint(0, model.config.vocab_size, (rows, length), device=dev, generator=gen)
     batch = {"input_ids": ids, "labels": ids}
     loss, _ = objective.sft_sum(model, batch)
     loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    ds_norm_and_clip([p.grad for p in params], 1.0)
     torch.optim.AdamW(params, lr=1e-9, fused=dev.type == "cuda").step()
+
+
+def ds_norm_and_clip(grads: list[torch.Tensor], max_norm: float) -> None:
+    """The operators DeepSpeed's ZeRO-1/2 optimizer runs on the gradients before its step
+    (get_grad_norm_direct, its inf/NaN masking and validity test, unscale_and_clip_grads), with
+    DeepSpeed's own helpers where it has them. Each elementwise kernel here is loaded on its first
+    call: isinf, isnan, logical_or, masked_fill_, lt and bitwise_or cost ~110 ms of a SmolLM2 LoRA
+    job's first step on the H200 before this warm-up ran them."""
+    from deepspeed.runtime import utils as ds_utils  # launch() imported it on its thread
+
+    norms = [torch.linalg.vector_norm(g.detach().to(torch.float32), ord=2.0) for g in grads]
+    total = torch.stack(norms).pow(2.0).sum().float().pow(0.5)
+    ds_utils.mask_nan_or_inf_with_val_inplace(total, device=total.device)
+    if ds_utils.is_invalid_grad_norm(total):  # a constant model's norm is finite
+        return
+    clip = torch.clamp((total + 1e-6) / max_norm, min=1.0)
+    for g in grads:
+        g.mul_(1.0 / clip)
