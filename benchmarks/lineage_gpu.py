@@ -1068,8 +1068,14 @@ def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
     return server
 
 
-ARCHIVE_SKIP = (".safetensors", ".bin", ".pt", ".sock")  # weights, optimizer state, sockets
-ARCHIVE_SKIP_DIRS = {"candidates", ".cache", ".snakemake", "checkpoints"}
+# Left out of the archive: weights, optimizer state, sockets; and the data a rerun regenerates
+# and no report reads: pools, corpus rows, readout rows, the bundle's copy of the tokenizer
+# (3.7 MB of a 3.8 MB run archive; stored archives share one 64 MiB device call with the tree
+# and the wheels, ../shared/gpu/README.md).
+ARCHIVE_SKIP = (".safetensors", ".bin", ".pt", ".sock", ".parquet", ".npz", "tokenizer.json")
+ARCHIVE_SKIP_TOP = {"candidates", "pools"}  # under the results directory; logs/candidates stays
+ARCHIVE_SKIP_DIRS = {".cache", ".snakemake", "checkpoints"}  # at any depth
+ARCHIVE_SKIP_FILES = {"rows.jsonl"}  # a corpus's rows (its manifest and stats.json stay)
 
 
 def archive(results: Path, out: Path) -> None:
@@ -1078,7 +1084,12 @@ def archive(results: Path, out: Path) -> None:
 
     def keep(info: tarfile.TarInfo):
         parts = Path(info.name).parts
-        if info.name.endswith(ARCHIVE_SKIP) or ARCHIVE_SKIP_DIRS & set(parts):
+        if (
+            info.name.endswith(ARCHIVE_SKIP)
+            or ARCHIVE_SKIP_DIRS & set(parts)
+            or (len(parts) > 1 and parts[1] in ARCHIVE_SKIP_TOP)
+            or parts[-1] in ARCHIVE_SKIP_FILES
+        ):
             return None
         return info
 
@@ -1169,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
         "--archive",
         metavar="TGZ",
         help="also write the results directory to this tar.gz without weights, candidates or "
-        "caches (what a device call brings back: logs, readouts, comparisons, evidence, bench)",
+        "caches, pools or rows (what a device call brings back: logs, comparisons, evidence, bench)",
     )
     args = ap.parse_args(argv)
     args.started = time.time()
