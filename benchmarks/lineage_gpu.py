@@ -1179,8 +1179,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--archive",
         metavar="TGZ",
-        help="also write the results directory to this tar.gz without weights, candidates or "
-        "caches, pools or rows (what a device call brings back: logs, comparisons, evidence, bench)",
+        help="also write the results directory to this tar.gz without weights, caches or the data "
+        "a rerun regenerates (ARCHIVE_SKIP*): logs, comparisons, evidence, bench",
     )
     args = ap.parse_args(argv)
     args.started = time.time()
