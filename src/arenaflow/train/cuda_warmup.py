@@ -5,10 +5,10 @@ itself up on the first product: about 0.7-1 s of a SmolLM2 LoRA job's first step
 (benchmarks/train_startup_gpu.py), in a lineage whose trainings are 1-6 steps long, while the
 seconds before it (corpus, weights, data plan) keep the host busy and the GPU idle. `start` runs
 one training step of a one-layer model of the base's architecture on a side thread during that
-load; `finish` joins it before DeepSpeed builds its engine, so nothing of the warm-up runs beside
-DeepSpeed.
+load, with the gradient-norm checks DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it
+before DeepSpeed builds its engine, so nothing of the warm-up runs beside DeepSpeed.
 
-The side thread imports nothing: `start` builds the one-layer model's skeleton (config, classes,
+The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
 steps it. transformers' lazy top-level module is not safe to import from two threads at once: a
 thread importing the model class while the main thread imported peft failed the job with
