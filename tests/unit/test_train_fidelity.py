@@ -327,6 +327,7 @@ def test_killed_run_resumes_from_checkpoint_to_the_same_weights(corpus, tmp_path
     assert not (cut.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
 
 
+@pytest.mark.ranks  # 71 s of the default tier's 9.5 min on 2 cores: CI's `ranks` tier runs it
 @pytest.mark.parametrize("stage", ["auto", 3])
 def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(
     one_rank, corpus, tmp_path, stage
@@ -468,6 +469,7 @@ def test_full_fine_tuning_at_stage_2_trains_and_saves_as_zero3_does(corpus, tmp_
     AutoModelForCausalLM.from_pretrained(runs["auto"])  # reloads
 
 
+@pytest.mark.ranks
 def test_full_fine_tuning_resumes_from_one_rank_on_two_to_the_same_weights(corpus, tmp_path):
     """Full fine-tuning, zero_stage auto: a one-rank checkpoint (stage 2, every weight in it)
     finished on two ranks (stage 3) ends where the uninterrupted one-rank run ends."""
