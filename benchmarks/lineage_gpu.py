@@ -1072,10 +1072,10 @@ def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
 # and no report reads: pools, corpus rows, readout rows, the bundle's copy of the tokenizer
 # (3.7 MB of a 3.8 MB run archive; stored archives share one 64 MiB device call with the tree
 # and the wheels, ../shared/gpu/README.md).
-ARCHIVE_SKIP = (".safetensors", ".bin", ".pt", ".sock", ".parquet", ".npz", "tokenizer.json")
+ARCHIVE_SKIP = (".safetensors", ".bin", ".pt", ".sock", ".parquet", ".npz", "/tokenizer.json")
+ARCHIVE_SKIP += ("/rows.jsonl",)  # a corpus's rows (its manifest and stats.json stay)
 ARCHIVE_SKIP_TOP = {"candidates", "pools"}  # under the results directory; logs/candidates stays
 ARCHIVE_SKIP_DIRS = {".cache", ".snakemake", "checkpoints"}  # at any depth
-ARCHIVE_SKIP_FILES = {"rows.jsonl"}  # a corpus's rows (its manifest and stats.json stay)
 
 
 def archive(results: Path, out: Path) -> None:
@@ -1088,7 +1088,6 @@ def archive(results: Path, out: Path) -> None:
             info.name.endswith(ARCHIVE_SKIP)
             or ARCHIVE_SKIP_DIRS & set(parts)
             or (len(parts) > 1 and parts[1] in ARCHIVE_SKIP_TOP)
-            or parts[-1] in ARCHIVE_SKIP_FILES
         ):
             return None
         return info

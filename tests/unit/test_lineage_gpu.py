@@ -348,21 +348,7 @@ def test_smoke_run_on_cpu(tmp_path):
     assert not top & {"pools", "candidates"}
     assert any(n.startswith("r/logs/candidates/") for n in names)  # the sampling's progress
     again = tmp_path / "again.json"
-    subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/lineage_gpu.py",
-            "--report",
-            str(tmp_path / "x/r"),
-            "--out",
-            str(again),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
+    lg.main(["--report", str(tmp_path / "x/r"), "--out", str(again)])
     rep2 = json.loads(again.read_text())
     assert rep2["jobs"] == rep["jobs"] and rep2["targets"] == rep["targets"]
     assert rep2["summary"] == rep["summary"]
