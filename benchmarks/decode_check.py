@@ -1,10 +1,11 @@
 """GPU smoke check of the static decode loop (issue 23), short enough for one device call.
 
     timeout 230 python benchmarks/decode_check.py --out $OUT/decode_check.json
-        [--paths static,static-flex,static-hf] [--batches 1,256] [--new-tokens 128]
+        [--paths static,static-cublas,static-flex,static-hf] [--batches 1,256] [--new-tokens 128]
 
 The 1.2 B Llama shape (24 x 2048, random bf16 weights), batches 1 and 256, 128 greedy new
-tokens: for each path (gpu_bench.GEN_PATHS; "static" = the compiled Llama step, "static-flex" =
+tokens: for each path (gpu_bench.GEN_PATHS; "static" = the compiled Llama step, with
+arenaflow.decode_kernels at batch 1, "static-cublas" = the same without them, "static-flex" =
 the same with FlexAttention's decode attention (ARENAFLOW_DECODE_ATTENTION=flex), "static-hf" =
 the path before it) tokens/s, ms per decode step and the share of the bandwidth bound, which
 step ran (decoder_path: "... (fallback)" if compiling failed), and whether its greedy token ids

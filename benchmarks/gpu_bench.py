@@ -324,6 +324,8 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
     # arenaflow.decode, CUDA-graph steps per key-length bucket: the packed Llama step compiled
     # whole (issue 23) ...
     "static": {"engine": "static"},
+    # ... at batch 1 without arenaflow.decode_kernels' GEMVs and attention (inductor + cuBLAS) ...
+    "static-cublas": {"engine": "static"},
     "static-flex": {"engine": "static"},  # ... its decode attention through FlexAttention ...
     # ... or transformers'' modelling code with arenaflow.fused's kernels (the path before it)
     "static-hf": {"engine": "static"},
@@ -331,6 +333,7 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
 }
 STEP_OF_PATH = {
     "static": "llama",
+    "static-cublas": "llama",
     "static-flex": "llama",
     "static-hf": "hf",
     "static-unfused": "hf",
@@ -456,7 +459,10 @@ def generation(
 
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
     os.environ[decode.STEP_ENV] = STEP_OF_PATH.get(path, "auto")
-    os.environ[llamastep.ATTENTION_ENV] = "flex" if path.endswith("-flex") else "matmul"
+    os.environ.pop(llamastep.ATTENTION_ENV, None)  # each batch's default ...
+    if path.endswith("-flex"):  # ... or FlexAttention's
+        os.environ[llamastep.ATTENTION_ENV] = "flex"
+    os.environ[llamastep.KERNELS_ENV] = "off" if path.endswith("-cublas") else "auto"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()
     cfg = model.config

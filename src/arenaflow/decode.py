@@ -292,7 +292,7 @@ class StaticDecoder:
 
     def _setup_llama(self, compiled: bool) -> None:
         m = self.model
-        self.shape = llamastep.shape_of(m)
+        self.shape = llamastep.shape_of(m, self.batch)
         self.weights = llamastep.packed(m)
         self.kv = llamastep.new_cache(m, self.shape, self.batch, self.length + 1)
         self.tables = llamastep.rotary_tables(m, self.length)

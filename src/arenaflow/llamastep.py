@@ -14,6 +14,7 @@ so that greedy decoding gives generate()'s tokens (tests/unit/test_decode.py).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -24,12 +25,22 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from arenaflow.fused import rms_norm
 
-# how a decoding token attends over the cache: "matmul" (default; two grouped-query products
-# and a masked softmax between them) or "flex" (FlexAttention: compiled, inductor's
-# flex-decoding kernel, one kernel a layer, the keys split across thread blocks). Opt-in until
-# a GPU measures it (issue 23)
+# the batch-1 kernels need triton, which CUDA builds of torch bring and CPU builds do not
+if importlib.util.find_spec("triton") is not None:
+    from arenaflow import decode_kernels
+else:
+    decode_kernels = None
+
+# how a decoding token attends over the cache: "matmul" (two grouped-query products and a
+# masked softmax between them; the default above batch 1), "triton" (arenaflow.decode_kernels'
+# one kernel a layer; the default at batch 1 on CUDA, see KERNELS_ENV) or "flex" (FlexAttention:
+# inductor's flex-decoding kernel; slower on the H200 at batch 1 and 256, BENCHMARKS.md)
 ATTENTION_ENV = "ARENAFLOW_DECODE_ATTENTION"
-ATTENTIONS = ("matmul", "flex")
+ATTENTIONS = ("matmul", "triton", "flex")
+# "auto" (default): at batch 1 on CUDA, in bf16/fp16, products, norms, SwiGLU and residual adds
+# run as arenaflow.decode_kernels' GEMVs and the attention as its kernel; "off": inductor's
+# kernels and cuBLAS's products, as at every other batch size
+KERNELS_ENV = "ARENAFLOW_DECODE_KERNELS"
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class Shape:
     inter: int
     eps: float
     attention: str = "matmul"
+    small: bool = False  # one token a step: decode_kernels' GEMVs for the products
 
 
 def unsupported(model) -> str | None:
@@ -102,20 +114,43 @@ def packed(model) -> dict:
     return weights
 
 
-def shape_of(model) -> Shape:
+def shape_of(model, batch: int | None = None) -> Shape:
+    """The model's Shape, for decoding `batch` rows a step (None: any batch)."""
     cfg = model.config
     heads = cfg.num_attention_heads
-    attention = os.environ.get(ATTENTION_ENV) or "matmul"
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    small = batch == 1 and _kernels_fit(model, head_dim)
+    attention = os.environ.get(ATTENTION_ENV) or ("triton" if small else "matmul")
     if attention not in ATTENTIONS:
         raise ValueError(f"${ATTENTION_ENV}={attention!r}: expected one of {ATTENTIONS}")
+    if attention == "triton" and not _kernels_fit(model, head_dim, ignore_env=True):
+        raise ValueError(f"${ATTENTION_ENV}=triton needs a CUDA model in bf16 or fp16")
     return Shape(
         heads=heads,
         kv_heads=cfg.num_key_value_heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        head_dim=head_dim,
         inter=cfg.intermediate_size,
         eps=cfg.rms_norm_eps,
         attention=attention,
+        small=small,
     )
+
+
+def _kernels_fit(model, head_dim: int, ignore_env: bool = False) -> bool:
+    """Whether decode_kernels can run this model's step: CUDA, a 16-bit dtype (float32 keeps
+    torch's products, exact for the tests), a power-of-two head size (tl.arange), triton."""
+    want = os.environ.get(KERNELS_ENV) or "auto"
+    if want not in ("auto", "off"):
+        raise ValueError(f"${KERNELS_ENV}={want!r}: expected 'auto' or 'off'")
+    if want == "off" and not ignore_env:
+        return False
+    fits = (
+        model.device.type == "cuda"
+        and model.dtype in (torch.bfloat16, torch.float16)
+        and head_dim >= 16
+        and head_dim & (head_dim - 1) == 0
+    )
+    return fits and decode_kernels is not None
 
 
 @torch.no_grad()
@@ -149,6 +184,11 @@ def _attend(q, k, v, cache_k, cache_v, rows, mask, s: Shape) -> torch.Tensor:
         k, v = (x.repeat_interleave(group, dim=1) for x in (k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return out.transpose(1, 2).reshape(batch, t, s.heads * dim)
+    if s.attention == "triton":
+        out = decode_kernels.attend(
+            q.reshape(batch, s.heads, dim), cache_k, cache_v, *mask, scale=scale
+        )
+        return out.reshape(batch, 1, s.heads * dim)
     if isinstance(mask, Keys):
         k, v = cache_k[:, :, : mask.seen], cache_v[:, :, : mask.seen]
         out = _flex_decode(q, k, v, mask, scale)
@@ -174,8 +214,8 @@ class Keys(NamedTuple):
 def decode_mask(s: Shape, visible, cursor, seen_rows):
     """What a decoding token written at cache row `cursor` may attend to: the rows `seen_rows`
     (0..S-1) up to the cursor that `visible` [B, >= S] does not hide (left padding), in the form
-    `s.attention` reads (Keys for flex, else a bool mask [B, 1, 1, S])."""
-    if s.attention == "flex":
+    `s.attention` reads (Keys for flex and triton, else a bool mask [B, 1, 1, S])."""
+    if s.attention in ("flex", "triton"):
         return Keys(visible, cursor, seen_rows.shape[0])
     return (visible[:, : seen_rows.shape[0]] & (seen_rows <= cursor))[:, None, None]
 
@@ -195,16 +235,29 @@ def _layer(h, w: tuple, cache_k, cache_v, cos, sin, rows, mask, s: Shape) -> tor
     ln1, qkv_w, o_w, ln2, gate_up_w, down_w = w
     batch, t, _ = h.shape
     dim, nq, nkv = s.head_dim, s.heads * s.head_dim, s.kv_heads * s.head_dim
-    qkv = F.linear(rms_norm(h, ln1, s.eps), qkv_w)
+    one = s.small and batch * t == 1  # a decode step at batch 1 (a prompt pass has t > 1)
+    qkv = _norm_linear(h, ln1, qkv_w, s.eps, one)
     q, k, v = qkv.split([nq, nkv, nkv], dim=-1)
     q = q.view(batch, t, s.heads, dim).transpose(1, 2)
     k = k.view(batch, t, s.kv_heads, dim).transpose(1, 2)
     v = v.view(batch, t, s.kv_heads, dim).transpose(1, 2)
     q = q * cos + _rotate_half(q) * sin
     k = k * cos + _rotate_half(k) * sin
-    h = h + F.linear(_attend(q, k, v, cache_k, cache_v, rows, mask, s), o_w)
-    gate, up = F.linear(rms_norm(h, ln2, s.eps), gate_up_w).split([s.inter, s.inter], dim=-1)
+    att = _attend(q, k, v, cache_k, cache_v, rows, mask, s)
+    if one:
+        h = decode_kernels.gemv(att, o_w, residual=h).view(h.shape)
+        gate_up = _norm_linear(h, ln2, gate_up_w, s.eps, one)
+        return decode_kernels.gemv(gate_up, down_w, swiglu=True, residual=h).view(h.shape)
+    h = h + F.linear(att, o_w)
+    gate, up = _norm_linear(h, ln2, gate_up_w, s.eps, one).split([s.inter, s.inter], dim=-1)
     return h + F.linear(F.silu(gate) * up, down_w)
+
+
+def _norm_linear(h, norm_w, w, eps: float, one: bool) -> torch.Tensor:
+    """The product of the RMSNorm of h with W: [..., N] (one: one row through a GEMV)."""
+    if one:
+        return decode_kernels.gemv(h, w, norm=norm_w, eps=eps).view(*h.shape[:-1], -1)
+    return F.linear(rms_norm(h, norm_w, eps), w)
 
 
 def forward(weights: dict, s: Shape, cache: tuple, ids, positions, rows, mask, tables):
@@ -218,8 +271,8 @@ def forward(weights: dict, s: Shape, cache: tuple, ids, positions, rows, mask, t
     h = F.embedding(ids, weights["embed"])
     for i, w in enumerate(weights["layers"]):
         h = _layer(h, w, cache[0][i], cache[1][i], cos, sin, rows, mask, s)
-    h = rms_norm(h[:, -1], weights["norm"], s.eps)
-    return F.linear(h, weights["lm_head"]).float()
+    one = s.small and h.shape[0] * h.shape[1] == 1
+    return _norm_linear(h[:, -1], weights["norm"], weights["lm_head"], s.eps, one).float()
 
 
 def new_cache(model, s: Shape, batch: int, length: int) -> tuple[list, list]:

@@ -9,6 +9,8 @@ the chi-square test of the sampler against transformers' warpers) run through th
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -267,3 +269,127 @@ def test_a_step_that_fails_to_compile_falls_back_loudly_to_the_old_path(monkeypa
         capsys.readouterr().err
     )
     assert got == greedy_generate(model, ids, mask, 16, [1, 2], 0)
+
+
+def test_the_batch_one_kernels_are_chosen_on_cuda_only_and_bad_switches_are_named(monkeypatch):
+    """On CPU every batch keeps torch's products; the switches reject unknown values."""
+    model = random_llama("cpu")
+    assert llamastep.shape_of(model, 1).small is False
+    assert llamastep.shape_of(model, 1).attention == "matmul"
+    monkeypatch.setenv(llamastep.KERNELS_ENV, "on")
+    with pytest.raises(ValueError, match=r"\$ARENAFLOW_DECODE_KERNELS='on': expected 'auto'"):
+        llamastep.shape_of(model, 1)
+    monkeypatch.setenv(llamastep.KERNELS_ENV, "off")
+    monkeypatch.setenv(llamastep.ATTENTION_ENV, "triton")
+    with pytest.raises(ValueError, match="=triton needs a CUDA model in bf16 or fp16"):
+        llamastep.shape_of(model, 1)
+
+
+def _exact(fn, *xs):
+    """fn of the bf16 tensors xs, in float64 (the oracle the kernels are held to)."""
+    return fn(*(x.double() for x in xs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("n,k", [(3072, 2048), (1000, 576)])  # 576: K not a multiple of a block
+def test_on_cuda_the_gemv_folds_norm_swiglu_and_residual_to_within_a_bf16_rounding(n, k):
+    kernels = pytest.importorskip("arenaflow.decode_kernels")
+    torch.manual_seed(0)
+    new = dict(device="cuda", dtype=torch.bfloat16)
+    w, x, g, res = (
+        torch.randn(n, k, **new) / 8,
+        torch.randn(k, **new),
+        torch.rand(k, **new) + 0.5,
+        torch.randn(n, **new),
+    )
+    gate_up = torch.randn(2 * k, **new)
+    from arenaflow.fused import rms_norm
+
+    normed = rms_norm(x, g, 1e-5)  # the norm's own bf16 output: the oracle's input
+    act = torch.nn.functional.silu(gate_up[:k]) * gate_up[k:]
+    cases = {
+        "plain": (kernels.gemv(x, w), _exact(lambda w, x: w @ x, w, x)),
+        "norm": (kernels.gemv(x, w, norm=g, eps=1e-5), _exact(lambda w, x: w @ x, w, normed)),
+        "swiglu+residual": (
+            kernels.gemv(gate_up, w.new_empty(n, k).copy_(w), swiglu=True, residual=res),
+            _exact(lambda w, a, r: w @ a + r, w, act, res),
+        ),
+    }
+    for name, (got, exact) in cases.items():
+        assert got.dtype == torch.bfloat16 and got.shape == (n,), name
+        err = (got.double() - exact).abs()
+        # bf16 keeps 8 bits: the output's own rounding is 2^-9 of it; 2^-7 leaves room for a
+        # flipped rounding of an input (rsqrt's last bit) and the residual add's second rounding
+        assert (err <= exact.abs() * 2**-7 + exact.abs().max() * 2**-10).all(), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group,dim", [(4, 128), (3, 64)])
+def test_on_cuda_the_decode_attention_kernel_matches_the_masked_softmax(group, dim):
+    """Two rows, left padding in the second, keys past the cursor and past `seen` hidden."""
+    kernels = pytest.importorskip("arenaflow.decode_kernels")
+    torch.manual_seed(0)
+    batch, kv_heads, rows, seen, cursor = 2, 2, 160, 100, 90
+    new = dict(device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, kv_heads * group, dim, **new)
+    ck, cv = (torch.randn(batch, kv_heads, rows, dim, **new) for _ in range(2))
+    ck[:, :, seen:] = float("nan")  # never read: past `seen`
+    visible = torch.ones(batch, rows + 1, dtype=torch.bool, device="cuda")
+    visible[1, :37] = False
+    got = kernels.attend(q, ck, cv, visible, torch.tensor(cursor, device="cuda"), seen, dim**-0.5)
+    allowed = visible[:, :seen] & (torch.arange(seen, device="cuda") <= cursor)
+    qg = q.double().view(batch, kv_heads, group, dim)
+    scores = qg @ ck[:, :, :seen].double().transpose(-1, -2) * dim**-0.5
+    probs = scores.masked_fill(~allowed[:, None, None], float("-inf")).softmax(-1)
+    exact = (probs @ cv[:, :, :seen].double()).view(batch, kv_heads * group, dim)
+    assert torch.isfinite(got).all()
+    # the scores are rounded to bf16 (as the modelling code's product is), the weights too
+    assert (got.double() - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+def _batch_one_tokens(model, ids, monkeypatch, new: int, stops: list[int]) -> dict:
+    """Greedy tokens of a batch-1 compiled, graphed decoder with the kernels ("auto") and
+    without them ("off")."""
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=new)
+    got = {}
+    for kernels in ("auto", "off"):
+        monkeypatch.setenv(llamastep.KERNELS_ENV, kernels)
+        d = decode.StaticDecoder(model, *ids.shape, new, dec, stops, 0, step="llama")
+        assert d.path == "llama-compiled+graphs"  # not a fallback
+        assert (d.shape.small, d.shape.attention) == (
+            (True, "triton") if kernels == "auto" else (False, "matmul")
+        )
+        got[kernels] = d.run(ids, torch.ones_like(ids))
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_a_bf16_llama_at_batch_one_decodes_through_the_kernels_as_without(monkeypatch):
+    """The compiled step with the batch-1 kernels in its CUDA graphs chooses the tokens that
+    inductor's kernels and cuBLAS's products choose. The head is scaled so that the logits are
+    far apart (a random model's are near-flat: bf16 rounding alone would flip the arg-max)."""
+    model = random_llama("cuda").to(torch.bfloat16)
+    model.lm_head.weight.data *= 50
+    ids = torch.tensor([[5, 9, 3, 44, 17, 8, 21]], device="cuda")
+    got = _batch_one_tokens(model, ids, monkeypatch, 40, [1, 2])
+    assert got["auto"] == got["off"]
+    assert len(set(got["auto"][0])) > 5  # real decoding, not one token repeated
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_smollm2_at_batch_one_decodes_through_the_kernels_as_without(smol, monkeypatch):
+    """A real model in bf16: the compiled step with the batch-1 kernels in its CUDA graphs
+    chooses the tokens that inductor's kernels and cuBLAS's products choose."""
+    model, tok = smol
+    model = copy.deepcopy(model).to("cuda", torch.bfloat16)  # the fixture stays float32 on CPU
+    ids = tok(
+        chat.render(chat.prompt_messages("You are a helpful assistant.", "Name a colour."), True),
+        return_tensors="pt",
+    ).input_ids.cuda()
+    got = _batch_one_tokens(model, ids, monkeypatch, 24, [tok.eos_token_id])
+    assert got["auto"] == got["off"]
+    assert len(set(got["auto"][0])) > 5
