@@ -326,6 +326,7 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
     "static": {"engine": "static"},
     # ... at batch 1 without arenaflow.decode_kernels' GEMVs and attention (inductor + cuBLAS) ...
     "static-cublas": {"engine": "static"},
+    "static-matmul": {"engine": "static"},  # ... at batch 1 with the GEMVs, not the attention ...
     "static-flex": {"engine": "static"},  # ... its decode attention through FlexAttention ...
     # ... or transformers'' modelling code with arenaflow.fused's kernels (the path before it)
     "static-hf": {"engine": "static"},
@@ -334,6 +335,7 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
 STEP_OF_PATH = {
     "static": "llama",
     "static-cublas": "llama",
+    "static-matmul": "llama",
     "static-flex": "llama",
     "static-hf": "hf",
     "static-unfused": "hf",
@@ -460,8 +462,8 @@ def generation(
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
     os.environ[decode.STEP_ENV] = STEP_OF_PATH.get(path, "auto")
     os.environ.pop(llamastep.ATTENTION_ENV, None)  # each batch's default ...
-    if path.endswith("-flex"):  # ... or FlexAttention's
-        os.environ[llamastep.ATTENTION_ENV] = "flex"
+    if path.endswith(("-flex", "-matmul")):  # ... or the one named
+        os.environ[llamastep.ATTENTION_ENV] = path.rsplit("-", 1)[1]
     os.environ[llamastep.KERNELS_ENV] = "off" if path.endswith("-cublas") else "auto"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()

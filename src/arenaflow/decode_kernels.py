@@ -6,15 +6,18 @@ at about half the bandwidth (BENCHMARKS.md; benchmarks/gemv_gpu.py: a plain Trit
 them x1.2 faster). The rest was ~10 small kernels a layer. Here:
 
 - `gemv`: y = W x, one program per BLOCK_N rows, float32 accumulation, with the kernels around a
-  product folded into it: the RMSNorm before QKV, gate/up and lm_head (every program recomputes
-  the norm of x: 4 KB from L2 against the rows' weights from memory), SwiGLU before down, the
-  residual add after o and down.
+  product folded into it: the RMSNorm before QKV, gate/up and lm_head (x is read once: its
+  squares summed beside the product, which is scaled by rsqrt(mean(x^2) + eps) at the end), the
+  SwiGLU after gate/up (a program takes the same rows of gate and of up), the residual add after
+  o and down.
 - `attend`: one token's grouped-query attention over the cache, one program per (row, KV head)
   reading each cached key and value once, an online softmax across key blocks.
 
-Both round where transformers' modelling code rounds (the norm's output and the weight's product
-in the model's dtype, silu and the product with up, the product before the residual add) so
-that the step chooses generate()'s tokens up to summation order. Registered with
+They round as transformers' modelling code does wherever it rounds a tensor it keeps (each
+product's output, silu(gate) and its product with up, the residual sum, the scores and the
+attention's output); the normalised input is the one rounding they skip, as a fused norm does
+(each input element ~2^-9 closer; the step chooses generate()'s tokens up to bf16 ties, which
+benchmarks/gpu_bench.py's tie check scores). Registered with
 torch.library.triton_op, so that a fullgraph torch.compile keeps the kernels inside its graph
 (and the CUDA graph captures them with the rest).
 """
@@ -26,17 +29,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-# best of benchmarks/gemv_gpu.py's 72 on the H200 was BLOCK_N 2, BLOCK_K 1024, 4 warps for every
-# product: the neighbours of that, few enough that the first call autotunes in seconds
-GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=4, num_stages=s)
-    for n in (1, 2, 4, 8)
-    for k in (512, 1024)
-    for s in (1, 3)
-]
 
-
-@triton.autotune(configs=GEMV_CONFIGS, key=["N", "K", "NORM", "SWIGLU", "RESIDUAL"])
 @triton.jit
 def _gemv_kernel(
     x_ptr,
@@ -53,36 +46,62 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """y[n] = sum_k W[n, k] x[k] for N output rows. NORM: x is RMSNorm(x) * g, applied as
+    rsqrt(mean(x^2) + eps) * sum_k W[n, k] g[k] x[k] (one pass over x). SWIGLU: W holds 2N rows
+    (gate then up) and y[n] = silu(gate[n]) * up[n]. RESIDUAL: y[n] += r[n]."""
     dt = y_ptr.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if NORM:  # LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in float32, to dt, times g in dt
-        squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-            squares += x * x
-        inv_rms = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if SWIGLU:
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         inside = cols < K
-        if SWIGLU:  # x holds gate then up (K each): silu(gate) * up, each rounded to dt
-            gate = tl.load(x_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + K + cols, mask=inside, other=0.0).to(tl.float32)
-            act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32)
-            x = (act * up).to(dt).to(tl.float32)
-        else:
-            x = tl.load(x_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-            if NORM:
-                g = tl.load(g_ptr + cols, mask=inside, other=0.0).to(tl.float32)
-                x = (g * (x * inv_rms).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x = tl.load(x_ptr + cols, mask=inside, other=0.0).to(tl.float32)
+        if NORM:
+            squares += x * x
+            x = x * tl.load(g_ptr + cols, mask=inside, other=0.0).to(tl.float32)
         within = (rows[:, None] < N) & inside[None, :]
-        w = tl.load(w_ptr + rows[:, None] * K + cols[None, :], mask=within, other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, axis=1).to(dt)
+        at = w_ptr + rows[:, None] * K + cols[None, :]
+        acc += tl.load(at, mask=within, other=0.0).to(tl.float32) * x[None, :]
+        if SWIGLU:
+            acc_up += tl.load(at + N * K, mask=within, other=0.0).to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if NORM:  # float scalars may arrive as fp64 (inductor passes them so): the cast keeps fp32
+        inv_rms = tl.rsqrt((tl.sum(squares, axis=0) / K + eps).to(tl.float32))
+        y = y * inv_rms
+    y = y.to(dt)
+    if SWIGLU:  # the modelling code's roundings: gate and up, silu(gate), their product
+        up = tl.sum(acc_up, axis=1)
+        if NORM:
+            up = up * inv_rms
+        gate = y.to(tl.float32)
+        act = (gate * tl.sigmoid(gate)).to(dt).to(tl.float32)
+        y = (act * up.to(dt).to(tl.float32)).to(dt)
     if RESIDUAL:
         y = (tl.load(r_ptr + rows, mask=rows < N).to(tl.float32) + y.to(tl.float32)).to(dt)
     tl.store(y_ptr + rows, y, mask=rows < N)
+
+
+# one config per kind of product, fixed: with an autotune list the compiled step's GEMVs took
+# 0.96 ms a step on the H200 where the same kernels autotuned eagerly took 0.78 ms, so the configs
+# no longer depend on how inductor autotunes. Each is the fastest of 5 on the 1.2 B shape's
+# products there (BENCHMARKS.md, issue 23): wider rows pay back where more than x is read beside
+# the weights (the norm's weight, up's rows)
+GEMV_CONFIGS = {  # (norm, swiglu): BLOCK_N, BLOCK_K, warps
+    (False, False): (2, 1024, 4),  # o, down (also the plain sweep's best: benchmarks/gemv_gpu.py)
+    (True, False): (8, 512, 8),  # QKV, lm_head
+    (True, True): (4, 1024, 4),  # gate/up
+    (False, True): (4, 1024, 4),
+}
+_GEMV_KERNELS = {
+    kind: triton.autotune(
+        configs=[triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=1)],
+        key=[],
+    )(_gemv_kernel)
+    for kind, (n, k, w) in GEMV_CONFIGS.items()
+}
 
 
 @triton_op("arenaflow::gemv", mutates_args=())
@@ -97,12 +116,13 @@ def _gemv(
     use_residual: bool,
 ) -> torch.Tensor:
     n, k = w.shape
+    n = n // 2 if swiglu else n
     y = torch.empty(n, dtype=w.dtype, device=w.device)
 
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK_N"]),)
 
-    wrap_triton(_gemv_kernel)[grid](
+    wrap_triton(_GEMV_KERNELS[use_norm, swiglu])[grid](
         x, w, norm, residual, y, n, k, eps, NORM=use_norm, SWIGLU=swiglu, RESIDUAL=use_residual
     )
     return y
@@ -117,13 +137,11 @@ def gemv(
     swiglu: bool = False,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W [N, K] times one vector x: [N] in W's dtype. x is [K], or with `swiglu` [2K] (gate then
-    up: W sees silu(gate) * up); `norm` (the RMSNorm's weight [K], with `eps`) normalises x
-    first; `residual` [N] is added to the product."""
-    k = w.shape[1]
-    want = 2 * k if swiglu else k
-    if x.numel() != want:
-        raise ValueError(f"gemv: x has {x.numel()} elements; W {tuple(w.shape)} needs {want}")
+    """W [N, K] times one vector x [K]: [N] in W's dtype. `norm` (the RMSNorm's weight [K],
+    with `eps`) normalises x first; `swiglu`: W is gate and up packed ([2M, K]) and the result
+    silu(gate x) * (up x), [M]; `residual` [N or M] is added to the result."""
+    if x.numel() != w.shape[1]:
+        raise ValueError(f"gemv: x has {x.numel()} elements; W {tuple(w.shape)} needs {w.shape[1]}")
     # unused pointers get x: the kernel never reads them (their branches are compiled out)
     return _gemv(
         x.reshape(-1).contiguous(),
@@ -137,6 +155,9 @@ def gemv(
     )
 
 
+# one program a (row, KV head): at batch 1 only a few run, so the time is one program's chain of
+# key blocks (64 rows a block, 4 warps: 0.19-0.20 ms a step of 24 layers on the H200, as the two
+# grouped products and the masked softmax between them)
 @triton.jit
 def _attend_kernel(
     q_ptr,
@@ -174,7 +195,7 @@ def _attend_kernel(
             k_ptr + cache + s[:, None] * DIM + d[None, :], mask=inside[:, None], other=0.0
         )
         # the scores are rounded to dt as transformers' q @ k^T product is, then scaled
-        scores = tl.dot(q, tl.trans(keys)).to(dt).to(tl.float32) * scale
+        scores = (tl.dot(q, tl.trans(keys)).to(dt).to(tl.float32) * scale).to(tl.float32)
         shown = tl.load(visible_ptr + row * visible_stride + s, mask=inside, other=0)
         allowed = inside & (shown != 0) & (s <= cursor)
         scores = tl.where(allowed[None, :], scores, float("-inf"))

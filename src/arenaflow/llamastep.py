@@ -246,8 +246,8 @@ def _layer(h, w: tuple, cache_k, cache_v, cos, sin, rows, mask, s: Shape) -> tor
     att = _attend(q, k, v, cache_k, cache_v, rows, mask, s)
     if one:
         h = decode_kernels.gemv(att, o_w, residual=h).view(h.shape)
-        gate_up = _norm_linear(h, ln2, gate_up_w, s.eps, one)
-        return decode_kernels.gemv(gate_up, down_w, swiglu=True, residual=h).view(h.shape)
+        act = decode_kernels.gemv(h, gate_up_w, norm=ln2, eps=s.eps, swiglu=True)
+        return decode_kernels.gemv(act, down_w, residual=h).view(h.shape)
     h = h + F.linear(att, o_w)
     gate, up = _norm_linear(h, ln2, gate_up_w, s.eps, one).split([s.inter, s.inter], dim=-1)
     return h + F.linear(F.silu(gate) * up, down_w)

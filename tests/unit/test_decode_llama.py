@@ -297,31 +297,37 @@ def test_on_cuda_the_gemv_folds_norm_swiglu_and_residual_to_within_a_bf16_roundi
     kernels = pytest.importorskip("arenaflow.decode_kernels")
     torch.manual_seed(0)
     new = dict(device="cuda", dtype=torch.bfloat16)
-    w, x, g, res = (
-        torch.randn(n, k, **new) / 8,
-        torch.randn(k, **new),
-        torch.rand(k, **new) + 0.5,
-        torch.randn(n, **new),
-    )
-    gate_up = torch.randn(2 * k, **new)
+    w, x, g = torch.randn(2 * n, k, **new) / 8, torch.randn(k, **new), torch.rand(k, **new) + 0.5
+    res = torch.randn(n, **new)
     from arenaflow.fused import rms_norm
 
-    normed = rms_norm(x, g, 1e-5)  # the norm's own bf16 output: the oracle's input
-    act = torch.nn.functional.silu(gate_up[:k]) * gate_up[k:]
+    normed = rms_norm(x, g, 1e-5)  # the modelling code's bf16 output: the oracle's input
+    gate, up = _exact(lambda w, x: w @ x, w, normed).split(n)
     cases = {
-        "plain": (kernels.gemv(x, w), _exact(lambda w, x: w @ x, w, x)),
-        "norm": (kernels.gemv(x, w, norm=g, eps=1e-5), _exact(lambda w, x: w @ x, w, normed)),
-        "swiglu+residual": (
-            kernels.gemv(gate_up, w.new_empty(n, k).copy_(w), swiglu=True, residual=res),
-            _exact(lambda w, a, r: w @ a + r, w, act, res),
+        "plain": (kernels.gemv(x, w[:n]), _exact(lambda w, x: w @ x, w[:n], x)),
+        "norm": (
+            kernels.gemv(x, w[:n], norm=g, eps=1e-5),
+            _exact(lambda w, x: w @ x, w[:n], normed),
+        ),
+        "residual": (
+            kernels.gemv(x, w[:n], residual=res),
+            _exact(lambda w, x, r: w @ x + r, w[:n], x, res),
+        ),
+        "norm+swiglu": (
+            kernels.gemv(x, w, norm=g, eps=1e-5, swiglu=True),
+            torch.nn.functional.silu(gate) * up,
         ),
     }
     for name, (got, exact) in cases.items():
         assert got.dtype == torch.bfloat16 and got.shape == (n,), name
         err = (got.double() - exact).abs()
-        # bf16 keeps 8 bits: the output's own rounding is 2^-9 of it; 2^-7 leaves room for a
-        # flipped rounding of an input (rsqrt's last bit) and the residual add's second rounding
-        assert (err <= exact.abs() * 2**-7 + exact.abs().max() * 2**-10).all(), name
+        # bf16 keeps 8 bits: the output's own rounding is 2^-9 of it; 2^-7 leaves room for the
+        # normalised input the kernel does not round and a sum's second rounding; SwiGLU rounds
+        # gate, up, silu and their product (the modelling code's roundings): 2^-6
+        tol = 2**-6 if "swiglu" in name else 2**-7
+        bound = exact.abs() * tol + exact.abs().max() * 2**-9
+        worst = int((err / bound).argmax())
+        assert (err <= bound).all(), (name, worst, got[worst].item(), exact[worst].item())
 
 
 @pytest.mark.gpu
