@@ -25,8 +25,9 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from arenaflow.fused import rms_norm
 
-# the batch-1 kernels need triton, which CUDA builds of torch bring and CPU builds do not
-if importlib.util.find_spec("triton") is not None:
+# the batch-1 kernels need triton, which CUDA builds of torch bring and CPU builds do not, and
+# torch.library's triton_op and wrap_triton (torch >= 2.6)
+if importlib.util.find_spec("triton") is not None and hasattr(torch.library, "wrap_triton"):
     from arenaflow import decode_kernels
 else:
     decode_kernels = None
