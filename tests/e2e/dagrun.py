@@ -14,6 +14,30 @@ CONFIG = (REPO / "config/config.yaml", REPO / "tests/e2e/config.yaml")
 MINI = (*CONFIG, REPO / "tests/e2e/mini.yaml")
 
 
+def command(
+    *args: str, results: Path, arms: Path, configfiles: tuple[Path, ...] = CONFIG
+) -> list[str]:
+    """`python -m snakemake ARGS` on the embedded default: results and arms in the test's
+    folders. ARGS come first: --configfile and --config take every word after them, up to the
+    next option."""
+    return [
+        sys.executable,
+        "-m",
+        "snakemake",
+        *args,
+        "--configfile",
+        *map(str, configfiles),
+        "--config",
+        f"results_dir={results}",
+        f"arms_dir={arms}",
+    ]
+
+
+def dry_run(*args: str, results: Path, arms: Path, **kw) -> list[str]:
+    """command's `snakemake -n ARGS`, killed after 300 s: a hung dry run fails its test."""
+    return ["timeout", "-k", "10", "300", *command("-n", *args, results=results, arms=arms, **kw)]
+
+
 def snakemake(
     *args: str,
     results: Path,
@@ -22,20 +46,7 @@ def snakemake(
     timeout: int = 1200,
     configfiles: tuple[Path, ...] = CONFIG,
 ):
-    # targets first: --configfile and --config take every word after them
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        *args,
-        "--cores",
-        "2",
-        "--configfile",
-        *map(str, configfiles),
-        "--config",
-        f"results_dir={results}",
-        f"arms_dir={arms}",
-    ]
+    cmd = command(*args, "--cores", "2", results=results, arms=arms, configfiles=configfiles)
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import yaml
-from dagrun import planned_resources
+from dagrun import dry_run, planned_resources
 
 REPO = Path(__file__).resolve().parents[2]
 REAL = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
@@ -35,25 +34,13 @@ def test_a_dry_run_asks_gres_for_gpu_rules_only(tmp_path):
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
     (arms / "B2.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 3.0e-3, nproc: 2}\n")
-    cmd = [
-        "timeout",
-        "-k",
-        "10",
-        "300",
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-n",
+    cmd = dry_run(
         "bundles/B3f",
         "--profile",
         str(REPO / "profiles/slurm"),
-        "--configfile",
-        str(REPO / "config/config.yaml"),
-        str(REPO / "tests/e2e/config.yaml"),
-        "--config",
-        f"results_dir={tmp_path / 'r'}",
-        f"arms_dir={arms}",
-    ]
+        results=tmp_path / "r",
+        arms=arms,
+    )
     seen = set()
     for rule, block, res in planned_resources(cmd):
         gres = re.search(r"\bgres=gpu:(\d+)", res)

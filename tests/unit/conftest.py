@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypers import TINY_LORA
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,24 +58,6 @@ def strip_pad_token(src: Path, dst: Path) -> Path:
 def strip_pad():
     """strip_pad_token, for module-scoped fixtures."""
     return strip_pad_token
-
-
-# A LoRA run of a couple of steps: enough to write an adapter, metrics and a log to test
-TINY_LORA = {
-    "method": "lora",
-    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-    "lr": 5e-3,
-    "weight_decay": 0.0,
-    "warmup_ratio": 0.0,
-    "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0,
-    "epochs": 1,
-    "max_steps": 2,
-    "micro_batch_size": 2,
-    "grad_accum": 1,
-    "seq_len": 256,
-    "seed": 0,
-}
 
 
 def train_arm_cli(

@@ -9,11 +9,11 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from dagrun import CONFIG, dry_run
 
 from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
@@ -331,26 +331,14 @@ def snakemake_dry(tmp_path: Path, target: str, budget: dict, env=None):
         shutil.copytree(REPO / "config/arms", arms)
     extra = tmp_path / "budget.yaml"
     extra.write_text(yaml.safe_dump({"budget": budget}))
-    cmd = [
-        "timeout",
-        "-k",
-        "10",
-        "300",
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-n",
+    cmd = dry_run(
         target,
         "--cores",
         "1",
-        "--configfile",
-        str(REPO / "config/config.yaml"),
-        str(REPO / "tests/e2e/config.yaml"),
-        str(extra),
-        "--config",
-        f"results_dir={tmp_path / 'results'}",
-        f"arms_dir={arms}",
-    ]
+        results=tmp_path / "results",
+        arms=arms,
+        configfiles=(*CONFIG, extra),
+    )
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330, env=env)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypers import TINY_LORA
 from safetensors.torch import load_file
 from test_nominate import write_readout  # the same readout rows the nomination tests judge
 
@@ -229,19 +230,9 @@ def test_adapter_bit_flip_before_sampling(arm, pool, tmp_path):
     assert not out.parent.exists()
 
 
-HYPER = {
-    "method": "lora",
-    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-    "lr": 5e-3,
-    "weight_decay": 0.0,
-    "warmup_ratio": 0.0,
-    "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0,
-    "epochs": 1,
+HYPER = {  # every step of the corpus: no max_steps
+    **{k: v for k, v in TINY_LORA.items() if k != "max_steps"},
     "micro_batch_size": 4,
-    "grad_accum": 1,
-    "seq_len": 256,
-    "seed": 0,
     "nproc": 1,
     "runtime_min": 5,
     "mem_mb": 1000,

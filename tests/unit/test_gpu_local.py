@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from dagrun import planned_resources
+from dagrun import dry_run, planned_resources
 
 REPO = Path(__file__).resolve().parents[2]
 # readout_math: a readout rule per suite (rules/evals.smk)
@@ -31,28 +30,15 @@ def test_a_dry_run_asks_local_gpus_for_gpu_rules_only(tmp_path, cap):
     arms = tmp_path / "arms"
     shutil.copytree(REPO / "config/arms", arms)
     (arms / "B2.yaml").write_text("init: R2d\ncorpus: rft_r3\nhyper: {lr: 3.0e-3, nproc: 2}\n")
-    cmd = [
-        "timeout",
-        "-k",
-        "10",
-        "300",
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-n",
+    cmd = dry_run(
         "bundles/B3f",
         "--cores",
         "16",
         "--profile",
         str(REPO / "profiles/gpu-local"),
-        "--configfile",
-        str(REPO / "config/config.yaml"),
-        str(REPO / "tests/e2e/config.yaml"),
-        "--config",
-        f"results_dir={tmp_path / 'r'}",
-        f"arms_dir={arms}",
-        *(["--resources", f"local_gpus={cap}"] if cap else []),
-    ]
+        results=tmp_path / "r",
+        arms=arms,
+    ) + (["--resources", f"local_gpus={cap}"] if cap else [])
     seen = set()
     for rule, block, res in planned_resources(cmd):
         asked = re.search(r"\blocal_gpus=(\d+)", res)

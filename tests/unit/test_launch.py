@@ -18,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from dagrun import dry_run
+from hypers import TINY_LORA
 
 from arenaflow import launch
 from arenaflow.train import argv as train_argv
@@ -100,27 +102,9 @@ def test_a_two_node_arm_is_one_srun_of_torchruns_and_one_task_per_node(tmp_path)
     (arms / "B1.yaml").write_text(
         "init: R2d\ncorpus: rft_r3\nhyper: {lr: 1.0e-3, nproc: 4, nodes: 2}\n"
     )
-    cmd = [
-        "timeout",
-        "-k",
-        "10",
-        "300",
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-n",
-        "-p",
-        "runs/B1/final",
-        "--forceall",
-        "--cores",
-        "1",
-        "--configfile",
-        str(REPO / "config/config.yaml"),
-        str(REPO / "tests/e2e/config.yaml"),
-        "--config",
-        f"results_dir={tmp_path / 'r'}",
-        f"arms_dir={arms}",
-    ]
+    cmd = dry_run(
+        "-p", "runs/B1/final", "--forceall", "--cores", "1", results=tmp_path / "r", arms=arms
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=330)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
@@ -183,21 +167,7 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
     corpus = tmp_path / "c"
     rows = pools.generate(32, 5, "train", {"add": 1, "sub": 1}, "m")
     corpora.build(corpus, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
-    hyper = {
-        "method": "lora",
-        "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-        "lr": 1e-3,
-        "weight_decay": 0.0,
-        "warmup_ratio": 0.0,
-        "min_lr_ratio": 0.1,
-        "max_grad_norm": 1.0,
-        "epochs": 1,
-        "max_steps": 3,
-        "micro_batch_size": 4,
-        "grad_accum": 1,
-        "seq_len": 256,
-        "seed": 0,
-    }
+    hyper = {**TINY_LORA, "lr": 1e-3, "max_steps": 3, "micro_batch_size": 4}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def train_args(out, h):  # torchrun's arguments after its own options

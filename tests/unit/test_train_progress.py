@@ -9,27 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypers import TINY_LORA
 
 from arenaflow import corpora, io, pools, tinymodel
 from arenaflow.train import argv as train_argv
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
-HYPER = {
-    "method": "lora",
-    "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-    "lr": 5e-3,
-    "weight_decay": 0.0,
-    "warmup_ratio": 0.0,
-    "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0,
-    "epochs": 1,
-    "max_steps": 3,
-    "micro_batch_size": 2,
-    "grad_accum": 1,
-    "seq_len": 256,
-    "seed": 0,
-    "checkpoint_every": 2,
-}
+HYPER = {**TINY_LORA, "max_steps": 3, "checkpoint_every": 2}
 
 
 def train(out: Path, corpus: Path, env: dict | None = None) -> subprocess.CompletedProcess:
