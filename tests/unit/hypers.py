@@ -16,3 +16,13 @@ TINY_LORA = {
     "seq_len": 256,
     "seed": 0,
 }
+
+# the same as a whole arm's hyper block, over every step of its corpus
+TINY_ARM = {
+    **{k: v for k, v in TINY_LORA.items() if k != "max_steps"},
+    "micro_batch_size": 4,
+    "nproc": 1,
+    "runtime_min": 5,
+    "mem_mb": 1000,
+    "checkpoint_every": 0,
+}

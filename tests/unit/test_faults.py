@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypers import TINY_LORA
+from hypers import TINY_ARM
 from safetensors.torch import load_file
 from test_nominate import write_readout  # the same readout rows the nomination tests judge
 
@@ -230,14 +230,7 @@ def test_adapter_bit_flip_before_sampling(arm, pool, tmp_path):
     assert not out.parent.exists()
 
 
-HYPER = {  # every step of the corpus: no max_steps
-    **{k: v for k, v in TINY_LORA.items() if k != "max_steps"},
-    "micro_batch_size": 4,
-    "nproc": 1,
-    "runtime_min": 5,
-    "mem_mb": 1000,
-    "checkpoint_every": 0,
-}
+HYPER = TINY_ARM
 
 
 def train_cmd(out: Path, corpus: Path, init: str, hyper: dict) -> list[str]:

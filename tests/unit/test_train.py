@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypers import TINY_ARM
 from safetensors.torch import load_file
 
 from arenaflow import corpora, manifest, pools, tinymodel
@@ -16,27 +17,9 @@ from arenaflow.train import argv as train_argv
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
 HYPER = {
-    "method": "lora",
-    "lora": {
-        "r": 4,
-        "alpha": 8,
-        "dropout": 0.0,
-        "target_modules": ["q_proj", "v_proj", "down_proj"],
-    },
-    "lr": 5e-3,
-    "weight_decay": 0.0,
-    "warmup_ratio": 0.0,
-    "min_lr_ratio": 0.1,
-    "max_grad_norm": 1.0,
-    "epochs": 1,
-    "micro_batch_size": 4,
+    **TINY_ARM,
+    "lora": {**TINY_ARM["lora"], "target_modules": ["q_proj", "v_proj", "down_proj"]},
     "grad_accum": 2,
-    "seq_len": 256,
-    "seed": 0,
-    "nproc": 1,
-    "runtime_min": 5,
-    "mem_mb": 1000,
-    "checkpoint_every": 0,
     "zero3_persistence_threshold": 0,  # partition every parameter: exposes an ungathered save
     "zero_stage": 3,  # ZeRO-3 on one rank too (auto would run stage 2; test_train_fidelity.py)
 }
