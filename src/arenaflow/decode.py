@@ -55,6 +55,11 @@ AUTO_MIN_TOKENS = 8_000_000
 _planned_tokens: int | None = None
 KV_BUCKET = 32  # key positions per captured graph: a step reads < 32 cache rows it cannot see
 SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has stopped
+# prompt tokens (batch x prompt length) up to which the Llama step's prompt pass is replayed as a
+# CUDA graph too: at batch 1 its ~400 kernels launched one by one took ~17 ms of a 162 ms call on
+# the H200, for ~1.5 ms of GPU work; larger passes keep the GPU busy eagerly and would hold their
+# activations in the graph's memory pool
+PREFILL_GRAPH_TOKENS = 4096
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -281,6 +286,11 @@ class StaticDecoder:
             else None,
         }
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.prefill_graph: torch.cuda.CUDAGraph | None = None  # reads self.prompt_in
+        self.prompt_in = (
+            torch.zeros(batch, prompt_len, dtype=torch.long, **new),
+            torch.ones(batch, prompt_len, dtype=torch.bool, **new),
+        )
         self.last_decode = {"steps": 0, "seconds": 0.0}  # the decode steps of the last run, timed
         self.use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -382,20 +392,26 @@ class StaticDecoder:
             self.st[key].zero_()
 
     def _capture(self) -> None:
-        """One CUDA graph of the step per key-length bucket, each captured after two warm-up
-        runs on a side stream."""
+        """One CUDA graph of the step per key-length bucket."""
+        for seen in sorted({self._bucket(i) for i in range(self.new_tokens - 1)}):
+            step = functools.partial(self._step, seen)
+            self.graphs[seen] = self._captured(
+                step, warm=lambda step=step: (self._rewind(), step())
+            )
+
+    def _captured(self, fn, warm=None) -> torch.cuda.CUDAGraph:
+        """A CUDA graph of fn, captured after two warm-up runs of `warm` (default fn) on a side
+        stream."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        for seen in sorted({self._bucket(i) for i in range(self.new_tokens - 1)}):
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._rewind()
-                    self._step(seen)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._step(seen)
-            self.graphs[seen] = graph
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                (warm or fn)()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        return graph
 
     def _prepare(self) -> None:
         """Compiles the Llama step (one warm-up step), then captures the graphs; the random
@@ -409,6 +425,11 @@ class StaticDecoder:
                 self._step(self._bucket(0))
             if self.pool is not None:
                 self._capture()
+                if (
+                    self.path.startswith("llama")
+                    and self.prompt_in[0].numel() <= PREFILL_GRAPH_TOKENS
+                ):
+                    self.prefill_graph = self._captured(lambda: self._prefill_body(*self.prompt_in))
 
     def _ready(self) -> None:
         """Compiles and captures on first use (again after the model's weights changed); a
@@ -418,6 +439,7 @@ class StaticDecoder:
             weights = llamastep.packed(self.model)
             if weights is not self.weights:  # the graphs read the old copy
                 self.weights, self.graphs, self.prepared = weights, {}, False
+                self.prefill_graph = None
         if self.prepared:
             return
         try:
@@ -432,7 +454,7 @@ class StaticDecoder:
                 file=sys.stderr,
                 flush=True,
             )
-            self.graphs, self.kv, self.weights = {}, None, None
+            self.graphs, self.kv, self.weights, self.prefill_graph = {}, None, None, None
             if self.pool is not None:
                 self.pool = torch.cuda.graph_pool_handle()
             self._setup_hf(fused_ok=False)  # its compiled kernels might fail the same way
@@ -473,8 +495,18 @@ class StaticDecoder:
         return out
 
     def _prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
-        """The prompt pass (eager): resets the buffers, fills the cache's first prompt_len rows
-        and chooses the first new token."""
+        """The prompt pass: replayed from its graph where it has one (PREFILL_GRAPH_TOKENS),
+        else eager."""
+        if self.prefill_graph is None:
+            self._prefill_body(input_ids, valid)
+            return
+        self.prompt_in[0].copy_(input_ids)
+        self.prompt_in[1].copy_(valid)
+        self.prefill_graph.replay()
+
+    def _prefill_body(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """Resets the buffers, fills the cache's first prompt_len rows and chooses the first new
+        token."""
         p, st, dev = self.prompt_len, self.st, valid.device
         self.visible[:, :p] = valid
         st["finished"].zero_()

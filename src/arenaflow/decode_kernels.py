@@ -10,8 +10,9 @@ them x1.2 faster). The rest was ~10 small kernels a layer. Here:
   squares summed beside the product, which is scaled by rsqrt(mean(x^2) + eps) at the end), the
   SwiGLU after gate/up (a program takes the same rows of gate and of up), the residual add after
   o and down.
-- `attend`: one token's grouped-query attention over the cache, one program per (row, KV head)
-  reading each cached key and value once, an online softmax across key blocks.
+- `attend`: one token's grouped-query attention over the cache, reading each cached key and
+  value once: a program per (row, KV head, block of 32 keys) computes a partial softmax for the
+  query heads sharing that KV head, and a reduction joins the blocks (flash-decoding).
 
 They round as transformers' modelling code does wherever it rounds a tensor it keeps (each
 product's output, silu(gate) and its product with up, the residual sum, the scores and the
@@ -155,9 +156,14 @@ def gemv(
     )
 
 
-# one program a (row, KV head): at batch 1 only a few run, so the time is one program's chain of
-# key blocks (64 rows a block, 4 warps: 0.19-0.20 ms a step of 24 layers on the H200, as the two
-# grouped products and the masked softmax between them)
+# split across the keys (flash-decoding): at batch 1 one program per (row, KV head) made a chain
+# of key blocks one program long (0.19-0.20 ms a step of 24 layers on the H200, no faster than
+# the two grouped products and the masked softmax it replaced); a program per block of keys runs
+# them side by side, and a reduction over the blocks (torch ops: one fused kernel once compiled)
+# joins their partial softmaxes
+ATTEND_BLOCK = 32
+
+
 @triton.jit
 def _attend_kernel(
     q_ptr,
@@ -165,7 +171,9 @@ def _attend_kernel(
     v_ptr,
     visible_ptr,
     cursor_ptr,
-    o_ptr,
+    best_ptr,
+    total_ptr,
+    acc_ptr,
     seen,
     cache_rows,
     visible_stride,
@@ -176,44 +184,38 @@ def _attend_kernel(
     DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    dt = o_ptr.dtype.element_ty
-    row, head = tl.program_id(0), tl.program_id(1)
+    """For one row, KV head and block of keys: each query head's highest score (best), its sum
+    of exp(score - best) (total) and that sum's weighting of the values (acc), float32."""
+    dt = q_ptr.dtype.element_ty
+    row, head, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    blocks = tl.num_programs(2)
     g, d = tl.arange(0, GROUP_PAD), tl.arange(0, DIM)
-    q_at = ((row * KV_HEADS + head) * GROUP + g[:, None]) * DIM + d[None, :]
-    q = tl.load(q_ptr + q_at, mask=g[:, None] < GROUP, other=0.0)  # [GROUP_PAD, DIM]
-    cursor = tl.load(cursor_ptr)
+    heads = (row * KV_HEADS + head) * GROUP + g  # the query heads that read this KV head
+    q = tl.load(q_ptr + heads[:, None] * DIM + d[None, :], mask=g[:, None] < GROUP, other=0.0)
     cache = (row * KV_HEADS + head) * cache_rows * DIM
-    # finite, so that a block hidden entirely (left padding) gives exp(0) corrections, not NaN
-    best = tl.full((GROUP_PAD,), -1.0e30, dtype=tl.float32)
-    total = tl.zeros((GROUP_PAD,), dtype=tl.float32)
-    acc = tl.zeros((GROUP_PAD, DIM), dtype=tl.float32)
-    for s0 in range(0, seen, BLOCK_S):
-        s = s0 + tl.arange(0, BLOCK_S)
-        inside = s < seen
-        # rows past `seen` load zeros: their weight is 0, and 0 * (stale NaN) would not be
-        keys = tl.load(
-            k_ptr + cache + s[:, None] * DIM + d[None, :], mask=inside[:, None], other=0.0
-        )
-        # the scores are rounded to dt as transformers' q @ k^T product is, then scaled
-        scores = (tl.dot(q, tl.trans(keys)).to(dt).to(tl.float32) * scale).to(tl.float32)
-        shown = tl.load(visible_ptr + row * visible_stride + s, mask=inside, other=0)
-        allowed = inside & (shown != 0) & (s <= cursor)
-        scores = tl.where(allowed[None, :], scores, float("-inf"))
-        top = tl.maximum(best, tl.max(scores, axis=1))
-        fade = tl.exp(best - top)
-        p = tl.exp(scores - top[:, None])
-        total = total * fade + tl.sum(p, axis=1)
-        values = tl.load(
-            v_ptr + cache + s[:, None] * DIM + d[None, :], mask=inside[:, None], other=0.0
-        )
-        acc = acc * fade[:, None] + tl.dot(p.to(dt), values)
-        best = top
-    out = (acc / total[:, None]).to(dt)
-    tl.store(o_ptr + q_at, out, mask=g[:, None] < GROUP)
+    s = block * BLOCK_S + tl.arange(0, BLOCK_S)
+    inside = s < seen
+    # rows past `seen` load zeros: their weight is 0, and 0 * (stale NaN) would not be
+    keys = tl.load(k_ptr + cache + s[:, None] * DIM + d[None, :], mask=inside[:, None], other=0.0)
+    # the scores are rounded to dt as transformers' q @ k^T product is, then scaled (float
+    # scalars may arrive as fp64: the cast keeps fp32)
+    scores = (tl.dot(q, tl.trans(keys)).to(dt).to(tl.float32) * scale).to(tl.float32)
+    shown = tl.load(visible_ptr + row * visible_stride + s, mask=inside, other=0)
+    allowed = inside & (shown != 0) & (s <= tl.load(cursor_ptr))
+    scores = tl.where(allowed[None, :], scores, float("-inf"))
+    # finite, so that a block hidden entirely (left padding) weighs exp(-inf) = 0, not NaN
+    best = tl.maximum(tl.max(scores, axis=1), -1.0e30)
+    p = tl.exp(scores - best[:, None])
+    values = tl.load(v_ptr + cache + s[:, None] * DIM + d[None, :], mask=inside[:, None], other=0.0)
+    acc = tl.dot(p.to(dt), values)
+    part = heads * blocks + block
+    tl.store(best_ptr + part, best, mask=g < GROUP)
+    tl.store(total_ptr + part, tl.sum(p, axis=1), mask=g < GROUP)
+    tl.store(acc_ptr + part[:, None] * DIM + d[None, :], acc, mask=g[:, None] < GROUP)
 
 
-@triton_op("arenaflow::attend", mutates_args=())
-def _attend(
+@triton_op("arenaflow::attend_blocks", mutates_args=())
+def _attend_blocks(
     q: torch.Tensor,
     cache_k: torch.Tensor,
     cache_v: torch.Tensor,
@@ -221,18 +223,24 @@ def _attend(
     cursor: torch.Tensor,
     seen: int,
     scale: float,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, heads, dim = q.shape
     kv_heads, cache_rows = cache_k.shape[1], cache_k.shape[2]
+    blocks = triton.cdiv(seen, ATTEND_BLOCK)
+    new = dict(dtype=torch.float32, device=q.device)
+    best = torch.empty(batch, heads, blocks, **new)
+    total = torch.empty(batch, heads, blocks, **new)
+    acc = torch.empty(batch, heads, blocks, dim, **new)
     group = heads // kv_heads
-    out = torch.empty_like(q)
-    wrap_triton(_attend_kernel)[(batch, kv_heads)](
+    wrap_triton(_attend_kernel)[(batch, kv_heads, blocks)](
         q,
         cache_k,
         cache_v,
         visible,
         cursor,
-        out,
+        best,
+        total,
+        acc,
         seen,
         cache_rows,
         visible.stride(0),
@@ -241,16 +249,21 @@ def _attend(
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),  # tl.dot's smallest M
         DIM=dim,
-        BLOCK_S=64,
+        BLOCK_S=ATTEND_BLOCK,
     )
-    return out
+    return best, total, acc
 
 
 def attend(q, cache_k, cache_v, visible, cursor, seen: int, scale: float) -> torch.Tensor:
     """One token's attention: q [B, H, D] over the first `seen` rows of the cache
     ([B, H_kv, L, D] each, contiguous) that `visible` [B, >= seen] (bool) shows and that are at
-    or before row `cursor` (a 0-d long tensor); [B, H, D]."""
+    or before row `cursor` (a 0-d long tensor); [B, H, D] in q's dtype."""
     for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
         if not t.is_contiguous():
             raise ValueError(f"attend: {name} must be contiguous (stride {t.stride()})")
-    return _attend(q.contiguous(), cache_k, cache_v, visible, cursor, seen, float(scale))
+    best, total, acc = _attend_blocks(
+        q.contiguous(), cache_k, cache_v, visible, cursor, seen, float(scale)
+    )
+    weight = torch.exp(best - best.amax(-1, keepdim=True))  # each block's share, [B, H, blocks]
+    out = (weight[..., None] * acc).sum(-2) / (weight * total).sum(-1, keepdim=True)
+    return out.to(q.dtype)
