@@ -3,7 +3,8 @@
 transformers' generate() launches every layer's kernels from Python at each step (~20 ms a step
 on an H200 whatever the batch: BENCHMARKS.md), and with a padding mask its SDPA path copies each
 grouped-query KV head once per query head at every step. This loop preallocates the KV cache
-for the batch, runs the prompt pass eagerly, and on CUDA replays each decode step as one CUDA
+for the batch, runs the prompt pass eagerly (as a CUDA graph too for the Llama step's small
+passes: PREFILL_GRAPH_TOKENS), and on CUDA replays each decode step as one CUDA
 graph, captured once per key-length bucket so that a step reads only the cache rows it can see.
 The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
 - "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
