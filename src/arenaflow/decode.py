@@ -395,10 +395,14 @@ class StaticDecoder:
     def _capture(self) -> None:
         """One CUDA graph of the step per key-length bucket."""
         for seen in sorted({self._bucket(i) for i in range(self.new_tokens - 1)}):
-            step = functools.partial(self._step, seen)
             self.graphs[seen] = self._captured(
-                step, warm=lambda step=step: (self._rewind(), step())
+                functools.partial(self._step, seen), warm=functools.partial(self._rewound, seen)
             )
+
+    def _rewound(self, seen: int) -> None:
+        """A warm-up step: from the cursor's start, so that each writes the rows a replay does."""
+        self._rewind()
+        self._step(seen)
 
     def _captured(self, fn, warm=None) -> torch.cuda.CUDAGraph:
         """A CUDA graph of fn, captured after two warm-up runs of `warm` (default fn) on a side

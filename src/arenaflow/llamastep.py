@@ -120,11 +120,13 @@ def shape_of(model, batch: int | None = None) -> Shape:
     cfg = model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    small = batch == 1 and _kernels_fit(model, head_dim)
+    fits = _kernels_fit(model, head_dim)
+    wanted = _kernels_wanted()  # checked everywhere: a bad value is named on CPU too
+    small = batch == 1 and fits and wanted
     attention = os.environ.get(ATTENTION_ENV) or ("triton" if small else "matmul")
     if attention not in ATTENTIONS:
         raise ValueError(f"${ATTENTION_ENV}={attention!r}: expected one of {ATTENTIONS}")
-    if attention == "triton" and not _kernels_fit(model, head_dim, ignore_env=True):
+    if attention == "triton" and not fits:
         raise ValueError(f"${ATTENTION_ENV}=triton needs a CUDA model in bf16 or fp16")
     return Shape(
         heads=heads,
@@ -137,21 +139,23 @@ def shape_of(model, batch: int | None = None) -> Shape:
     )
 
 
-def _kernels_fit(model, head_dim: int, ignore_env: bool = False) -> bool:
-    """Whether decode_kernels can run this model's step: CUDA, a 16-bit dtype (float32 keeps
-    torch's products, exact for the tests), a power-of-two head size (tl.arange), triton."""
+def _kernels_wanted() -> bool:
     want = os.environ.get(KERNELS_ENV) or "auto"
     if want not in ("auto", "off"):
         raise ValueError(f"${KERNELS_ENV}={want!r}: expected 'auto' or 'off'")
-    if want == "off" and not ignore_env:
-        return False
-    fits = (
-        model.device.type == "cuda"
+    return want == "auto"
+
+
+def _kernels_fit(model, head_dim: int) -> bool:
+    """Whether decode_kernels can run this model's step: CUDA, a 16-bit dtype (float32 keeps
+    torch's products, exact for the tests), a power-of-two head size (tl.arange), triton."""
+    return (
+        decode_kernels is not None
+        and model.device.type == "cuda"
         and model.dtype in (torch.bfloat16, torch.float16)
         and head_dim >= 16
         and head_dim & (head_dim - 1) == 0
     )
-    return fits and decode_kernels is not None
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from test_decode import BASE, VOCAB, left_padded, random_llama, until_stop
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from arenaflow import chat, decode, llamastep, models, sampling, tinymodel
+from arenaflow.fused import rms_norm
 
 
 def greedy_generate(model, ids, mask, new: int, stops: list[int], pad: int) -> list[list[int]]:
@@ -299,8 +300,6 @@ def test_on_cuda_the_gemv_folds_norm_swiglu_and_residual_to_within_a_bf16_roundi
     new = dict(device="cuda", dtype=torch.bfloat16)
     w, x, g = torch.randn(2 * n, k, **new) / 8, torch.randn(k, **new), torch.rand(k, **new) + 0.5
     res = torch.randn(n, **new)
-    from arenaflow.fused import rms_norm
-
     normed = rms_norm(x, g, 1e-5)  # the modelling code's bf16 output: the oracle's input
     gate, up = _exact(lambda w, x: w @ x, w, normed).split(n)
     cases = {
