@@ -87,11 +87,12 @@ def _gemv_kernel(
 
 # one config per kind of product, fixed: with an autotune list the compiled step's GEMVs took
 # 0.96 ms a step on the H200 where the same kernels autotuned eagerly took 0.78 ms, so the configs
-# no longer depend on how inductor autotunes. Each is the fastest of 5 on the 1.2 B shape's
-# products there (BENCHMARKS.md, issue 23): wider rows pay back where more than x is read beside
-# the weights (the norm's weight, up's rows)
+# no longer depend on how inductor autotunes. Each won the eager autotune over 5 configs on the
+# 1.2 B shape's products there (BENCHMARKS.md, issue 23), but for down, whose winner was BLOCK_N 1
+# and which shares o's kind: wider rows pay back where more than x is read beside the weights
+# (the norm's weight, up's rows)
 GEMV_CONFIGS = {  # (norm, swiglu): BLOCK_N, BLOCK_K, warps
-    (False, False): (2, 1024, 4),  # o, down (also the plain sweep's best: benchmarks/gemv_gpu.py)
+    (False, False): (2, 1024, 4),  # o (and the plain sweep's best: benchmarks/gemv_gpu.py), down
     (True, False): (8, 512, 8),  # QKV, lm_head
     (True, True): (4, 1024, 4),  # gate/up
     (False, True): (4, 1024, 4),
