@@ -66,7 +66,10 @@ class Plan:
 def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
     """What to resume, decided before DeepSpeed starts (universal loading is an engine setting).
     Every rank reads the same files and comes to the same answer."""
-    if not (ckpt_dir / "latest").exists() or not (ckpt_dir / META).exists():
+    if not (ckpt_dir / "latest").exists():
+        return Plan()
+    if not (ckpt_dir / META).exists():
+        log.warning("%s: no %s beside `latest` (killed while saving); starting over", ckpt_dir, META)
         return Plan()
     meta = io.read_json(ckpt_dir / META)
     old = meta.get("run", {})
@@ -252,3 +255,7 @@ def save(
                 "tag": tag,
             },
         )
+    # DeepSpeed's own barrier comes before this file; without a second one a rank that exits
+    # right after saving (a preemption, ARENAFLOW_FAIL_AFTER_STEP) can get rank 0 killed by the
+    # launcher before the checkpoint is resumable.
+    torch.distributed.barrier()
