@@ -69,7 +69,9 @@ def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
     if not (ckpt_dir / "latest").exists():
         return Plan()
     if not (ckpt_dir / META).exists():
-        log.warning("%s: no %s beside `latest` (killed while saving); starting over", ckpt_dir, META)
+        log.warning(
+            "%s: no %s beside `latest` (killed while saving); starting over", ckpt_dir, META
+        )
         return Plan()
     meta = io.read_json(ckpt_dir / META)
     old = meta.get("run", {})
