@@ -292,7 +292,8 @@ class StaticDecoder:
             torch.zeros(batch, prompt_len, dtype=torch.long, **new),
             torch.ones(batch, prompt_len, dtype=torch.bool, **new),
         )
-        self.last_decode = {"steps": 0, "seconds": 0.0}  # the decode steps of the last run, timed
+        # the decode steps of the last run, timed, and its prompt pass before them
+        self.last_decode = {"steps": 0, "seconds": 0.0, "prompt_seconds": 0.0}
         self.use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.prepared = False  # compiled and captured (_ready)
@@ -482,6 +483,7 @@ class StaticDecoder:
                 f"({self.batch}, {self.prompt_len})"
             )
         self._ready()
+        t_prompt = time.perf_counter()
         self._prefill(input_ids, attention_mask.bool())
         written = int(self.st["written"])  # waits for the prompt pass: the clock times decoding
         t0 = time.perf_counter()
@@ -496,6 +498,7 @@ class StaticDecoder:
         self.last_decode = {
             "steps": int(self.st["written"]) - written,
             "seconds": time.perf_counter() - t0,
+            "prompt_seconds": t0 - t_prompt,
         }
         return out
 

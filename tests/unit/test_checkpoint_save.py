@@ -8,11 +8,12 @@ writes the file, and rank 1 looks for the file the moment its own `save` returns
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from arenaflow.train.loop import free_port
 
 RANK = textwrap.dedent(
     """
@@ -42,12 +43,6 @@ RANK = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_every_rank_returns_from_save_only_once_the_fingerprint_is_written(tmp_path, repo_root):

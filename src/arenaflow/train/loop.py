@@ -70,20 +70,24 @@ def clear_stale_build_lock(name: str = "deepspeed_shm_comm", stale_s: float = 60
     return lock
 
 
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now, for a rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def ensure_dist_env() -> None:
     """A plain `python -m` run is rank 0 of 1; without these DeepSpeed tries mpi4py."""
     if "RANK" in os.environ:
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     os.environ.update(
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        MASTER_PORT=str(free_port()),
     )
 
 
