@@ -293,21 +293,28 @@ def read_events(path: Path) -> dict[str, dict]:
 
 
 def progress_lines(log: Path) -> list[dict]:
-    """sampling.generate's per-batch lines in a job log: tokens and seconds since decoding began."""
+    """sampling.generate's per-batch lines in a job log: tokens and seconds since decoding began.
+    A readout job decodes several files (its suite's regimes x replicates), each counting from
+    zero under its own label: a file's lines are offset by the files before it, so both keep
+    counting up through the job (scoring between files is left out of the seconds)."""
     if not log.exists():
         return []
-    out = []
+    out, label, tok0, el0 = [], None, 0, 0.0
     for line in log.read_text(errors="replace").splitlines():
         m = PROGRESS.match(line)
-        if m:
-            out.append(
-                {
-                    "done": int(m["done"]),
-                    "total": int(m["total"]),
-                    "tokens": int(m["tok"]),
-                    "elapsed": float(m["el"]),
-                }
-            )
+        if not m:
+            continue
+        if label is not None and m["desc"] != label:
+            tok0, el0 = out[-1]["tokens"], out[-1]["elapsed"]
+        label = m["desc"]
+        out.append(
+            {
+                "done": int(m["done"]),
+                "total": int(m["total"]),
+                "tokens": tok0 + int(m["tok"]),
+                "elapsed": el0 + float(m["el"]),
+            }
+        )
     return out
 
 

@@ -203,6 +203,30 @@ def test_a_suites_readout_rule_is_the_readout_stage_with_its_suite_as_a_wildcard
     assert lg.stage("train_arm", "arm=B3") == ("train_arm", "arm=B3")
 
 
+def test_a_readouts_files_count_on_from_the_file_before(tmp_path):
+    """A readout decodes its regimes x replicates in one process, each file's progress from
+    zero (H200 run 15's dose-a2 log, shortened): chained, the tokens reach the job's own total
+    (its last line) and the steady rate is positive; read file by file it came out -8,493."""
+    line = "readout math/dose-a2/{}: 600/600 prompts x1 | {} tok | {} tok/s | {}s | ETA 0s\n"
+    log = tmp_path / "dose-a2.log"
+    log.write_text(
+        "arenaflow: readouts/math/dose-a2/greedy.r0.parquet: model loaded 4.3s after the process"
+        " started (imports 0.2s, verify 0.1s, model 3.5s, rest 0.5s)\n"
+        + line.format("greedy.r0", 40166, 5450, 7.4)
+        + "math/dose-a2: accuracy 0.0067 on 600 items -> readouts/math/dose-a2/greedy.r0.parquet\n"
+        + line.format("served.r0", 16446, 2182, 7.5)
+        + line.format("served.r1", 18164, 4111, 4.4)
+        + line.format("served.r2", 18785, 11682, 1.6)
+        + "arenaflow: readouts/math/dose-a2/greedy.r0.parquet: 93561 tokens in 21.9s, 4273 tok/s\n"
+    )
+    prog = lg.progress_lines(log)
+    assert [p["tokens"] for p in prog] == [40166, 56612, 74776, 93561]
+    assert [p["elapsed"] for p in prog] == pytest.approx([7.4, 14.9, 19.3, 20.9])
+    first, steady = lg.first_and_steady([(p["elapsed"], p["tokens"]) for p in prog])
+    assert first == pytest.approx(7.4)
+    assert steady == pytest.approx((93561 - 40166) / (20.9 - 7.4))
+
+
 def test_jobclock_marks_start_up_phases_in_the_loaded_line(tmp_path, monkeypatch, capsys):
     path = tmp_path / "events.jsonl"
     monkeypatch.setenv(jobclock.ENV, str(path))
