@@ -2,6 +2,7 @@
 
     timeout 230 python benchmarks/decode_check.py --out $OUT/decode_check.json
         [--paths static,static-cublas,static-flex,static-hf] [--batches 1,256] [--new-tokens 128]
+        [--profile] [--host]
 
 The 1.2 B Llama shape (24 x 2048, random bf16 weights), batches 1 and 256, 128 greedy new
 tokens: for each path (gpu_bench.GEN_PATHS; "static" = the compiled Llama step, with
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--profile", action="store_true", help="kernels per step (slower)")
+    ap.add_argument(
+        "--host", action="store_true", help="a third call under cProfile: the host's time"
+    )
     args = ap.parse_args()
     t0 = time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
@@ -54,6 +58,7 @@ def main() -> None:
             equal_batches=tuple(batches),
             profile=args.profile,
             temperature=0.0,
+            host=args.host,
         )
         print(json.dumps({"phase": f"{path} done", "s": time.perf_counter() - t0}), flush=True)
     res["wall_s"] = time.perf_counter() - t0

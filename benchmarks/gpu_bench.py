@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
+import functools
 import json
 import os
+import pstats
 import subprocess
 import time
 from pathlib import Path
@@ -309,6 +312,28 @@ def decode_step(model, tok, prompt: str, dec, bs: int, count_kernels: bool = Tru
     }
 
 
+def host_profile(fn, top: int = 15) -> dict:
+    """Where the host's time goes in one call of `fn` (cProfile): its wall seconds and the
+    functions with the most time of their own (waits for the GPU show in the call that
+    synchronises: `tolist`, `item`, `int` of a CUDA tensor)."""
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.runcall(fn)
+    wall = time.perf_counter() - t
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, ncalls, self, cumulative, _)}
+    rows = [
+        {
+            "function": f"{Path(f).name}:{line}({name})",
+            "calls": ncalls,
+            "self_ms": self_s * 1e3,
+            "cum_ms": cum_s * 1e3,
+        }
+        for (f, line, name), (_, ncalls, self_s, cum_s, _) in stats.items()
+    ]
+    rows.sort(key=lambda r: -r["self_ms"])
+    return {"wall_ms": wall * 1e3, "top_self": rows[:top]}
+
+
 def kernel_kind(name: str) -> str:
     """A CUDA kernel's family, from its name: matrix products, compiled (Triton) fusions, the
     rest."""
@@ -458,10 +483,11 @@ def generation(
     equal_batches: tuple[int, ...] = (1, 256),
     profile: bool = True,
     temperature: float = 1.0,
+    host: bool = False,
 ) -> list[dict]:
     """tokens/s per batch size on one GEN_PATHS entry; for the static engine also its decode
-    step (decode_step; `profile`: kernels per step) and, at `equal_batches`, its greedy ids
-    against generate()'s (greedy_vs_generate)."""
+    step (decode_step; `profile`: kernels per step), at `equal_batches` its greedy ids against
+    generate()'s (greedy_vs_generate) and (`host`) a third call under cProfile (host_profile)."""
     from transformers import AutoModelForCausalLM
 
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
@@ -485,29 +511,34 @@ def generation(
     rows = []
     for bs in batches:
         dec = sampling.Decoding(temperature=temperature, max_new_tokens=new_tokens)
+        call = functools.partial(
+            sampling.generate,
+            model,
+            tok,
+            [prompt] * bs,
+            dec,
+            k=1,
+            seed=0,
+            batch_size=bs,
+            desc=f"bs{bs}",
+            **GEN_PATHS[path],
+        )
         times = []
         for _ in range(2):  # the first call warms up; the second is timed
             torch.cuda.synchronize()
             t = time.perf_counter()
-            outs = sampling.generate(
-                model,
-                tok,
-                [prompt] * bs,
-                dec,
-                k=1,
-                seed=0,
-                batch_size=bs,
-                desc=f"bs{bs}",
-                **GEN_PATHS[path],
-            )
+            outs = call()
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t)
         made = sum(o[0]["n_tokens"] for o in outs)
         engine = {}
         if GEN_PATHS[path].get("engine") == "static":
-            engine = decode_step(model, tok, prompt, dec, bs, profile)
+            engine = decode_step(model, tok, prompt, dec, bs, profile)  # reads the timed call
             if bs in equal_batches:
                 engine.update(greedy_vs_generate(model, tok, bs, new_tokens))
+        if host:
+            torch.cuda.synchronize()
+            engine["host_profile"] = host_profile(call)
         ctx = prompt_len + new_tokens / 2  # mean context length during decoding
         bound = bs * bw / (weight_bytes + bs * ctx * kv_per_token)
         rows.append(
@@ -626,6 +657,11 @@ def generation_line(g: dict) -> str:
             f" (no graphs {g['eager_step_ms']:.2f}), {g['kernels_per_step']:.0f} kernels = "
             f"{g['kernel_ms_per_step']:.2f} ms of GPU time per step: "
             + ", ".join(f"{k} {v:.2f}" for k, v in g["kernel_ms_per_step_by_kind"].items())
+        )
+    if "host_profile" in g:
+        h = g["host_profile"]
+        line += f"; a call under cProfile {h['wall_ms']:.1f} ms, most host time in: " + ", ".join(
+            f"{r['function']} {r['self_ms']:.2f} ms" for r in h["top_self"][:5]
         )
     if "greedy_equal" in g:
         line += (

@@ -104,3 +104,32 @@ def test_tie_check_runs_on_a_model_that_carries_decoders_and_leaves_them_there()
     got = gpu_bench.divergence_ties(low, ids, mask, planted, ref)
     assert got["greedy_scored_rows"] == 4
     assert low.__dict__["_arenaflow_decoders"] is decoders  # still cached for the next batch
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):  # no call inside: all of it is _spin's own time
+        total += i
+    return total
+
+
+def test_host_profile_names_the_function_that_held_the_host():
+    """decode_check --host: the function with the most time of its own is the one that spun,
+    and it holds most of the call's wall time."""
+    got = gpu_bench.host_profile(lambda: (_spin(2_000_000), sum(range(1000))))
+    top = got["top_self"][0]
+    assert top["function"].endswith("(_spin)") and top["calls"] == 1
+    assert 0.5 * got["wall_ms"] <= top["self_ms"] <= got["wall_ms"]
+    line = gpu_bench.generation_line(
+        {
+            "path": "static",
+            "batch": 1,
+            "tokens_per_s": 1.0,
+            "fraction_of_bound": 0.5,
+            "bound_tokens_per_s": 2.0,
+            "step_ms": 1.0,
+            "first_call_s": 1.0,
+            "host_profile": got,
+        }
+    )
+    assert f"(_spin) {top['self_ms']:.2f} ms" in line
