@@ -294,8 +294,13 @@ def setup(args, hyper: dict) -> Run:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         tmodel.attention_kernels()
+    # marked apart: a fresh process on the H200 spent 8.6 s (median) between the distributed
+    # and corpus marks, against 0.2 s under the fork server (BENCHMARKS.md, run 16), and the
+    # corpus's own load is a manifest check and two small arrays
+    jobclock.mark(args.out, "device")
     r = Run(args=args, hyper=hyper, cuda=cuda, rank=rank, world=world)
     r.cuda_warmup = cuda_warmup.start(args.base_model)  # beside the corpus and model loads
+    jobclock.mark(args.out, "warm-up")
     r.stage = zero_stage(hyper, world)
     log.info("ZeRO stage %d (zero_stage: %s, %d ranks)", r.stage, hyper["zero_stage"], world)
     setup_data(r)
