@@ -1,0 +1,216 @@
+"""How fast can a one-rank LoRA step of R2d's size be (issue 15)? arenaflow's DeepSpeed step,
+against the same step in plain PyTorch, and that step captured as one CUDA graph.
+
+    python benchmarks/train_step_floor_gpu.py [--rows 100 --seq 72 --steps 10]
+        [--setups deepspeed,torch,torch-graph] [--out results.json]
+
+R2d trains two steps of its whole corpus (100 rows, 7.1k tokens). On the H200 such a step takes
+~0.2 s for ~0.035 s of GPU work: it is bound by the host launching ~4.4k kernels one by one
+(BENCHMARKS.md, runs 12-16), so the job can meet neither 100k tokens/s nor 50 % GPU busy. This
+measures what would: SmolLM2-135M's shape with random weights (zero_stage_cpu.SHAPES), LoRA r 64
+on all seven projections (gpu_bench.LORA) through arenaflow's fused LoRA function, the same rows
+and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
+- deepspeed: what `python -m arenaflow.train` runs on one rank (ZeRO stage 2, bf16 with fp32
+  master weights, train/loop.deepspeed_config);
+- torch: the same arithmetic without DeepSpeed: bf16 model, fp32 master copies of the LoRA
+  weights, gradients copied to them, clipped and stepped by multi-tensor (foreach / fused) ops;
+- torch-graph (CUDA only): that step, forward to weight copy-back, captured once and replayed.
+Prints per set-up the median step time, tokens/s, the GPU's share of a step (kernel time of a
+profiled step over the median step), kernels a step and the first losses. The set-ups take the
+same steps: their losses agree to bf16's rounding on a GPU and to float32's on CPU (--cpu, the
+test's check of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from gpu_bench import LORA  # sibling scripts
+from zero_stage_cpu import SHAPES
+
+from arenaflow.train import lora_fused
+from arenaflow.train.loop import deepspeed_config, ensure_dist_env
+
+LR, CLIP = 1e-4, 1.0
+PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
+
+
+def build(layers: int, device: str, dtype: torch.dtype):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    net = LlamaForCausalLM(LlamaConfig(**{**SHAPES["smollm2"], "num_hidden_layers": layers}))
+    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
+    net = get_peft_model(net, lora).to(device, dtype)
+    lora_fused.fuse(net)
+    return net
+
+
+def batch(rows: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, SHAPES["smollm2"]["vocab_size"], (rows, seq), generator=g)
+    labels = ids.clone()
+    labels[:, :PROMPT] = -100
+    return ids.to(device), labels.to(device)
+
+
+def deepspeed_step(args, device: str):
+    """arenaflow's one-rank engine; returns step() -> loss tensor."""
+    import deepspeed
+
+    cuda = device == "cuda"
+    net = build(args.layers, device, torch.float32)  # DeepSpeed casts to bf16 where enabled
+    params = [p for p in net.parameters() if p.requires_grad]
+    hyper = {
+        "micro_batch_size": args.rows,
+        "grad_accum": 1,
+        "max_grad_norm": CLIP,
+        "zero3_persistence_threshold": 0,
+    }
+    engine, *_ = deepspeed.initialize(
+        model=net,
+        optimizer=torch.optim.AdamW(params, lr=LR, fused=cuda or None),
+        config=deepspeed_config(hyper, cuda, False, 2),
+    )
+    ids, labels = batch(args.rows, args.seq, device)
+
+    def step():
+        loss = engine(input_ids=ids, labels=labels, use_cache=False).loss
+        engine.backward(loss)
+        engine.step()
+        return loss.detach()
+
+    return step
+
+
+class PlainStep:
+    """One LoRA step in plain PyTorch, DeepSpeed's bf16 arithmetic: the model in bf16 (float32
+    on CPU), float32 master weights that AdamW steps, copied back after each step. Every
+    per-tensor operation is a multi-tensor one, so a step launches a handful of kernels for the
+    optimizer, not ~10 per LoRA tensor."""
+
+    def __init__(self, args, device: str, capturable: bool = False):
+        cuda = device == "cuda"
+        self.net = build(args.layers, device, torch.bfloat16 if cuda else torch.float32)
+        self.low = [p for p in self.net.parameters() if p.requires_grad]
+        self.high = [p.detach().float().clone().requires_grad_() for p in self.low]
+        for lo, hi in zip(self.low, self.high):  # static gradient buffers (a graph needs them)
+            lo.grad, hi.grad = torch.zeros_like(lo), torch.zeros_like(hi)
+        self.opt = torch.optim.AdamW(self.high, lr=LR, fused=cuda or None, capturable=capturable)
+        self.ids, self.labels = batch(args.rows, args.seq, device)
+
+    def __call__(self) -> torch.Tensor:
+        torch._foreach_zero_([p.grad for p in self.low])
+        loss = self.net(input_ids=self.ids, labels=self.labels, use_cache=False).loss
+        loss.backward()
+        torch._foreach_copy_([p.grad for p in self.high], [p.grad for p in self.low])
+        torch.nn.utils.clip_grad_norm_(self.high, CLIP)  # foreach where the device has it
+        self.opt.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.low, self.high)
+        return loss.detach()
+
+
+def torch_step(args, device: str):
+    return PlainStep(args, device)
+
+
+def graph_step(args, device: str):
+    """PlainStep captured as one CUDA graph after three eager warm-up steps on a side stream
+    (which train too: the captured replays continue from step 4)."""
+    plain = PlainStep(args, device, capturable=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    warm = []
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            warm.append(plain())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = plain()
+
+    def step():
+        if warm:  # report the warm-up steps' losses as steps 1-3
+            return warm.pop(0)
+        graph.replay()
+        return out
+
+    return step
+
+
+SETUPS = {"deepspeed": deepspeed_step, "torch": torch_step, "torch-graph": graph_step}
+
+
+def measure(step, args, device: str) -> dict:
+    """Losses, wall seconds of each step (synchronised, as a training logs every step's loss),
+    and a profile of one more step: its kernels and their summed device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    losses, times = [], []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        losses.append(float(step()))
+        sync()
+        times.append(time.perf_counter() - t)
+    median = statistics.median(times[3:] or times)  # after warm-up and the graph's capture
+    row = {
+        "losses": losses,
+        "step_s": times,
+        "median_step_s": median,
+        "tokens_per_s": args.rows * args.seq / median,
+    }
+    if device == "cuda":
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            sync()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        gpu_s = sum(e.device_time_total for e in kernels) / 1e6
+        row.update(kernels=len(kernels), gpu_s=gpu_s, gpu_busy=gpu_s / median)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=100)
+    ap.add_argument("--seq", type=int, default=72)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--layers", type=int, default=SHAPES["smollm2"]["num_hidden_layers"])
+    ap.add_argument("--setups", default="deepspeed,torch,torch-graph")
+    ap.add_argument("--cpu", action="store_true", help="on CPU, float32 (no torch-graph)")
+    ap.add_argument("--out", help="results JSON")
+    args = ap.parse_args()
+    device = "cpu" if args.cpu else "cuda"
+    ensure_dist_env()
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo" if args.cpu else "nccl")
+    rows = {}
+    for name in args.setups.split(","):
+        try:
+            rows[name] = measure(SETUPS[name](args, device), args, device)
+        except Exception as e:  # a set-up that cannot run here is a result, not the end
+            rows[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        r = rows[name]
+        if "error" in r:
+            print(f"{name:12s} failed: {r['error']}", flush=True)
+            continue
+        busy = f", GPU busy {r['gpu_busy']:.0%}, {r['kernels']:,} kernels" if "gpu_s" in r else ""
+        print(
+            f"{name:12s} {r['median_step_s'] * 1e3:8.1f} ms a step = {r['tokens_per_s']:10,.0f} "
+            f"tokens/s{busy}; losses {', '.join(f'{x:.5f}' for x in r['losses'][:4])}",
+            flush=True,
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "device": device, "setups": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""benchmarks/train_step_floor_gpu.py (issue 15) compares arenaflow's one-rank DeepSpeed step
+with the same step in plain PyTorch; the comparison means something only if both take the same
+steps. On CPU in float32 they must: the same losses, step after step, to float32's rounding."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
+    out = tmp_path / "floor.json"
+    cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2", "--rows", "4"]
+    cmd += ["--seq", "32", "--steps", "4", "--setups", "deepspeed,torch", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    run = subprocess.run(
+        cmd, cwd=REPO / "benchmarks", env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    setups = json.loads(out.read_text())["setups"]
+    ds, plain = setups["deepspeed"]["losses"], setups["torch"]["losses"]
+    assert ds[-1] < ds[0] - 0.1  # AdamW moved the weights: later losses test the update
+    for step, (a, b) in enumerate(zip(ds, plain), 1):
+        assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: DeepSpeed {a} vs plain {b}"
