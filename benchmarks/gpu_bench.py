@@ -313,9 +313,10 @@ def decode_step(model, tok, prompt: str, dec, bs: int, count_kernels: bool = Tru
 
 
 def host_profile(fn, top: int = 15) -> dict:
-    """Where the host's time goes in one call of `fn` (cProfile): its wall seconds and the
-    functions with the most time of their own (waits for the GPU show in the call that
-    synchronises: `tolist`, `item`, `int` of a CUDA tensor)."""
+    """Where the host's time goes in one call of `fn` (cProfile): its wall time, the functions
+    with the most time of their own, and the time the profile saw at all (`profiled_ms`): of a
+    155 ms decode call on the H200 its top 15 held 9.4 ms, the waits on the GPU (inside `bool()`,
+    `int()`, `tolist()` of CUDA tensors) showing as no entry of their own (BENCHMARKS.md)."""
     prof = cProfile.Profile()
     t = time.perf_counter()
     prof.runcall(fn)
@@ -331,8 +332,6 @@ def host_profile(fn, top: int = 15) -> dict:
         for (f, line, name), (_, ncalls, self_s, cum_s, _) in stats.items()
     ]
     rows.sort(key=lambda r: -r["self_ms"])
-    # how much of the wall time the profile saw: of a 155 ms decode call on the H200 its top 15
-    # held 9.4 ms (BENCHMARKS.md); waits on the GPU need not show as a function of their own
     seen = sum(r["self_ms"] for r in rows)
     return {"wall_ms": wall * 1e3, "profiled_ms": seen, "top_self": rows[:top]}
 
