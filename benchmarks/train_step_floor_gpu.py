@@ -2,7 +2,7 @@
 against the same step in plain PyTorch, and that step captured as one CUDA graph.
 
     python benchmarks/train_step_floor_gpu.py [--rows 100 --seq 72 --steps 10]
-        [--setups deepspeed,torch,torch-graph] [--out results.json]
+        [--setups deepspeed,torch,torch-compiled,torch-graph] [--out results.json]
 
 R2d trains two steps of its whole corpus (100 rows, 7.1k tokens). On the H200 such a step takes
 ~0.2 s for ~0.035 s of GPU work: it is bound by the host launching ~4.4k kernels one by one
@@ -14,7 +14,12 @@ and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
   master weights, train/loop.deepspeed_config);
 - torch: the same arithmetic without DeepSpeed: bf16 model, fp32 master copies of the LoRA
   weights, gradients copied to them, clipped and stepped by multi-tensor (foreach / fused) ops;
-- torch-graph (CUDA only): that step, forward to weight copy-back, captured once and replayed.
+- torch-compiled: that step with the model's forward and backward compiled by inductor (no
+  CUDA graphs): a fraction of the kernels, each launched from generated code; the first step
+  compiles (reported apart, as a job's start-up would be, cached on disk across jobs);
+- torch-graph (CUDA only): the plain step, forward to weight copy-back, captured once after three
+  eager steps and replayed: the floor for a long job. A two-step job like R2d cannot use it (a
+  graph is recorded by a step and replayed by later ones, within one process).
 Prints per set-up the median step time, tokens/s, the GPU's share of a step (kernel time of a
 profiled step over the median step), kernels a step and the first losses. The set-ups take the
 same steps: their losses agree to bf16's rounding on a GPU and to float32's on CPU (--cpu, the
@@ -94,9 +99,10 @@ class PlainStep:
     per-tensor operation is a multi-tensor one, so a step launches a handful of kernels for the
     optimizer, not ~10 per LoRA tensor."""
 
-    def __init__(self, args, device: str, capturable: bool = False):
+    def __init__(self, args, device: str, capturable: bool = False, compiled: bool = False):
         cuda = device == "cuda"
         self.net = build(args.layers, device, torch.bfloat16 if cuda else torch.float32)
+        self.model = torch.compile(self.net) if compiled else self.net
         self.low = [p for p in self.net.parameters() if p.requires_grad]
         self.high = [p.detach().float().clone().requires_grad_() for p in self.low]
         for lo, hi in zip(self.low, self.high):  # static gradient buffers (a graph needs them)
@@ -106,7 +112,7 @@ class PlainStep:
 
     def __call__(self) -> torch.Tensor:
         torch._foreach_zero_([p.grad for p in self.low])
-        loss = self.net(input_ids=self.ids, labels=self.labels, use_cache=False).loss
+        loss = self.model(input_ids=self.ids, labels=self.labels, use_cache=False).loss
         loss.backward()
         torch._foreach_copy_([p.grad for p in self.high], [p.grad for p in self.low])
         torch.nn.utils.clip_grad_norm_(self.high, CLIP)  # foreach where the device has it
@@ -118,6 +124,10 @@ class PlainStep:
 
 def torch_step(args, device: str):
     return PlainStep(args, device)
+
+
+def compiled_step(args, device: str):
+    return PlainStep(args, device, compiled=True)
 
 
 def graph_step(args, device: str):
@@ -144,7 +154,12 @@ def graph_step(args, device: str):
     return step
 
 
-SETUPS = {"deepspeed": deepspeed_step, "torch": torch_step, "torch-graph": graph_step}
+SETUPS = {
+    "deepspeed": deepspeed_step,
+    "torch": torch_step,
+    "torch-compiled": compiled_step,
+    "torch-graph": graph_step,
+}
 
 
 def measure(step, args, device: str) -> dict:
@@ -182,7 +197,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=72)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--layers", type=int, default=SHAPES["smollm2"]["num_hidden_layers"])
-    ap.add_argument("--setups", default="deepspeed,torch,torch-graph")
+    ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--cpu", action="store_true", help="on CPU, float32 (no torch-graph)")
     ap.add_argument("--out", help="results JSON")
     args = ap.parse_args()
@@ -199,12 +214,13 @@ def main() -> None:
             rows[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         r = rows[name]
         if "error" in r:
-            print(f"{name:12s} failed: {r['error']}", flush=True)
+            print(f"{name:14s} failed: {r['error']}", flush=True)
             continue
         busy = f", GPU busy {r['gpu_busy']:.0%}, {r['kernels']:,} kernels" if "gpu_s" in r else ""
         print(
-            f"{name:12s} {r['median_step_s'] * 1e3:8.1f} ms a step = {r['tokens_per_s']:10,.0f} "
-            f"tokens/s{busy}; losses {', '.join(f'{x:.5f}' for x in r['losses'][:4])}",
+            f"{name:14s} {r['median_step_s'] * 1e3:8.1f} ms a step = {r['tokens_per_s']:10,.0f} "
+            f"tokens/s{busy}; first step {r['step_s'][0]:.2f} s; losses "
+            + ", ".join(f"{x:.5f}" for x in r["losses"][:4]),
             flush=True,
         )
     if args.out:
