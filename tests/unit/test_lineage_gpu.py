@@ -151,6 +151,7 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     tg = rep["targets"]
     assert tg["measured"] and not tg["dag_wall"]["met"]  # incomplete
     assert tg["train_tokens_per_s"]["min_steady"] == 200_000 and tg["train_tokens_per_s"]["met"]
+    assert tg["train_tokens_per_s"]["shared"] == {}  # the sampling never ended: no overlap
     assert not tg["gpu_busy_after_load"][
         "met"
     ]  # incomplete: the failed job's work was never measured
@@ -225,6 +226,17 @@ def test_a_readouts_files_count_on_from_the_file_before(tmp_path):
     first, steady = lg.first_and_steady([(p["elapsed"], p["tokens"]) for p in prog])
     assert first == pytest.approx(7.4)
     assert steady == pytest.approx((93561 - 40166) / (20.9 - 7.4))
+
+
+def test_arms_that_trained_beside_other_gpu_jobs_are_named(tmp_path):
+    """H200 run 15's files: the chain S1 -> R220 -> R2d trains alone (each waits on a sampling),
+    while B1..B4 train two at a time beside the readouts; the target names those four."""
+    with tarfile.open(REPO / "benchmarks/results/lineage_gpu-2026-12-02-run15-files.tgz") as t:
+        t.extractall(tmp_path, filter="data")
+    tr = lg.report(tmp_path / "run15", {})["targets"]["train_tokens_per_s"]
+    assert set(tr["shared"]) == {"arm=B1", "arm=B2", "arm=B3", "arm=B4"}
+    assert all(0 < share <= 1 for share in tr["shared"].values())
+    assert tr["min_steady"] == tr["per_arm_steady"]["arm=R2d"] and not tr["met"]
 
 
 def test_jobclock_marks_start_up_phases_in_the_loaded_line(tmp_path, monkeypatch, capsys):
