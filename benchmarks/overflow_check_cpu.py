@@ -31,15 +31,22 @@ from arenaflow.train.loop import ensure_dist_env
 SMOLLM2 = SHAPES["smollm2"]
 
 
-def build_engine(layers: int, check: bool):
-    import deepspeed
+def smollm2_lora(layers: int):
+    """SmolLM2-135M's shape `layers` deep, random weights (seed 0), PEFT LoRA r 64 on all seven
+    projections (gpu_bench.LORA), float32 on CPU."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     net = LlamaForCausalLM(LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers}))
     lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
-    net = get_peft_model(net, lora)
+    return get_peft_model(net, lora)
+
+
+def build_engine(layers: int, check: bool):
+    import deepspeed
+
+    net = smollm2_lora(layers)
     params = [p for p in net.parameters() if p.requires_grad]
     config = {
         "train_micro_batch_size_per_gpu": 1,

@@ -34,7 +34,7 @@ import statistics
 import time
 
 import torch
-from gpu_bench import LORA  # sibling scripts
+from overflow_check_cpu import smollm2_lora  # sibling scripts
 from zero_stage_cpu import SHAPES
 
 from arenaflow.train import lora_fused
@@ -45,13 +45,7 @@ PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
 
 
 def build(layers: int, device: str, dtype: torch.dtype):
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    net = LlamaForCausalLM(LlamaConfig(**{**SHAPES["smollm2"], "num_hidden_layers": layers}))
-    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
-    net = get_peft_model(net, lora).to(device, dtype)
+    net = smollm2_lora(layers).to(device, dtype)
     lora_fused.fuse(net)
     return net
 
