@@ -388,6 +388,7 @@ def resolve(
         ConfigError,
     )
     continual.resolve_refs(cfg, raw, files, config_file, ConfigError)
+    _apply_overrides(cfg.get("arm_overrides", {}), raw, arms_dir, config_file)
     for key, msg in afpools.check_exclude(cfg["pools"]) + afpools.check_bands(cfg["pools"]):
         raise ConfigError(f"{config_file}: key '{key}': {msg}")
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
@@ -406,6 +407,21 @@ def resolve(
                 _as_served(regime, cfg, f"{config_file}: key 'evals/{sid}/regimes/{rid}/as_served'")
     cfg["arms"] = arms
     return cfg
+
+
+def _apply_overrides(overrides: dict, raw: dict, arms_dir: Path, config_file: str) -> None:
+    """Merge config's arm_overrides into the raw arms: a description replaces the file's, a
+    hyper is merged over the file's (one model's LR sweep over arm files another model shares)."""
+    for arm, over in overrides.items():
+        where = f"{config_file}: key 'arm_overrides/{arm}"
+        if arm not in raw:
+            raise ConfigError(f"{where}': no arm {arm!r} in {arms_dir}; known: {sorted(raw)}")
+        if "hyper" in over and arm_kind(raw[arm]) != TRAINED:
+            raise ConfigError(
+                f"{where}/hyper': {arm!r} is a {arm_kind(raw[arm])} arm, which trains nothing; "
+                "only a trained arm has hyperparameters"
+            )
+        raw[arm] = merge(raw[arm], over)
 
 
 def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_file: str) -> None:

@@ -665,3 +665,50 @@ def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
         ConfigError, match=r"key 'pools/gsm/file': no such file .*/workflow/data/y\.jsonl"
     ):
         config.resolve(cfg, repo_root=root)
+
+
+# --- arm_overrides: one config's changes to arm files another lineage shares -------------
+
+
+def test_an_override_merges_over_the_arm_file_and_train_defaults(cfg, repo_root, raw_cfg):
+    cfg["arm_overrides"] = {
+        "S1": {"hyper": {"lr": 3.0e-4, "lora": {"r": 4}}},
+        "B2": {"description": "at another model's scale"},
+    }
+    arms = resolve(cfg, repo_root)["arms"]
+    s1 = arms["S1"]["hyper"]
+    assert (s1["lr"], s1["epochs"]) == (3.0e-4, 2)  # the file's epochs stay
+    assert s1["lora"] == {**raw_cfg["train_defaults"]["lora"], "r": 4}  # merged, not replaced
+    assert arms["B2"]["description"] == "at another model's scale"
+    assert arms["B2"]["hyper"]["lr"] == 2.5e-4  # a description alone leaves the hyper be
+    assert arms["S1"]["description"].startswith("Stage 1")
+
+
+@pytest.mark.parametrize(
+    "overrides, key, message",
+    [
+        ({"B9": {"hyper": {"lr": 1e-4}}}, "arm_overrides/B9", "no arm 'B9'"),
+        ({"soup": {"hyper": {"lr": 1e-4}}}, "arm_overrides/soup/hyper", "a merge arm"),
+        ({"B1": {"hyper": {"lr": -1e-4}}}, "arm_overrides/B1/hyper/lr", "minimum"),
+        ({"B1": {"hyper": {"rate": 1e-4}}}, "arm_overrides/B1/hyper", "rate"),
+        ({"B1": {}}, "arm_overrides/B1", "non-empty"),
+    ],
+)
+def test_a_bad_override_names_its_key(cfg, repo_root, overrides, key, message):
+    cfg["arm_overrides"] = overrides
+    with pytest.raises(ConfigError, match=message) as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, key)
+
+
+def test_the_smollm2_gpu_sweep_keeps_the_seeds_lr_ratios_around_r2ds_own(repo_root):
+    """config/smollm2-gpu.yaml moves the B arms to SmolLM2's scale: the seed's sweep (B2 5e-6,
+    B1 1e-5, B3 2e-5, B4 5e-5, docs/lineages.md) scaled so that B1 trains at R2d's LR."""
+    merged, files = config.load_configs([repo_root / "config/smollm2-gpu.yaml"])
+    merged["base"]["path"] = "models/tiny-arith"  # the SmolLM2 import is not in a checkout
+    arms = config.resolve(merged, repo_root=repo_root, config_file="smollm2-gpu")["arms"]
+    seed = {"B2": 5e-6, "B1": 1e-5, "B3": 2e-5, "B4": 5e-5}
+    r2d = arms["R2d"]["hyper"]["lr"]
+    for arm, lr in seed.items():
+        assert arms[arm]["hyper"]["lr"] == pytest.approx(r2d * lr / seed["B1"], rel=1e-12), arm
+        assert f"lr {arms[arm]['hyper']['lr']:.0e}".replace("e-0", "e-") in arms[arm]["description"]
