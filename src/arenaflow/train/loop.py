@@ -294,9 +294,9 @@ def setup(args, hyper: dict) -> Run:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         tmodel.attention_kernels()
-    # marked apart: a fresh process on the H200 spent 8.6 s (median) between the distributed
-    # and corpus marks, against 0.2 s under the fork server (BENCHMARKS.md, run 16), and the
-    # corpus's own load is a manifest check and two small arrays
+    # marked apart: a fresh process on the H200 spends ~11 s (median) here, in the warm-up's
+    # launch on this thread (it imports deepspeed.runtime.utils and the model class), against
+    # 0.0 s under the fork server, which made those imports before forking (BENCHMARKS.md, run 18)
     jobclock.mark(args.out, "device")
     r = Run(args=args, hyper=hyper, cuda=cuda, rank=rank, world=world)
     r.cuda_warmup = cuda_warmup.start(args.base_model)  # beside the corpus and model loads
