@@ -386,6 +386,63 @@ def families_html(rnd: dict, compares: dict) -> str:
     )
 
 
+def sweep_reading(rnd: dict, arms: dict, compares: dict) -> dict | None:
+    """The round's LR sweep read as lineage 000 read its own (docs/lineages.md#000-the-lr-sweep):
+    its trained candidates in LR order with their delta on the round's suite and regime, the
+    best of them, and whether the sweep brackets it (an arm at a lower and at a higher LR) or
+    leaves it at an end, where the sweep has not shown the response turning. None with fewer
+    than three learning rates, or candidates of different inits or corpus policies (not one
+    sweep)."""
+    lrs = {
+        a: arms[a]["lr"]
+        for a in rnd["candidates"]
+        if arms.get(a, {}).get("lr") and "weights" not in arms[a] and (rnd["regime"], a) in compares
+    }
+    sources = {(arms[a].get("init"), arms[a].get("policy")) for a in lrs}
+    if len(set(lrs.values())) < 3 or len(sources) > 1:
+        return None
+    order = sweep_order(list(lrs), arms)
+    deltas = [compares[(rnd["regime"], a)]["delta"] for a in order]
+    i = deltas.index(max(deltas))  # a tie: the lowest LR
+    lo, hi = lrs[order[0]], lrs[order[-1]]
+    edge = "lowest" if lrs[order[i]] == lo else "highest" if lrs[order[i]] == hi else None
+    return {
+        "order": order,
+        "lr": [lrs[a] for a in order],
+        "delta": deltas,
+        "best": order[i],
+        "edge": edge,
+        "unimodal": all(a <= b for a, b in zip(deltas[:i], deltas[1 : i + 1]))
+        and all(a >= b for a, b in zip(deltas[i:], deltas[i + 1 :])),
+    }
+
+
+def sweep_html(rnd: dict, arms: dict, compares: dict) -> str:
+    """sweep_reading as a paragraph of the round's page ('' without a sweep)."""
+    r = sweep_reading(rnd, arms, compares)
+    if r is None:
+        return ""
+    e = html.escape
+    points = ", ".join(
+        f"{e(a)} lr {lr:.0e}: {d:+.2f}" for a, lr, d in zip(*map(r.get, ("order", "lr", "delta")))
+    )
+    best_lr = r["lr"][r["order"].index(r["best"])]
+    if r["edge"]:
+        side = "below" if r["edge"] == "lowest" else "above"
+        verdict = (
+            f"The best, {e(r['best'])}, is at the sweep's {r['edge']} LR ({best_lr:.0e}): the "
+            f"sweep does not bracket its peak; an arm {side} it would show whether the response "
+            "turns."
+        )
+    else:
+        verdict = f"The best, {e(r['best'])} (lr {best_lr:.0e}), lies inside the sweep."
+    shape = "unimodal" if r["unimodal"] else "not unimodal"
+    return (
+        f"<h3>LR sweep on {e(rnd['suite'])}/{e(rnd['regime'])}: delta (pt) vs "
+        f"{e(rnd['incumbent'])}</h3>\n<p>{points}. {verdict} The response is {shape}.</p>\n"
+    )
+
+
 def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
     e = html.escape
 
@@ -474,7 +531,8 @@ def main(argv: list[str] | None = None) -> None:
         out / "loss_curves.png", {Path(r).parent.name: Path(r) for r in args.runs}, rnd["incumbent"]
     )
     lineage(out / "lineage.png", rnd, arms, nom["promoted"])
-    io.write_text(out / "nomination.html", nomination_html(nom, reg, families_html(rnd, compares)))
+    extra = sweep_html(rnd, arms, compares) + families_html(rnd, compares)
+    io.write_text(out / "nomination.html", nomination_html(nom, reg, extra))
     print(f"round {args.round}: report files in {out} ({bar.bar_sha256(nom['bar_resolved'])[:12]})")
 
 

@@ -112,6 +112,48 @@ def test_round_report_writes_every_page_file(tmp_path):
     page = (out / "nomination.html").read_text()
     assert nom["promoted"] == "B3" and "promoted B3" in page
     assert page.count("<tr><th>B") == 4 and "accuracy points" in page and nom["bar_sha256"] in page
+    assert "The best, B3 (lr 2e-05), lies inside the sweep" in page  # the seed's own reading
+
+
+def _compares(deltas: dict) -> dict:
+    return {("greedy", a): {"delta": d} for a, d in deltas.items()}
+
+
+def test_the_seeds_sweep_brackets_its_peak_at_2e_5_and_is_unimodal():
+    r = roundreport.sweep_reading(RND, ARMS, _compares({a: v[0] for a, v in SWEEP.items()}))
+    assert (r["order"], r["best"], r["edge"], r["unimodal"]) == (
+        ["B2", "B1", "B3", "B4"],
+        "B3",
+        None,
+        True,
+    )
+
+
+def test_a_sweep_whose_best_is_its_lowest_lr_says_it_does_not_bracket_the_peak():
+    # BENCHMARKS.md, run 17: SmolLM2's sweep at 1e-4, 2e-4, 4e-4, 1e-3 from R2d
+    arms = {**ARMS, "B2": {"lr": 1e-4}, "B1": {"lr": 2e-4}, "B3": {"lr": 4e-4}, "B4": {"lr": 1e-3}}
+    deltas = {"B2": 2.33, "B1": 0.33, "B3": -6.67, "B4": -26.33}
+    r = roundreport.sweep_reading(RND, arms, _compares(deltas))
+    assert (r["best"], r["edge"], r["unimodal"]) == ("B2", "lowest", True)
+    page = roundreport.sweep_html(RND, arms, _compares(deltas))
+    assert "at the sweep's lowest LR (1e-04)" in page and "an arm below it" in page
+    flipped = roundreport.sweep_reading(RND, arms, _compares({a: -d for a, d in deltas.items()}))
+    assert (flipped["best"], flipped["edge"]) == ("B4", "highest")
+
+
+def test_a_response_that_rises_again_is_not_unimodal_and_two_lrs_are_no_sweep():
+    r = roundreport.sweep_reading(RND, ARMS, _compares({"B2": 1.0, "B1": -1.0, "B3": 2.0, "B4": 0}))
+    assert (r["best"], r["edge"], r["unimodal"]) == ("B3", None, False)
+    two = {**ARMS, "B4": {"lr": 1e-5}, "B3": {"lr": 1e-5}}
+    assert (
+        roundreport.sweep_reading(RND, two, _compares(dict.fromkeys(RND["candidates"], 1))) is None
+    )
+    assert roundreport.sweep_html(RND, two, _compares(dict.fromkeys(RND["candidates"], 1))) == ""
+    apart = {**ARMS, "B4": {**ARMS["B4"], "init": "R220"}}  # not one sweep
+    assert (
+        roundreport.sweep_reading(RND, apart, _compares(dict.fromkeys(RND["candidates"], 1)))
+        is None
+    )
 
 
 def test_sweep_is_ordered_by_learning_rate():
