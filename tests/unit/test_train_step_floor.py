@@ -27,3 +27,25 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     assert ds[-1] < ds[0] - 0.1  # AdamW moved the weights: later losses test the update
     for step, (a, b) in enumerate(zip(ds, plain), 1):
         assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: DeepSpeed {a} vs plain {b}"
+
+
+def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch):
+    """torch-graph-first makes AdamW's state before the step a graph records (made inside the
+    recording, every replay would zero it again: the GPU run's losses drifted from step 3 on
+    until it did). Made so, the state must be AdamW's own: the same steps, exactly."""
+    import argparse
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import train_step_floor_gpu as floor
+
+    args = argparse.Namespace(layers=2, rows=4, seq=32)
+    lazy, early = floor.PlainStep(args, "cpu"), floor.PlainStep(args, "cpu")
+    early.init_state()
+    assert len(early.opt.state) == len(early.high) and not lazy.opt.state
+    losses = [(float(lazy()), float(early())) for _ in range(4)]
+    assert losses[-1][0] < losses[0][0] - 0.1, losses  # the updates moved the weights
+    assert all(a == b for a, b in losses), losses
+    for a, b in zip(lazy.high, early.high):
+        assert torch.equal(a, b)
