@@ -15,11 +15,12 @@ rule build_bundle:
         # Before the round is judged (a dry run) the inputs are only the checkpoint's output.
         compare=lambda wc, input: input.get("compare", []),
         lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
+        arms=report_arms,  # the card reads the nominating round's LR sweep
         base=base_dir,
         template=lambda wc, input: input.template[0] if input.template else "chatml",
         search=prompt_search_flag,
     shell:
         "python -m arenaflow.bundles build --bundle {wildcards.bundle} {params.source} "
-        "--lineage-json {params.lineage:q} --runs runs --corpora corpora --compare {params.compare} "
+        "--lineage-json {params.lineage:q} --arms-json {params.arms:q} --runs runs --corpora corpora --compare {params.compare} "
         "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} {params.search} "
         "--out {output} > {log} 2>&1"

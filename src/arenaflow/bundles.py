@@ -34,7 +34,7 @@ from pathlib import Path
 
 import jinja2
 
-from arenaflow import chat, io, manifest, models, nominate, sampling
+from arenaflow import chat, io, manifest, models, nominate, roundreport, sampling
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
@@ -340,7 +340,28 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
         "corpora": corpora_ctx,
         "evaluations": evaluations,
         "nomination": nomination,
+        "sweep": card_sweep(nomination, json.loads(args.arms_json or "{}")),
         "lineage": list(reversed([arm, *lineage])),
+    }
+
+
+def card_sweep(nomination: dict | None, arms: dict) -> dict | None:
+    """The nominating round's LR sweep, read as roundreport reads it, for the card's 'why this
+    learning rate' section (lineage 000's card gives its sweep so): its candidates in LR order
+    with their sealed deltas, W/L and p, and the reading. `arms`: {arm: {init, policy, lr}} as
+    configured. None without a nomination or a sweep of three learning rates."""
+    if not nomination:
+        return None
+    cands = {c["arm"]: c for c in nomination["candidates"]}
+    rnd = {"candidates": list(cands), "regime": nomination["regime"]}
+    r = roundreport.sweep_reading(rnd, arms, {(rnd["regime"], a): c for a, c in cands.items()})
+    if r is None:
+        return None
+    return {
+        "rows": [{**cands[a], "lr": roundreport.lr_text(lr)} for a, lr in zip(r["order"], r["lr"])],
+        "init": arms[r["best"]].get("init"),
+        "policy": arms[r["best"]].get("policy"),
+        "reading": roundreport.sweep_sentence(r),
     }
 
 
@@ -605,6 +626,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--runs", required=True, help="the runs/ directory")
     b.add_argument("--corpora", required=True, help="the corpora/ directory")
     b.add_argument("--compare", nargs="*", default=[], help="compare JSONs to report in the card")
+    b.add_argument(
+        "--arms-json", help="{arm: {init, policy, lr}}, as configured: the card reads the LR sweep"
+    )
     b.add_argument("--base-model", required=True)
     b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
     b.add_argument(

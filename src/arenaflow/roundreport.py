@@ -50,9 +50,15 @@ def sweep_order(candidates: list[str], arms: dict) -> list[str]:
     return sorted(candidates, key=lambda a: (merged(a), lr(a), candidates.index(a)))
 
 
+def lr_text(lr: float) -> str:
+    """A learning rate as a sweep names it: 2.5e-04, 1e-05 (one digit would print 2.5e-4 as
+    2e-04 and 2.5e-3 as 3e-03)."""
+    return f"{lr:.1e}".replace(".0e", "e")
+
+
 def _label(a: str, arms: dict) -> str:
     lr = arms.get(a, {}).get("lr")
-    return f"{a}\nlr {lr:.0e}" if lr else a
+    return f"{a}\nlr {lr_text(lr)}" if lr else a
 
 
 def dose_response(path: Path, rnd: dict, arms: dict, compares: dict, noises: dict) -> None:
@@ -417,6 +423,21 @@ def sweep_reading(rnd: dict, arms: dict, compares: dict) -> dict | None:
     }
 
 
+def sweep_sentence(r: dict) -> str:
+    """sweep_reading's verdict in words, as the round's page and the bundle's card say it."""
+    best_lr = r["lr"][r["order"].index(r["best"])]
+    if r["edge"]:
+        side = "below" if r["edge"] == "lowest" else "above"
+        verdict = (
+            f"The best, {r['best']}, is at the sweep's {r['edge']} LR ({lr_text(best_lr)}): the "
+            f"sweep does not bracket its peak; an arm {side} it would show whether the response "
+            "turns."
+        )
+    else:
+        verdict = f"The best, {r['best']} (lr {lr_text(best_lr)}), lies inside the sweep."
+    return f"{verdict} The response is {'unimodal' if r['unimodal'] else 'not unimodal'}."
+
+
 def sweep_html(rnd: dict, arms: dict, compares: dict) -> str:
     """sweep_reading as a paragraph of the round's page ('' without a sweep)."""
     r = sweep_reading(rnd, arms, compares)
@@ -424,22 +445,12 @@ def sweep_html(rnd: dict, arms: dict, compares: dict) -> str:
         return ""
     e = html.escape
     points = ", ".join(
-        f"{e(a)} lr {lr:.0e}: {d:+.2f}" for a, lr, d in zip(*map(r.get, ("order", "lr", "delta")))
+        f"{e(a)} lr {lr_text(lr)}: {d:+.2f}"
+        for a, lr, d in zip(*map(r.get, ("order", "lr", "delta")))
     )
-    best_lr = r["lr"][r["order"].index(r["best"])]
-    if r["edge"]:
-        side = "below" if r["edge"] == "lowest" else "above"
-        verdict = (
-            f"The best, {e(r['best'])}, is at the sweep's {r['edge']} LR ({best_lr:.0e}): the "
-            f"sweep does not bracket its peak; an arm {side} it would show whether the response "
-            "turns."
-        )
-    else:
-        verdict = f"The best, {e(r['best'])} (lr {best_lr:.0e}), lies inside the sweep."
-    shape = "unimodal" if r["unimodal"] else "not unimodal"
     return (
         f"<h3>LR sweep on {e(rnd['suite'])}/{e(rnd['regime'])}: delta (pt) vs "
-        f"{e(rnd['incumbent'])}</h3>\n<p>{points}. {verdict} The response is {shape}.</p>\n"
+        f"{e(rnd['incumbent'])}</h3>\n<p>{points}. {e(sweep_sentence(r))}</p>\n"
     )
 
 

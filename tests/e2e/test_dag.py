@@ -57,6 +57,24 @@ def test_the_round_page_reads_the_dose_line_and_the_soup_with_k_replicates(built
         assert c["t"] is not None or c["wins"] + c["losses"] == 0  # a t over the 3 replicates
 
 
+def test_the_bundles_card_reads_the_lr_sweep_of_the_round_that_nominated_it(built):
+    """B3f's card says why this learning rate, as lineage 000's does: round r3's sweep in LR
+    order with its sealed numbers, and the reading (docs/lineages.md#000-the-lr-sweep)."""
+    res = built["results"]
+    card = (res / "bundles/B3f/README.md").read_text()
+    nom = json.loads((res / "nominations/r3.json").read_text())
+    section = card.split("## Why this learning rate")[1].split("\n## ")[0]
+    rows = [line.split("\t") for line in section.splitlines() if line.startswith("B")]
+    lrs = [["B2", "2.5e-04"], ["B1", "5e-04"], ["B3", "1e-03"], ["B4", "2.5e-03"]]
+    assert [r[:2] for r in rows] == lrs  # config/arms/B*.yaml, in LR order
+    sealed = {c["arm"]: c for c in nom["candidates"]}
+    for arm, _lr, delta, wins_losses, _p in rows:
+        c = sealed[arm]
+        assert (delta, wins_losses) == (f"{c['delta']:+.2f}", f"{c['wins']}/{c['losses']}")
+    assert "continue R2d on the corpus R2d sampled" in section
+    assert ("lies inside the sweep" in section) != ("does not bracket its peak" in section)
+
+
 def test_the_b3_template_defect_fails_the_bundle_and_leaves_no_directory(built):
     proc = snakemake("bundles/B3", results=built["results"], arms=built["arms"], check=False)
     assert proc.returncode != 0

@@ -135,8 +135,9 @@ def test_a_sweep_whose_best_is_its_lowest_lr_says_it_does_not_bracket_the_peak()
     deltas = {"B2": 2.33, "B1": 0.33, "B3": -6.67, "B4": -26.33}
     r = roundreport.sweep_reading(RND, arms, _compares(deltas))
     assert (r["best"], r["edge"], r["unimodal"]) == ("B2", "lowest", True)
+    assert "at the sweep's lowest LR (1e-04)" in roundreport.sweep_sentence(r)
     page = roundreport.sweep_html(RND, arms, _compares(deltas))
-    assert "at the sweep's lowest LR (1e-04)" in page and "an arm below it" in page
+    assert "at the sweep&#x27;s lowest LR (1e-04)" in page and "an arm below it" in page
     flipped = roundreport.sweep_reading(RND, arms, _compares({a: -d for a, d in deltas.items()}))
     assert (flipped["best"], flipped["edge"]) == ("B4", "highest")
 
@@ -255,3 +256,31 @@ def test_the_page_tables_each_candidates_per_family_delta_and_fixed_lost():
     )
     assert "<tr><th>quoted</th><td class=no>-20.0 (0/2, p 0.5)</td><td>n/a</td></tr>" in page
     assert roundreport.families_html(rnd, {("greedy", "SD"): {"delta": 1.0}}) == ""  # math suites
+
+
+def test_the_bundle_card_reads_the_sweep_from_the_sealed_nomination():
+    """bundles.card_sweep: the nominating round's candidates in LR order with their sealed
+    numbers and the reading; the merges and the incumbent are no part of it."""
+    from arenaflow import bundles
+
+    nom = {
+        "regime": "greedy",
+        "candidates": [
+            {"arm": a, "delta": d, "wins": w, "losses": l, "p_value": 0.5}
+            for a, (d, w, l) in {**SWEEP, "soup": (3.0, 9, 1)}.items()
+        ],
+    }
+    arms = {**ARMS, "soup": {"init": "B1", "weights": {"B1": 0.5, "B3": 0.5}}}
+    sweep = bundles.card_sweep(nom, arms)
+    assert [(r["arm"], r["lr"], r["delta"]) for r in sweep["rows"]] == [
+        ("B2", "5e-06", 0.75),
+        ("B1", "1e-05", 1.0),
+        ("B3", "2e-05", 1.83),
+        ("B4", "5e-05", -1.0),
+    ]
+    assert (
+        sweep["reading"]
+        == "The best, B3 (lr 2e-05), lies inside the sweep. The response is unimodal."
+    )
+    assert (sweep["init"], sweep["policy"]) == ("R2d", "R2d")
+    assert bundles.card_sweep(nom, {}) is None and bundles.card_sweep(None, arms) is None
