@@ -73,6 +73,8 @@ def test_the_bundles_card_reads_the_lr_sweep_of_the_round_that_nominated_it(buil
         assert (delta, wins_losses) == (f"{c['delta']:+.2f}", f"{c['wins']}/{c['losses']}")
     assert "continue R2d on the corpus R2d sampled" in section
     assert ("lies inside the sweep" in section) != ("does not bracket its peak" in section)
+    served = nom["promoted"] in {r[0] for r in rows}
+    assert served != (f"None of them was promoted: this bundle serves {nom['promoted']}" in section)
 
 
 def test_the_b3_template_defect_fails_the_bundle_and_leaves_no_directory(built):
