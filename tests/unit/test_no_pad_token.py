@@ -231,6 +231,7 @@ def test_a_bundle_of_a_base_without_a_pad_token_reloads_and_keeps_the_bases_toke
             arm="A",
             nomination=None,
             lineage_json=json.dumps({"A": []}),
+            arms_json=None,
             runs=str(root / "runs"),
             corpora=str(root / "corpora"),
             compare=[],

@@ -75,6 +75,7 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
         arm="A",
         nomination=None,
         lineage_json=json.dumps({"A": []}),
+        arms_json=None,
         runs=str(trained / "runs"),
         corpora=str(trained / "corpora"),
         compare=[],
