@@ -417,6 +417,9 @@ def sweep_reading(rnd: dict, arms: dict, compares: dict) -> dict | None:
         "lr": [lrs[a] for a in order],
         "delta": deltas,
         "best": order[i],
+        "tied": [
+            a for a, d in zip(order, deltas) if d == deltas[i]
+        ],  # the best's equals, itself too
         "edge": edge,
         "unimodal": all(a <= b for a, b in zip(deltas[:i], deltas[1 : i + 1]))
         and all(a >= b for a, b in zip(deltas[i:], deltas[i + 1 :])),
@@ -426,7 +429,13 @@ def sweep_reading(rnd: dict, arms: dict, compares: dict) -> dict | None:
 def sweep_sentence(r: dict) -> str:
     """sweep_reading's verdict in words, as the round's page and the bundle's card say it."""
     best_lr = r["lr"][r["order"].index(r["best"])]
-    if r["edge"]:
+    if len(r["tied"]) > 1:
+        best = r["delta"][r["order"].index(r["best"])]
+        verdict = (
+            f"{', '.join(r['tied'][:-1])} and {r['tied'][-1]} tie for the best ({best:+.2f} pt): "
+            "the sweep does not single out one learning rate."
+        )
+    elif r["edge"]:
         side = "below" if r["edge"] == "lowest" else "above"
         verdict = (
             f"The best, {r['best']}, is at the sweep's {r['edge']} LR ({lr_text(best_lr)}): the "

@@ -142,6 +142,17 @@ def test_a_sweep_whose_best_is_its_lowest_lr_says_it_does_not_bracket_the_peak()
     assert (flipped["best"], flipped["edge"]) == ("B4", "highest")
 
 
+def test_arms_tied_for_the_best_are_named_and_no_edge_is_claimed():
+    # the embedded default's main job: B2, B3 and B4 all +1.67 against R2d
+    deltas = {"B2": 1.67, "B1": 1.0, "B3": 1.67, "B4": 1.67}
+    r = roundreport.sweep_reading(RND, ARMS, _compares(deltas))
+    assert (r["tied"], r["unimodal"]) == (["B2", "B3", "B4"], False)
+    assert roundreport.sweep_sentence(r) == (
+        "B2, B3 and B4 tie for the best (+1.67 pt): the sweep does not single out one learning "
+        "rate. The response is not unimodal."
+    )
+
+
 def test_a_response_that_rises_again_is_not_unimodal_and_two_lrs_are_no_sweep():
     r = roundreport.sweep_reading(RND, ARMS, _compares({"B2": 1.0, "B1": -1.0, "B3": 2.0, "B4": 0}))
     assert (r["best"], r["edge"], r["unimodal"]) == ("B3", None, False)
