@@ -12,7 +12,8 @@ The cost model, in GPU-minutes (a GPU-minute is one allocated GPU for one minute
 GrpTRESMins counts):
 
   training  gpus x (steps x step_s + overhead) / 60, gpus = nproc x nodes
-            steps  = min(max_steps, epochs x max(1, rows // (micro_batch_size x grad_accum x gpus)))
+            steps  = min(max_steps, epochs x ceil(rows / (micro_batch_size x grad_accum x gpus)));
+                     a remainder of fewer than grad_accum x gpus rows joins the last step
             rows   = corpora/{c}/stats.json's rows once the corpus is built, else the pool's
                      prompt count (an upper bound: one kept row per prompt)
             step_s = row_seconds x micro_batch_size x grad_accum x seq_len / 1024 (ranks run in
@@ -97,10 +98,13 @@ def gpus(hyper: dict) -> int:
 
 
 def train_steps(rows: int, hyper: dict) -> int:
-    """Optimizer steps, as arenaflow.train.data.total_steps counts them (floor, at least 1)."""
+    """Optimizer steps, as arenaflow.train.data.total_steps counts them (every row once an
+    epoch; a remainder of at least one row per micro-batch is a step of its own). Kept apart
+    from it so that building the DAG does not import torch."""
     hyper = with_hyper_defaults(hyper)
-    per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * gpus(hyper)
-    steps = max(1, rows // per_step) * hyper["epochs"] if rows else 0
+    ranks = hyper["grad_accum"] * gpus(hyper)
+    full, rest = divmod(rows, hyper["micro_batch_size"] * ranks)
+    steps = (full + int(rest >= ranks or full == 0)) * hyper["epochs"] if rows else 0
     return min(steps, hyper["max_steps"] or steps)
 
 

@@ -35,6 +35,9 @@ HYPER = {"micro_batch_size": 4, "grad_accum": 2, "seq_len": 512, "epochs": 3, "n
         (1000, {**HYPER, "max_steps": 5}),
         (64, {**HYPER, "nproc": 1, "epochs": 1}),
         (640, {**HYPER, "nodes": 2}),
+        (101, {**HYPER, "nproc": 1, "epochs": 1}),  # 1 row over: joins the last step
+        (110, {**HYPER, "nproc": 1, "epochs": 1}),  # 6 rows over: a step of its own
+        (984, {**HYPER, "nproc": 1, "micro_batch_size": 512, "grad_accum": 1}),
     ],
 )
 def test_steps_are_counted_as_the_training_loop_counts_them(rows, hyper):
@@ -43,11 +46,12 @@ def test_steps_are_counted_as_the_training_loop_counts_them(rows, hyper):
 
 
 def test_training_estimate_is_gpus_times_steps_times_step_time_plus_overhead():
-    # 100 rows / (4 x 2 x 2 ranks) = 6 steps per epoch x 3 epochs = 18 steps;
+    # 100 rows / (4 x 2 x 2 ranks) = 6 full steps + 4 rows, a step of their own (4 >= 2 x 2
+    # micro-batches): 7 steps per epoch x 3 epochs = 21 steps;
     # one step: 0.1 s x 4 x 2 rows x 512/1024 = 0.4 s per rank; 2 GPUs
     assert afbudget.train_minutes(
         100, HYPER, row_seconds=0.1, overhead_minutes=1.0
-    ) == pytest.approx(2 * (18 * 0.4 / 60 + 1.0))
+    ) == pytest.approx(2 * (21 * 0.4 / 60 + 1.0))
     two_nodes = {**HYPER, "nodes": 2}  # 4 GPUs, 3 steps per epoch, 9 steps
     assert afbudget.train_minutes(100, two_nodes, 0.1, 0.0) == pytest.approx(4 * 9 * 0.4 / 60)
 

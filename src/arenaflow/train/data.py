@@ -124,13 +124,18 @@ def pack(rows: list, seq_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def steps_per_epoch(n_rows: int, hyper: dict, world: int) -> int:
+    """Optimizer steps an epoch takes: every row once. The rows left after the full global
+    batches make one more, smaller step when every micro-batch of it gets a row (at least
+    grad_accum x world rows); fewer join the epoch's last step (DeepSpeed's and transformers'
+    loaders keep a partial last batch too; dropping it lost up to 48 % of a corpus here)."""
     per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * world
     if n_rows < hyper["grad_accum"] * world:
         raise SystemExit(
             f"corpus has {n_rows} rows, fewer than one per micro-batch "
             f"(grad_accum {hyper['grad_accum']} x {world} ranks)"
         )
-    return max(1, n_rows // per_step)
+    full, rest = divmod(n_rows, per_step)
+    return full + int(rest >= hyper["grad_accum"] * world or full == 0)
 
 
 def total_steps(n_rows: int, hyper: dict, world: int) -> int:
@@ -139,14 +144,15 @@ def total_steps(n_rows: int, hyper: dict, world: int) -> int:
 
 
 def global_batches(n_rows: int, hyper: dict, world: int):
-    """Yield (step, global row indices) for every optimizer step, in order."""
+    """Yield (step, global row indices) for every optimizer step, in order; an epoch's steps
+    partition its seeded permutation of all rows (steps_per_epoch)."""
     per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * world
     spe, step = steps_per_epoch(n_rows, hyper, world), 0
     for epoch in range(hyper["epochs"]):
         order = np.random.default_rng(hyper["seed"] + epoch).permutation(n_rows)
         for s in range(spe):
             step += 1
-            yield step, order[s * per_step : (s + 1) * per_step]
+            yield step, order[s * per_step : None if s == spe - 1 else (s + 1) * per_step]
 
 
 def micro_batches(
