@@ -76,9 +76,7 @@ def test_an_epoch_trains_every_row_once_and_a_remainder_is_a_step_when_it_can_be
     for epoch in (steps[: len(sizes)], steps[len(sizes) :]):
         assert sorted(np.concatenate([g for _, g in epoch]).tolist()) == list(range(n_rows))
     last = steps[len(sizes) - 1][1]  # every micro-batch of every rank gets a row
-    assert all(
-        len(m) for r in range(world) for m in data.micro_batches(last, hyper, world, r)
-    )
+    assert all(len(m) for r in range(world) for m in data.micro_batches(last, hyper, world, r))
 
 
 def test_too_small_a_corpus_is_refused_with_the_numbers():
