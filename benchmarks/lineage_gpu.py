@@ -407,6 +407,7 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                         "wall_time_s",
                         "optimizer_steps",
                         "peak_gpu_mem_gib",
+                        "peak_gpu_reserved_gib",
                         "final_loss",
                     )
                 }

@@ -271,6 +271,17 @@ def run(args) -> None:
     cleanup(r)
 
 
+def expandable_segments() -> None:
+    """Length-bucketed micro-batches change shape every step, and the caching allocator's fixed
+    segments fragment: on the H200 two SmolLM2 trainings side by side (run 21 of BENCHMARKS.md)
+    held 86 GiB for a 55.6 GiB peak, and the other ran out of memory. So segments grow in place,
+    unless the user configured the allocator. Set at run time, before the first allocation: an
+    allocator variable set once torch is loaded (the fork server loads it) may be read too late
+    (pytorch/pytorch#104801)."""
+    if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+
+
 def setup(args, hyper: dict) -> Run:
     """Distributed start-up, logging, corpus, model and DeepSpeed engine, resumed if a checkpoint
     fits."""
@@ -279,6 +290,8 @@ def setup(args, hyper: dict) -> Run:
     jobclock.mark(args.out, "imports")
     ensure_dist_env()
     cuda = torch.cuda.is_available()
+    if cuda:
+        expandable_segments()
     if not cuda:
         clear_stale_build_lock()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -628,6 +641,10 @@ def training_evidence(r: Run) -> dict:
         "wall_time_s": round(wall, 2),
         "gpu_hours": round(wall * r.world / 3600, 4) if cuda else 0.0,
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        # what the process held from the device: the peak plus the cache's fragmentation
+        "peak_gpu_reserved_gib": (
+            round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None
+        ),
         "final_loss": metrics[-1]["loss"] if metrics else None,
         **heldout_evidence(r),
     }
