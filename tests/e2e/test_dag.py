@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import scipy.stats
 from dagrun import CONFIG, REPO, build, planned_jobs, snakemake
 
 pytestmark = pytest.mark.dag
@@ -54,7 +55,14 @@ def test_the_round_page_reads_the_dose_line_and_the_soup_with_k_replicates(built
         noise = json.loads((res / f"noise/math/served/{arm}.json").read_text())
         assert noise["k"] == 3 and len(noise["replicate_accuracies"]) == 3
         c = json.loads((res / f"compare/math/served/{arm}__R2d.json").read_text())
-        assert c["t"] is not None or c["wins"] + c["losses"] == 0  # a t over the 3 replicates
+        # the t over the 3 replicates is scipy's, and undefined only where the replicates' deltas
+        # are all equal (no spread to divide by)
+        deltas = c["replicate_deltas"]
+        assert len(deltas) == 3
+        if max(deltas) - min(deltas) > 1e-9:
+            assert c["t"] == pytest.approx(scipy.stats.ttest_1samp(deltas, 0.0).statistic)
+        else:
+            assert c["t"] is None
 
 
 def test_the_bundles_card_reads_the_lr_sweep_of_the_round_that_nominated_it(built):
