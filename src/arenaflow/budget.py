@@ -97,14 +97,22 @@ def gpus(hyper: dict) -> int:
     return int(hyper["nproc"]) * int(hyper["nodes"])
 
 
+def epoch_steps(rows: int, rows_a_step: int, micro_batches: int) -> int:
+    """Optimizer steps of an epoch that trains every row once: one per full global batch of
+    `rows_a_step`, and one more for the rest when each of the step's `micro_batches`
+    (grad_accum x ranks) gets a row of it; a smaller rest joins the last step. The training
+    loop (arenaflow.train.data) and this budget count with it; here, so that building the DAG
+    does not import torch."""
+    full, rest = divmod(rows, rows_a_step)
+    return full + int(rest >= micro_batches or full == 0)
+
+
 def train_steps(rows: int, hyper: dict) -> int:
-    """Optimizer steps, as arenaflow.train.data.total_steps counts them (every row once an
-    epoch; a remainder of at least one row per micro-batch is a step of its own). Kept apart
-    from it so that building the DAG does not import torch."""
+    """Optimizer steps, as arenaflow.train.data.total_steps counts them."""
     hyper = with_hyper_defaults(hyper)
-    ranks = hyper["grad_accum"] * gpus(hyper)
-    full, rest = divmod(rows, hyper["micro_batch_size"] * ranks)
-    steps = (full + int(rest >= ranks or full == 0)) * hyper["epochs"] if rows else 0
+    micro = hyper["grad_accum"] * gpus(hyper)
+    steps = epoch_steps(rows, hyper["micro_batch_size"] * micro, micro) * hyper["epochs"]
+    steps = steps if rows else 0
     return min(steps, hyper["max_steps"] or steps)
 
 

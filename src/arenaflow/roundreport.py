@@ -417,9 +417,7 @@ def sweep_reading(rnd: dict, arms: dict, compares: dict) -> dict | None:
         "lr": [lrs[a] for a in order],
         "delta": deltas,
         "best": order[i],
-        "tied": [
-            a for a, d in zip(order, deltas) if d == deltas[i]
-        ],  # the best's equals, itself too
+        "tied": [a for a, d in zip(order, deltas) if d == deltas[i]],  # the best and its equals
         "edge": edge,
         "unimodal": all(a <= b for a, b in zip(deltas[:i], deltas[1 : i + 1]))
         and all(a >= b for a, b in zip(deltas[i:], deltas[i + 1 :])),

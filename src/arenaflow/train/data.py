@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import manifest
+from arenaflow import budget, manifest
 
 ALL = "all"  # a mixture source's count: every row of the corpus
 
@@ -124,18 +124,16 @@ def pack(rows: list, seq_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def steps_per_epoch(n_rows: int, hyper: dict, world: int) -> int:
-    """Optimizer steps an epoch takes: every row once. The rows left after the full global
-    batches make one more, smaller step when every micro-batch of it gets a row (at least
-    grad_accum x world rows); fewer join the epoch's last step (DeepSpeed's and transformers'
-    loaders keep a partial last batch too; dropping it lost up to 48 % of a corpus here)."""
-    per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * world
-    if n_rows < hyper["grad_accum"] * world:
+    """Optimizer steps an epoch takes: every row once, the rows past the last full global batch
+    a smaller step of their own (budget.epoch_steps). DeepSpeed's and transformers' loaders keep
+    a partial last batch too; dropping it lost up to 48 % of a corpus here."""
+    micro = hyper["grad_accum"] * world
+    if n_rows < micro:
         raise SystemExit(
             f"corpus has {n_rows} rows, fewer than one per micro-batch "
             f"(grad_accum {hyper['grad_accum']} x {world} ranks)"
         )
-    full, rest = divmod(n_rows, per_step)
-    return full + int(rest >= hyper["grad_accum"] * world or full == 0)
+    return budget.epoch_steps(n_rows, hyper["micro_batch_size"] * micro, micro)
 
 
 def total_steps(n_rows: int, hyper: dict, world: int) -> int:

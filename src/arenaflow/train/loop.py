@@ -292,7 +292,7 @@ def setup(args, hyper: dict) -> Run:
     cuda = torch.cuda.is_available()
     if cuda:
         expandable_segments()
-    if not cuda:
+    else:
         clear_stale_build_lock()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     jobclock.mark(args.out, "distributed")
