@@ -32,7 +32,11 @@ CPU (--cpu, the test's check of this script).
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import os
+import pstats
 import statistics
 import time
 
@@ -192,18 +196,35 @@ SETUPS = {
 }
 
 
-def measure(step, args, device: str) -> dict:
+def host_profile(pr: cProfile.Profile, path: str) -> None:
+    """A step's Python profile, by own time and by time under each call, as text."""
+    out = io.StringIO()
+    for key in ("tottime", "cumtime"):
+        pstats.Stats(pr, stream=out).sort_stats(key).print_stats(30)
+    with open(path, "w") as f:
+        f.write(out.getvalue())
+
+
+def measure(step, args, device: str, name: str = "") -> dict:
     """Losses, wall seconds of each step (synchronised, as a training logs every step's loss),
-    and a profile of one more step: its kernels and their summed device time."""
+    and a profile of one more step: its kernels and their summed device time. With --cprofile,
+    the first two steps' Python profiles too (what a first step does that later ones do not)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     losses, times = [], []
-    for _ in range(args.steps):
+    for i in range(args.steps):
+        pr = cProfile.Profile() if args.cprofile and i < 2 else None
         t = time.perf_counter()
+        if pr:
+            pr.enable()
         losses.append(float(step()))
         sync()
+        if pr:
+            pr.disable()
         times.append(time.perf_counter() - t)
+        if pr:
+            host_profile(pr, f"{args.cprofile}/{name}-step{i + 1}.txt")
     median = statistics.median(times[3:] or times)  # after warm-up and the graph's capture
     row = {
         "losses": losses,
@@ -224,7 +245,34 @@ def measure(step, args, device: str) -> dict:
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu_s = sum(e.device_time_total for e in kernels) / 1e6
         row.update(kernels=len(kernels), gpu_s=gpu_s, gpu_busy=gpu_s / median)
+        row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     return row
+
+
+def before_first_step(args) -> dict:
+    """What a training does between CUDA's start and its first step, timed: arenaflow's CUDA
+    warm-up (--warmup: train/cuda_warmup's one-layer step, on SmolLM2's config) and a reservation
+    of --reserve-gib GiB, allocated and freed so that the caching allocator holds it."""
+    out = {}
+    if args.warmup:
+        import tempfile
+
+        from transformers import LlamaConfig
+
+        from arenaflow.train import cuda_warmup
+
+        with tempfile.TemporaryDirectory() as base:
+            LlamaConfig(**SHAPES["smollm2"]).save_pretrained(base)
+            t = time.perf_counter()
+            cuda_warmup.finish(cuda_warmup.start(base))
+            out["warmup_s"] = time.perf_counter() - t
+    if args.reserve_gib:
+        t = time.perf_counter()
+        block = torch.empty(int(args.reserve_gib * 2**30), dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        del block
+        out["reserve_s"] = time.perf_counter() - t
+    return out
 
 
 def main() -> None:
@@ -236,16 +284,24 @@ def main() -> None:
     ap.add_argument("--setups", default=",".join(SETUPS))
     ap.add_argument("--cpu", action="store_true", help="on CPU, float32 (no torch-graph)")
     ap.add_argument("--out", help="results JSON")
+    ap.add_argument("--warmup", action="store_true", help="run arenaflow's CUDA warm-up first")
+    ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
+    ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
     args = ap.parse_args()
+    if args.cprofile:
+        os.makedirs(args.cprofile, exist_ok=True)
     device = "cpu" if args.cpu else "cuda"
     ensure_dist_env()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo" if args.cpu else "nccl")
     rows = {}
+    if not args.cpu:
+        rows["before_first_step"] = before_first_step(args)
+        print(f"before the first step: {rows['before_first_step']}", flush=True)
     for name in args.setups.split(","):
         try:
-            rows[name] = measure(SETUPS[name](args, device), args, device)
+            rows[name] = measure(SETUPS[name](args, device), args, device, name)
         except Exception as e:  # a set-up that cannot run here is a result, not the end
             rows[name] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         r = rows[name]
