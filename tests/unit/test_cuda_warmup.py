@@ -77,9 +77,9 @@ def test_the_side_thread_imports_nothing(repo_root):
 import json, sys, torch
 from arenaflow.train import cuda_warmup
 fresh, seen, real_run = set(sys.modules), {{}}, cuda_warmup.run
-def run_and_look(model, dev, outcome):
+def run_and_look(model, dev, outcome, shape):
     seen["before"] = set(sys.modules)
-    real_run(model, dev, outcome)
+    real_run(model, dev, outcome, shape)
     seen["after"] = set(sys.modules)
 cuda_warmup.run = run_and_look
 thread = cuda_warmup.launch({str(repo_root / "models/tiny-arith")!r}, torch.device("cpu"))
@@ -100,12 +100,28 @@ print(json.dumps({{"outcome": thread.outcome,
     assert "transformers.models.llama.modeling_llama" in got["by_launch"]
 
 
+@pytest.mark.parametrize("shape", [(3, 17), None])
+def test_the_warm_up_runs_at_the_jobs_micro_batch_shape(shape, repo_root, monkeypatch):
+    """The shape of the job's largest micro-batch (data.largest_micro_batch), so that its first
+    step finds the memory of its logits held and its products' kernels chosen; the default
+    without one."""
+    seen, real = [], cuda_warmup.step
+    monkeypatch.setattr(
+        cuda_warmup, "step", lambda model, *a: seen.append((a, model.training)) or real(model, *a)
+    )
+    thread = cuda_warmup.launch(str(repo_root / "models/tiny-arith"), torch.device("cpu"), shape)
+    cuda_warmup.finish(thread)
+    assert "s" in thread.outcome, thread.outcome
+    want = shape or (cuda_warmup.ROWS, cuda_warmup.LENGTH)
+    assert seen == [(want, True)] and thread.outcome["shape"] == want
+
+
 @pytest.mark.parametrize("where", ["skeleton", "thread"])
 def test_a_failed_warm_up_is_reported_and_does_not_stop_the_job(where, tmp_path, caplog, repo_root):
     base = tmp_path / "missing" if where == "skeleton" else repo_root / "models/tiny-arith"
     with pytest.MonkeyPatch.context() as mp:
         if where == "thread":
-            mp.setattr(cuda_warmup, "step", lambda model: 1 / 0)
+            mp.setattr(cuda_warmup, "step", lambda model, *shape: 1 / 0)
         thread = cuda_warmup.launch(str(base), torch.device("cpu"))
         with caplog.at_level(logging.WARNING, logger=cuda_warmup.__name__):
             cuda_warmup.finish(thread)

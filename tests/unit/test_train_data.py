@@ -92,3 +92,33 @@ def test_packing_keeps_every_token_in_order_within_seq_len():
         np.concatenate([p[0] for p in packed]), np.concatenate([r[0] for r in rs])
     )
     assert [len(p[0]) for p in packed] == [12, 12, 10]  # 5+7 | 3+9 | 2+8, in order
+
+
+@pytest.mark.parametrize(
+    "n_rows,micro,accum,world",
+    [(984, 512, 1, 1), (100, 512, 1, 1), (1025, 256, 1, 2), (1027, 4, 3, 2), (25, 2, 3, 2)],
+)
+@pytest.mark.parametrize("pairs", [False, True])
+def test_the_largest_micro_batch_is_the_largest_that_collate_makes(
+    n_rows, micro, accum, world, pairs
+):
+    """What the CUDA warm-up runs at (train/cuda_warmup.py), against every micro-batch of every
+    rank and step collated: its rows, and its padded width; a pairs micro-batch stacks both
+    sides (objective.stack_sides), the longer side setting the width."""
+    hyper = {"micro_batch_size": micro, "grad_accum": accum, "epochs": 1, "seed": 5}
+    hyper |= {"seq_len": 64, "packing": False}
+    gen = np.random.default_rng(0)
+    sides = ("chosen", "rejected") if pairs else ("sft",)
+    corpus = {s: rows(gen.integers(3, 90, n_rows)) for s in sides}
+    collated = [
+        [data.collate(corpus[s], m, hyper["seq_len"], 0)["input_ids"].shape for s in sides]
+        for _, g in data.global_batches(n_rows, hyper, world)
+        for r in range(world)
+        for m in data.micro_batches(g, hyper, world, r)
+    ]
+    oracle = (
+        max(sum(sh[0] for sh in c) for c in collated),
+        max(sh[1] for c in collated for sh in c),
+    )
+    assert data.largest_micro_batch(corpus, hyper, world) == oracle
+    assert data.largest_micro_batch(corpus, {**hyper, "packing": True}, world) is None

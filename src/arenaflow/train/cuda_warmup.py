@@ -4,9 +4,10 @@ PyTorch loads each CUDA kernel the first time it runs (CUDA_MODULE_LOADING=LAZY)
 itself up on the first product: about 0.7-1 s of a SmolLM2 LoRA job's first step on the H200
 (benchmarks/train_startup_gpu.py), in a lineage whose trainings are 1-6 steps long, while the
 seconds before it (corpus, weights, data plan) keep the host busy and the GPU idle. `start` runs
-one training step of a one-layer model of the base's architecture on a side thread during that
-load, with the gradient-norm checks DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it
-before DeepSpeed builds its engine, so nothing of the warm-up runs beside DeepSpeed.
+one training step of a one-layer model of the base's architecture, at the shape of the job's
+largest micro-batch, on a side thread during that load, with the gradient-norm checks
+DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before DeepSpeed builds its engine,
+so nothing of the warm-up runs beside DeepSpeed.
 
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
@@ -36,14 +37,17 @@ log = logging.getLogger(__name__)
 ENV = "ARENAFLOW_CUDA_WARMUP"
 
 
-def start(base_model: str) -> threading.Thread | None:
-    """A started warm-up thread on the current CUDA device; None without CUDA or when off."""
+def start(base_model: str, shape: tuple[int, int] | None = None) -> threading.Thread | None:
+    """A started warm-up thread on the current CUDA device; None without CUDA or when off.
+    `shape`: (rows, tokens a row) of the job's largest micro-batch (data.largest_micro_batch)."""
     if os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
         return None
-    return launch(base_model, torch.device("cuda", torch.cuda.current_device()))
+    return launch(base_model, torch.device("cuda", torch.cuda.current_device()), shape)
 
 
-def launch(base_model: str, dev: torch.device) -> threading.Thread:
+def launch(
+    base_model: str, dev: torch.device, shape: tuple[int, int] | None = None
+) -> threading.Thread:
     """The skeleton built here, its warm-up started on a side thread (see the module's doc)."""
     outcome: dict = {}
     try:
@@ -53,7 +57,7 @@ def launch(base_model: str, dev: torch.device) -> threading.Thread:
     except Exception as e:  # noqa: BLE001 - an optimisation only, as in run()
         model, outcome["error"] = None, f"{type(e).__name__}: {e}"
     thread = threading.Thread(
-        target=run, args=(model, dev, outcome), name="cuda-warmup", daemon=True
+        target=run, args=(model, dev, outcome, shape), name="cuda-warmup", daemon=True
     )
     thread.outcome = outcome
     thread.start()
@@ -68,19 +72,26 @@ def finish(thread: threading.Thread | None) -> None:
     if "error" in outcome:  # an optimisation only: the first step pays what it did not
         log.warning("CUDA warm-up failed, the first step pays it: %s", outcome["error"])
     else:
-        log.info("CUDA warm-up: %.2f s, beside the model load", outcome["s"])
+        log.info(
+            "CUDA warm-up: %.2f s at %s rows x tokens, beside the model load; %.1f GiB held",
+            outcome["s"],
+            outcome["shape"],
+            torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0,
+        )
 
 
-def run(model, dev: torch.device, outcome: dict) -> None:
-    """The warm-up of a one_layer() skeleton (None: it failed, already in `outcome`); its
-    seconds, or the error that stopped it, go to `outcome`."""
+def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None = None) -> None:
+    """The warm-up of a one_layer() skeleton (None: it failed, already in `outcome`) at `shape`
+    (rows, tokens a row; None: ROWS x LENGTH); its seconds, or the error that stopped it, go to
+    `outcome`."""
     if model is None:
         return
     t = time.perf_counter()
+    outcome["shape"] = shape = shape or (ROWS, LENGTH)
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # the current device is per thread
-        step(materialize(model, dev))
+        step(materialize(model, dev), *shape)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         outcome["s"] = time.perf_counter() - t
@@ -120,9 +131,15 @@ def materialize(model, dev: torch.device):
     return model.train()
 
 
-# Tokens of the warm-up step: enough rows x length that cuBLAS picks (and loads) the large-M
-# kernels a real micro-batch uses; the first real step paid ~60 ms more in its products than the
-# second without it (profile of a first step on the H200, BENCHMARKS.md, session 13).
+# Tokens of the warm-up step when the job's micro-batch is not known: enough rows x length that
+# cuBLAS picks (and loads) the large-M kernels a real micro-batch uses; the first real step paid
+# ~60 ms more in its products than the second without it (profile of a first step on the H200,
+# BENCHMARKS.md, session 13). At the job's own micro-batch shape the warm-up also takes from the
+# driver the memory of its vocabulary-sized logits (about half of a SmolLM2 LoRA step's 48 GiB
+# peak at 512 x 72 tokens), which the cache keeps for the first step: holding the memory of that
+# step beforehand took it from 0.69 to 0.49 s in a pair of bare runs on the H200 (BENCHMARKS.md,
+# session 19). One layer at the job's shape needs less than the job's step: nothing is held that
+# the job would not take.
 ROWS, LENGTH = 16, 256
 
 

@@ -9,6 +9,7 @@ and N ranks, and any micro-batch split, optimise the same objective.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from pathlib import Path
 
@@ -168,6 +169,21 @@ def micro_batches(
 
 def row_lengths(rows, seq_len: int) -> np.ndarray:
     return np.array([min(len(ids), seq_len) for ids, _ in rows])
+
+
+def largest_micro_batch(corpus: dict, hyper: dict, world: int) -> tuple[int, int] | None:
+    """(rows, tokens a row) of the largest micro-batch a run on `corpus` puts through the model,
+    as collate pads it; a pairs corpus's micro-batch stacks its chosen and rejected sides. None
+    when packing (its sequences are made later) or with too few rows for a step."""
+    sides = ("chosen", "rejected") if "chosen" in corpus else ("sft",)
+    n = len(corpus[sides[0]])
+    if hyper["packing"] or n < hyper["grad_accum"] * world:
+        return None
+    # rank 0 takes the first of every `world` rows, array_split gives its first micro-batch the most
+    step = max(len(g) for _, g in global_batches(n, {**hyper, "epochs": 1}, world))
+    rows = math.ceil(math.ceil(step / world) / hyper["grad_accum"])
+    length = max(int(row_lengths(corpus[s], hyper["seq_len"]).max()) for s in sides)
+    return rows * len(sides), length
 
 
 def padding_fraction(rows, hyper: dict, world: int, bucketing: bool) -> float:

@@ -312,7 +312,11 @@ def setup(args, hyper: dict) -> Run:
     # 0.0 s under the fork server, which made those imports before forking (BENCHMARKS.md, run 18)
     jobclock.mark(args.out, "device")
     r = Run(args=args, hyper=hyper, cuda=cuda, rank=rank, world=world)
-    r.cuda_warmup = cuda_warmup.start(args.base_model)  # beside the corpus and model loads
+    load_data(r)
+    jobclock.mark(args.out, "corpus")
+    # beside the model load, at the shape of the job's largest micro-batch
+    shape = data.largest_micro_batch(r.corpus, hyper, world)
+    r.cuda_warmup = cuda_warmup.start(args.base_model, shape)
     jobclock.mark(args.out, "warm-up")
     r.stage = zero_stage(hyper, world)
     log.info("ZeRO stage %d (zero_stage: %s, %d ranks)", r.stage, hyper["zero_stage"], world)
@@ -346,9 +350,9 @@ def load_data(r: Run) -> None:
 
 
 def setup_data(r: Run) -> None:
-    """Corpus, model, tokenizer, DPO reference, step count and the checkpoint plan."""
+    """Model, tokenizer, DPO reference, step count and the checkpoint plan, for the loaded
+    corpus."""
     args, hyper = r.args, r.hyper
-    load_data(r)
     corpus = r.corpus
     r.preference = preference = hyper["objective"] in afconfig.PREFERENCE_OBJECTIVES
     if preference != ("chosen" in corpus):
@@ -356,7 +360,6 @@ def setup_data(r: Run) -> None:
             f"objective {hyper['objective']!r} needs a "
             f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one"
         )
-    jobclock.mark(args.out, "corpus")
     torch.manual_seed(hyper["seed"])
     r.net = tmodel.build(args.base_model, args.init, hyper)
     jobclock.mark(args.out, "model")
@@ -371,7 +374,11 @@ def setup_data(r: Run) -> None:
     if hyper["packing"] and not preference:
         rows = corpus["sft"] = data.pack(rows, hyper["seq_len"])
     r.rows = rows
-    r.ref = reference_logprobs(r.net, corpus, hyper, r.pad) if hyper["objective"] == "dpo" else None
+    if hyper["objective"] == "dpo":
+        # not beside the warm-up's step at the micro-batch's shape: both hold logits that size
+        cuda_warmup.finish(r.cuda_warmup)
+        r.cuda_warmup = None
+        r.ref = reference_logprobs(r.net, corpus, hyper, r.pad)
     r.n_steps = data.total_steps(len(rows), hyper, r.world)
     if hyper["length_bucketing"]:
         r.lengths = data.row_lengths(rows, hyper["seq_len"])
