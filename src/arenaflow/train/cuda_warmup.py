@@ -135,11 +135,11 @@ def materialize(model, dev: torch.device):
 # cuBLAS picks (and loads) the large-M kernels a real micro-batch uses; the first real step paid
 # ~60 ms more in its products than the second without it (profile of a first step on the H200,
 # BENCHMARKS.md, session 13). At the job's own micro-batch shape the warm-up also takes from the
-# driver the memory of its vocabulary-sized logits (about half of a SmolLM2 LoRA step's 48 GiB
-# peak at 512 x 72 tokens), which the cache keeps for the first step: holding the memory of that
-# step beforehand took it from 0.69 to 0.49 s in a pair of bare runs on the H200 (BENCHMARKS.md,
-# session 19). One layer at the job's shape needs less than the job's step: nothing is held that
-# the job would not take.
+# driver the memory of its vocabulary-sized logits, which the cache keeps for the first step:
+# 31-34 GiB of a SmolLM2 LoRA training's ~55 GiB peak at 512 rows, and the first step of a
+# training alone on the H200 went from 0.59-0.70 s to 0.44-0.61 s (BENCHMARKS.md, runs 23-24).
+# One layer at the job's shape needs less than the job's step: nothing is held that the job
+# would not take.
 ROWS, LENGTH = 16, 256
 
 
