@@ -125,9 +125,9 @@ def pack(rows: list, seq_len: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def steps_per_epoch(n_rows: int, hyper: dict, world: int) -> int:
-    """Optimizer steps an epoch takes: every row once, the rows past the last full global batch
-    a smaller step of their own (budget.epoch_steps). DeepSpeed's and transformers' loaders keep
-    a partial last batch too; dropping it lost up to 48 % of a corpus here."""
+    """Optimizer steps an epoch takes to train every row once (budget.epoch_steps): one per
+    global batch of rows, rounded up, or down when the rest would leave a micro-batch empty.
+    Dropping the rows past the last full global batch lost up to 48 % of a corpus here."""
     micro = hyper["grad_accum"] * world
     if n_rows < micro:
         raise SystemExit(
@@ -143,15 +143,18 @@ def total_steps(n_rows: int, hyper: dict, world: int) -> int:
 
 
 def global_batches(n_rows: int, hyper: dict, world: int):
-    """Yield (step, global row indices) for every optimizer step, in order; an epoch's steps
-    partition its seeded permutation of all rows (steps_per_epoch)."""
-    per_step = hyper["micro_batch_size"] * hyper["grad_accum"] * world
+    """Yield (step, global row indices) for every optimizer step, in order. An epoch's
+    steps_per_epoch steps split its seeded permutation of all rows into parts whose sizes differ
+    by at most one row: 533 rows at 512 a step are steps of 267 and 266, not 512 and 21. A step
+    of 21 rows would move the weights as far as a full one (Adam's step is about lr x the
+    gradient's sign, whatever the batch) in a far noisier direction, and its host-bound time
+    would cost as much as a full step's (BENCHMARKS.md, runs 22-24)."""
     spe, step = steps_per_epoch(n_rows, hyper, world), 0
     for epoch in range(hyper["epochs"]):
         order = np.random.default_rng(hyper["seed"] + epoch).permutation(n_rows)
-        for s in range(spe):
+        for part in np.array_split(order, spe):
             step += 1
-            yield step, order[s * per_step : None if s == spe - 1 else (s + 1) * per_step]
+            yield step, part
 
 
 def micro_batches(
