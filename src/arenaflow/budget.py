@@ -100,9 +100,10 @@ def gpus(hyper: dict) -> int:
 def epoch_steps(rows: int, rows_a_step: int, micro_batches: int) -> int:
     """Optimizer steps of an epoch that trains every row once: one per full global batch of
     `rows_a_step`, and one more for the rest when each of the step's `micro_batches`
-    (grad_accum x ranks) gets a row of it; a smaller rest joins the last step. The loop then
-    splits the epoch's rows evenly among its steps (arenaflow.train.data.global_batches). It and
-    this budget count with this; here, so that building the DAG does not import torch."""
+    (grad_accum x ranks) gets a row of it; a smaller rest joins the steps. The training loop
+    (arenaflow.train.data, which then splits the epoch's rows evenly among the steps) and this
+    budget both count with this rule; it lives here so that building the DAG does not import
+    torch."""
     full, rest = divmod(rows, rows_a_step)
     return full + int(rest >= micro_batches or full == 0)
 
