@@ -2,7 +2,8 @@
 against the same step in plain PyTorch, and that step captured as one CUDA graph.
 
     python benchmarks/train_step_floor_gpu.py [--rows 100 --seq 72 --steps 10]
-        [--setups deepspeed,torch,torch-compiled,torch-graph,torch-graph-first] [--out results.json]
+        [--setups deepspeed,deepspeed-before,torch,torch-compiled,torch-graph,torch-graph-first]
+        [--out results.json]
 
 R2d trains two steps of its whole corpus (100 rows, 7.1k tokens). On the H200 such a step takes
 ~0.2 s for ~0.035 s of GPU work: it is bound by the host launching ~4.4k kernels one by one
@@ -11,7 +12,10 @@ measures what would: SmolLM2-135M's shape with random weights (zero_stage_cpu.SH
 on all seven projections (gpu_bench.LORA) through arenaflow's fused LoRA function, the same rows
 and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
 - deepspeed: what `python -m arenaflow.train` runs on one rank (ZeRO stage 2, bf16 with fp32
-  master weights, train/loop.deepspeed_config);
+  master weights, train/loop.deepspeed_config; norms through torch.rms_norm, as
+  fused.install_native_norms routes them, and the gradient norm of train/grad_norm);
+- deepspeed-before: the same without those two (transformers' RMSNorm, DeepSpeed's per-tensor
+  gradient norm): arenaflow's step until 2026-12-03;
 - torch: the same arithmetic without DeepSpeed: bf16 model, fp32 master copies of the LoRA
   weights, gradients copied to them, clipped and stepped by multi-tensor (foreach / fused) ops;
 - torch-compiled: that step with the model's forward and backward compiled by inductor (no
@@ -32,6 +36,7 @@ CPU (--cpu, the test's check of this script).
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import json
@@ -44,16 +49,19 @@ import torch
 from overflow_check_cpu import smollm2_lora  # sibling scripts
 from zero_stage_cpu import SHAPES
 
-from arenaflow.train import lora_fused
+from arenaflow import fused
+from arenaflow.train import grad_norm, lora_fused
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env
 
 LR, CLIP = 1e-4, 1.0
 PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
 
 
-def build(layers: int, device: str, dtype: torch.dtype):
+def build(layers: int, device: str, dtype: torch.dtype, native_norms: bool = True):
     net = smollm2_lora(layers).to(device, dtype)
     lora_fused.fuse(net)
+    if native_norms:
+        fused.install_native_norms(net)
     return net
 
 
@@ -65,12 +73,14 @@ def batch(rows: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]
     return ids.to(device), labels.to(device)
 
 
-def deepspeed_step(args, device: str):
-    """arenaflow's one-rank engine; returns step() -> loss tensor."""
+def deepspeed_step(args, device: str, before: bool = False):
+    """arenaflow's one-rank engine (`before`: as it was until 2026-12-03); returns step() -> loss
+    tensor."""
     import deepspeed
 
     cuda = device == "cuda"
-    net = build(args.layers, device, torch.float32)  # DeepSpeed casts to bf16 where enabled
+    # DeepSpeed casts to bf16 where enabled
+    net = build(args.layers, device, torch.float32, native_norms=not before)
     params = [p for p in net.parameters() if p.requires_grad]
     hyper = {
         "micro_batch_size": args.rows,
@@ -83,6 +93,8 @@ def deepspeed_step(args, device: str):
         optimizer=torch.optim.AdamW(params, lr=LR, fused=cuda or None),
         config=deepspeed_config(hyper, cuda, False, 2),
     )
+    if not before:
+        grad_norm.install(engine.optimizer)
     ids, labels = batch(args.rows, args.seq, device)
 
     def step():
@@ -189,6 +201,7 @@ def graph_first_step(args, device: str):
 
 SETUPS = {
     "deepspeed": deepspeed_step,
+    "deepspeed-before": lambda args, device: deepspeed_step(args, device, before=True),
     "torch": torch_step,
     "torch-compiled": compiled_step,
     "torch-graph": graph_step,
@@ -245,6 +258,8 @@ def measure(step, args, device: str, name: str = "") -> dict:
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu_s = sum(e.device_time_total for e in kernels) / 1e6
         row.update(kernels=len(kernels), gpu_s=gpu_s, gpu_busy=gpu_s / median)
+        # which kernels a step launches most: where a host-bound step's launches go
+        row["top_kernels"] = collections.Counter(e.name[:80] for e in kernels).most_common(25)
         row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
     return row
 

@@ -62,21 +62,47 @@ def _mlp_forward(self, x):
     return self.down_proj(self._arenaflow_silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
+def _native_norm_forward(self, hidden_states):
+    if hidden_states.dtype != self.weight.dtype:  # transformers promotes; torch.rms_norm does not
+        return type(self).forward(self, hidden_states)
+    return torch.rms_norm(hidden_states, self.weight.shape, self.weight, self.variance_epsilon)
+
+
+def _llama_norms(model):
+    for module in model.modules():
+        if type(module).__name__ in NORMS and hasattr(module, "variance_epsilon"):
+            yield module
+
+
+def install_native_norms(model) -> int:
+    """Routes the Llama-formula norms of `model` through torch.rms_norm; how many. On CUDA that is
+    PyTorch's own fused kernel, one launch forward and one backward, nothing compiled; transformers
+    launches ~7 and ~10. It multiplies by the weight in float32 and rounds once, where
+    transformers rounds x * rsqrt(mean(x^2) + eps) to the input's dtype first: in bfloat16 the
+    two differ by a rounding, as the compiled kernels do. Idempotent."""
+    n = 0
+    for module in _llama_norms(model):
+        module.forward = types.MethodType(_native_norm_forward, module)
+        n += 1
+    return n
+
+
 def install(model, backend: str = "inductor") -> int:
     """Routes the Llama-formula norms and SwiGLU MLPs of `model` through compiled kernels; how
     many modules. Idempotent. `backend` "aot_eager" traces the same graphs without generating
     kernels (the CPU tests use it)."""
     norm, mul = _compiled(backend)
     n = 0
+    for module in _llama_norms(model):
+        module._arenaflow_rms_norm = norm
+        module.forward = types.MethodType(_norm_forward, module)
+        n += 1
     for module in model.modules():
-        name = type(module).__name__
-        if name in NORMS and hasattr(module, "variance_epsilon"):
-            module._arenaflow_rms_norm = norm
-            module.forward = types.MethodType(_norm_forward, module)
-        elif name in MLPS and getattr(module.config, "hidden_act", None) in ("silu", "swish"):
+        if type(module).__name__ in MLPS and getattr(module.config, "hidden_act", None) in (
+            "silu",
+            "swish",
+        ):
             module._arenaflow_silu_mul = mul
             module.forward = types.MethodType(_mlp_forward, module)
-        else:
-            continue
-        n += 1
+            n += 1
     return n

@@ -76,6 +76,56 @@ def test_fused_model_computes_the_same_loss_and_gradients(device, backend):
             assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
 
 
+NATIVE_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", NATIVE_DEVICES)
+def test_native_norms_compute_transformers_loss_and_gradients(device):
+    """torch.rms_norm in place of LlamaRMSNorm: float32 equal to 1e-5; bfloat16 no farther from
+    the float32 model than transformers' own bfloat16 forward (one rounding fewer, not more)."""
+    ids = torch.randint(0, 96, (3, 11), device=device)
+    true_loss, true_grads = loss_and_grads(llama(device, torch.float32), ids)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = llama(device, dtype)
+        plain_loss, plain_grads = loss_and_grads(model, ids)
+        assert fused.install_native_norms(model) == 2 * 2 + 1  # two a layer and the final one
+        assert fused.install_native_norms(model) == 5  # idempotent
+        loss, grads = loss_and_grads(model, ids)
+        assert grads.keys() == plain_grads.keys()
+        if dtype == torch.float32:
+            torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
+            for name in grads:
+                torch.testing.assert_close(
+                    grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name
+                )
+            continue
+        assert abs(loss - true_loss) <= 2 * abs(plain_loss - true_loss) + 1e-3 * abs(true_loss)
+        for name in grads:
+            err, plain_err = (
+                (g - true_grads[name]).norm() for g in (grads[name], plain_grads[name])
+            )
+            assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
+
+
+def test_native_norms_keep_transformers_promotion_for_mixed_dtypes():
+    """A float32 weight under bfloat16 activations: transformers promotes the output to float32;
+    torch.rms_norm wants one dtype, so such a norm keeps transformers' forward."""
+    model = llama("cpu", torch.float32)
+    fused.install_native_norms(model)
+    norm = model.model.norm
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    assert norm(x).dtype == torch.float32
+
+
 def test_other_formulas_are_left_alone():
     """Gemma's norm multiplies by 1 + weight: not Llama's formula, so not swapped."""
     from transformers import GemmaConfig, GemmaForCausalLM
@@ -91,3 +141,4 @@ def test_other_formulas_are_left_alone():
         hidden_act="gelu_pytorch_tanh",
     )
     assert fused.install(GemmaForCausalLM(cfg), "aot_eager") == 0
+    assert fused.install_native_norms(GemmaForCausalLM(cfg)) == 0

@@ -243,10 +243,13 @@ def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_p
 
 def test_fused_kernels_auto_compiles_only_runs_long_enough_to_pay_it_back(corpus, tmp_path):
     """`auto` (the default) leaves a 5-step run uncompiled, where a forced backend would have
-    compiled it; the threshold is the measured pay-back (arenaflow.fused.AUTO_MIN_STEPS)."""
+    compiled it; the threshold is the measured pay-back (arenaflow.fused.AUTO_MIN_STEPS). Its
+    norms run through torch.rms_norm instead (nothing to compile; the loss curve of every
+    default run is held to transformers' modules by the plain-PyTorch reference above)."""
     out = tmp_path / "auto" / "final"
     proc = train(out, corpus, {**HYPER, "epochs": 1}, env={"ARENAFLOW_FUSED_BACKEND": "aot_eager"})
-    assert "fused norm and SwiGLU kernels: off (fused_kernels auto, 5 steps;" in proc.stderr
+    assert "norms through torch.rms_norm: 5 (fused_kernels auto, 5 steps)" in proc.stderr
+    assert "fused norm and SwiGLU kernels" not in proc.stderr
     assert len(metrics(out)) == 5
     assert not fused.wanted("auto", fused.AUTO_MIN_STEPS - 1)
     assert fused.wanted("auto", fused.AUTO_MIN_STEPS)

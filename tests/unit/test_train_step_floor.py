@@ -1,6 +1,8 @@
 """benchmarks/train_step_floor_gpu.py (issue 15) compares arenaflow's one-rank DeepSpeed step
 with the same step in plain PyTorch; the comparison means something only if both take the same
-steps. On CPU in float32 they must: the same losses, step after step, to float32's rounding."""
+steps. On CPU in float32 they must: the same losses, step after step, to float32's rounding;
+arenaflow's step as it was before its norms went through torch.rms_norm and its gradient norm
+through multi-tensor kernels, too."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     out = tmp_path / "floor.json"
     cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2", "--rows", "4"]
-    cmd += ["--seq", "32", "--steps", "4", "--setups", "deepspeed,torch", "--out", str(out)]
+    cmd += ["--seq", "32", "--steps", "4", "--setups", "deepspeed,deepspeed-before,torch"]
+    cmd += ["--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     run = subprocess.run(
         cmd, cwd=REPO / "benchmarks", env=env, capture_output=True, text=True, timeout=300
@@ -27,6 +30,9 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     assert ds[-1] < ds[0] - 0.1  # AdamW moved the weights: later losses test the update
     for step, (a, b) in enumerate(zip(ds, plain), 1):
         assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: DeepSpeed {a} vs plain {b}"
+    # arenaflow's step until 2026-12-03 (transformers' norm, DeepSpeed's per-tensor grad norm)
+    for step, (a, b) in enumerate(zip(ds, setups["deepspeed-before"]["losses"]), 1):
+        assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: DeepSpeed {a} vs before {b}"
 
 
 def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch):

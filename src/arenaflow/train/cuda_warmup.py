@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from arenaflow.train import objective
+from arenaflow.train import grad_norm, objective
 
 log = logging.getLogger(__name__)
 ENV = "ARENAFLOW_CUDA_WARMUP"
@@ -158,15 +158,15 @@ def step(model, rows: int = ROWS, length: int = LENGTH) -> None:
 
 
 def ds_norm_and_clip(grads: list[torch.Tensor], max_norm: float) -> None:
-    """The operators DeepSpeed's ZeRO-1/2 optimizer runs on the gradients before its step
-    (get_grad_norm_direct, its inf/NaN masking and validity test, unscale_and_clip_grads), with
-    DeepSpeed's own helpers where it has them. Each elementwise kernel here is loaded on its first
-    call: isinf, isnan, logical_or, masked_fill_, lt and bitwise_or cost ~110 ms of a SmolLM2 LoRA
-    job's first step on the H200 before this warm-up ran them."""
+    """The operators DeepSpeed's ZeRO-1/2 optimizer runs on the gradients before its step (its
+    gradient norm as train/grad_norm.py computes it, the inf/NaN masking and validity test,
+    unscale_and_clip_grads), with DeepSpeed's own helpers where it has them. Each elementwise
+    kernel here is loaded on its first call: isinf, isnan, logical_or, masked_fill_, lt and
+    bitwise_or cost ~110 ms of a SmolLM2 LoRA job's first step on the H200 before this warm-up
+    ran them."""
     from deepspeed.runtime import utils as ds_utils  # launch() imported it on its thread
 
-    norms = [torch.linalg.vector_norm(g.detach().to(torch.float32), ord=2.0) for g in grads]
-    total = torch.stack(norms).pow(2.0).sum().float().pow(0.5)
+    total = grad_norm.sum_of_squares([g.detach() for g in grads]).pow(0.5)
     ds_utils.mask_nan_or_inf_with_val_inplace(total, device=total.device)
     if ds_utils.is_invalid_grad_norm(total):  # a constant model's norm is finite
         return

@@ -30,7 +30,15 @@ import torch
 
 from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
-from arenaflow.train import checkpoints, cuda_warmup, data, heldout, lora_fused, objective
+from arenaflow.train import (
+    checkpoints,
+    cuda_warmup,
+    data,
+    grad_norm,
+    heldout,
+    lora_fused,
+    objective,
+)
 from arenaflow.train import model as tmodel
 
 log = logging.getLogger("arenaflow.train")
@@ -428,18 +436,15 @@ def setup_engine(r: Run) -> None:
     if (leaf or r.stage < 3) and hyper["method"] == "lora" and hyper["fused_lora"]:
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
     backend = os.environ.get(FUSED_BACKEND)
-    if r.cuda or backend:  # inductor kernels: GPUs only (gains measured there)
-        if fused.wanted(hyper["fused_kernels"], r.n_steps):
-            n = fused.install(net, backend or "inductor")
-            log.info("fused norm and SwiGLU kernels: %d modules", n)
-        else:
-            log.info(
-                "fused norm and SwiGLU kernels: off (fused_kernels %s, %d steps; auto compiles "
-                "from %d)",
-                hyper["fused_kernels"],
-                r.n_steps,
-                fused.AUTO_MIN_STEPS,
-            )
+    setting = hyper["fused_kernels"]
+    if (r.cuda or backend) and fused.wanted(setting, r.n_steps):  # inductor: gains seen on GPUs
+        n = fused.install(net, backend or "inductor")
+        log.info("fused norm and SwiGLU kernels: %d modules", n)
+    elif setting == "auto":  # too few steps to pay a compile back, or no GPU: nothing compiled
+        n = fused.install_native_norms(net)
+        log.info("norms through torch.rms_norm: %d (fused_kernels auto, %d steps)", n, r.n_steps)
+    else:
+        log.info("fused norm and SwiGLU kernels: off (fused_kernels %s)", setting)
     cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing of it runs beside the engine
     jobclock.mark(r.args.out, "setup")  # data plan, DPO reference, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
@@ -453,6 +458,8 @@ def setup_engine(r: Run) -> None:
         ),
         config=deepspeed_config(hyper, r.cuda, r.plan.universal, r.stage),
     )
+    if grad_norm.install(r.engine.optimizer):
+        log.info("ZeRO-%d gradient norm: multi-tensor kernels", r.stage)
     r.start, r.metrics = checkpoints.resume(r.engine, r.ckpt_dir, r.plan)
     if r.rank == 0:  # start-up (imports, model, DeepSpeed) ends; the first step compiles
         jobclock.loaded(r.args.out)
