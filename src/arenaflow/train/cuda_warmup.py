@@ -101,10 +101,11 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
 
 def one_layer(base_model: str, dev: torch.device):
     """The base's architecture with one layer in `dev`'s dtype, its parameters on the meta device
-    (nothing allocated or initialised: no generator is drawn from)."""
+    (nothing allocated or initialised: no generator is drawn from), its norms through
+    torch.rms_norm as a run too short to compile them has them (train/loop.setup_engine)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from arenaflow import models
+    from arenaflow import fused, models
 
     cfg = AutoConfig.from_pretrained(base_model)
     cfg.num_hidden_layers = 1
@@ -112,7 +113,9 @@ def one_layer(base_model: str, dev: torch.device):
         cfg.layer_types = cfg.layer_types[:1]
     cfg.use_cache = False
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
+        model = AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
+    fused.install_native_norms(model)
+    return model
 
 
 def materialize(model, dev: torch.device):
