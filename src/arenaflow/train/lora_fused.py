@@ -3,9 +3,10 @@
 PEFT computes base(x) + lora_B(lora_A(dropout(x))) * scaling. At 16 rows x 2048 tokens the
 scaling multiply and the add (forward), the multiply again and the sum of x's two gradients
 (backward) each pass over a [tokens, out] or [tokens, in] activation; on an H200 these passes
-cost about a sixth of a LoRA step of a 1.2 B model (BENCHMARKS.md). Here the scaling multiplies
-the rank-r product, and both sums happen inside the matrix products (addmm with beta 1): the
-same arithmetic and gradients, four activation passes fewer per adapted Linear.
+cost about a sixth of a LoRA step of a 1.2 B model (BENCHMARKS.md). Here the scaling is the
+alpha of the products that read the rank-r factor, and both sums happen inside the matrix
+products (addmm with beta 1): the same arithmetic and gradients, four activation passes fewer
+per adapted Linear.
 
 The function reads the base, lora_A and lora_B weights without calling those modules, so it is
 used only where ZeRO-3 gathers a whole transformer block on entry (zero3_leaf_modules): with
@@ -21,14 +22,17 @@ from torch import nn
 
 
 class LoraLinearFunction(torch.autograd.Function):
-    """y = x W^T + b + s (x A^T) B^T, for x [..., in], W [out, in], A [r, in], B [out, r]."""
+    """y = x W^T + b + s (x A^T) B^T, for x [..., in], W [out, in], A [r, in], B [out, r]. The
+    scaling s rides in the products' alpha (applied to their float32 sums) rather than in a
+    multiply of its own: two kernel launches fewer per adapted Linear and step, which a host-bound
+    step of a small model feels (BENCHMARKS.md, issue 15)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
         x2 = x.reshape(-1, x.shape[-1])
-        h = (x2 @ lora_a.t()).mul_(scaling)  # [tokens, r]
+        h = x2 @ lora_a.t()  # [tokens, r], unscaled
         y = x2 @ weight.t() if bias is None else torch.addmm(bias, x2, weight.t())
-        y.addmm_(h, lora_b.t())
+        y.addmm_(h, lora_b.t(), alpha=scaling)
         ctx.save_for_backward(x2, weight, lora_a, lora_b, h)
         ctx.scaling, ctx.has_bias = scaling, bias is not None
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -36,18 +40,21 @@ class LoraLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x2, weight, lora_a, lora_b, h = ctx.saved_tensors
+        s = ctx.scaling
         g = grad.reshape(-1, grad.shape[-1])
-        gh = (g @ lora_b).mul_(ctx.scaling)  # [tokens, r]: the gradient at the rank-r product
+        gh = g @ lora_b  # [tokens, r]: the gradient at the rank-r product, over s
         need = ctx.needs_input_grad
         grad_x = (
-            (g @ weight).addmm_(gh, lora_a).view(*grad.shape[:-1], x2.shape[-1])
+            (g @ weight).addmm_(gh, lora_a, alpha=s).view(*grad.shape[:-1], x2.shape[-1])
             if need[0]
             else None
         )
+        # beta 0: the input is ignored (an uninitialised 0-d tensor, no kernel to fill it)
+        none = x2.new_empty(())
         grad_w = g.t() @ x2 if need[1] else None
         grad_bias = g.sum(0) if ctx.has_bias and need[2] else None
-        grad_a = gh.t() @ x2 if need[3] else None
-        grad_b = g.t() @ h if need[4] else None
+        grad_a = torch.addmm(none, gh.t(), x2, beta=0, alpha=s) if need[3] else None
+        grad_b = torch.addmm(none, g.t(), h, beta=0, alpha=s) if need[4] else None
         return grad_x, grad_w, grad_bias, grad_a, grad_b, None
 
 
