@@ -12,10 +12,12 @@ measures what would: SmolLM2-135M's shape with random weights (zero_stage_cpu.SH
 on all seven projections (gpu_bench.LORA) through arenaflow's fused LoRA function, the same rows
 and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
 - deepspeed: what `python -m arenaflow.train` runs on one rank (ZeRO stage 2, bf16 with fp32
-  master weights, train/loop.deepspeed_config; norms through torch.rms_norm, as
-  fused.install_native_norms routes them, and the gradient norm of train/grad_norm);
-- deepspeed-before: the same without those two (transformers' RMSNorm, DeepSpeed's per-tensor
-  gradient norm): arenaflow's step until 2026-12-03;
+  master weights, train/loop.deepspeed_config: no contiguous gradient bucket on one rank; norms
+  through torch.rms_norm, as fused.install_native_norms routes them; the gradient norm of
+  train/grad_norm);
+- deepspeed-before: the same without those (transformers' RMSNorm, DeepSpeed's per-tensor
+  gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step until
+  2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);
 - torch: the same arithmetic without DeepSpeed: bf16 model, fp32 master copies of the LoRA
   weights, gradients copied to them, clipped and stepped by multi-tensor (foreach / fused) ops;
 - torch-compiled: that step with the model's forward and backward compiled by inductor (no
@@ -88,10 +90,13 @@ def deepspeed_step(args, device: str, before: bool = False):
         "max_grad_norm": CLIP,
         "zero3_persistence_threshold": 0,
     }
+    config = deepspeed_config(hyper, cuda, False, 2, 1)
+    if before:  # DeepSpeed's default, until 2026-12-03 on one rank too
+        config["zero_optimization"]["contiguous_gradients"] = True
     engine, *_ = deepspeed.initialize(
         model=net,
         optimizer=torch.optim.AdamW(params, lr=LR, fused=cuda or None),
-        config=deepspeed_config(hyper, cuda, False, 2),
+        config=config,
     )
     if not before:
         grad_norm.install(engine.optimizer)

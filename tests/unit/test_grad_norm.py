@@ -28,7 +28,7 @@ hyper = {"micro_batch_size": 4, "grad_accum": 1, "max_grad_norm": 0.5,
          "zero3_persistence_threshold": 0}
 engine, opt, *_ = deepspeed.initialize(
     model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2),
-    config=deepspeed_config(hyper, False, False, 2))
+    config=deepspeed_config(hyper, False, False, 2, 1))
 calls = []
 installed = grad_norm.install(opt)
 ours = opt.get_grad_norm_direct

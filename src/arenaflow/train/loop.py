@@ -111,7 +111,7 @@ def zero_stage(hyper: dict, world: int) -> int:
     return int(setting)
 
 
-def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int) -> dict:
+def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int, world: int) -> dict:
     return {
         "train_micro_batch_size_per_gpu": hyper["micro_batch_size"],
         "gradient_accumulation_steps": hyper["grad_accum"],
@@ -121,6 +121,10 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int) -> di
         "zero_optimization": {
             "stage": stage,
             "stage3_param_persistence_threshold": hyper["zero3_persistence_threshold"],
+            # Below stage 3, DeepSpeed copies each gradient into a contiguous reduce bucket as
+            # backward makes it, against fragmentation while it reduces; one rank reduces
+            # nothing, and the copies were 420 of a SmolLM2 LoRA step's launches (BENCHMARKS.md)
+            "contiguous_gradients": world > 1,
         },
         "zero_allow_untested_optimizer": True,
         # DeepSpeed's bf16 overflow check runs ~13 kernels per gradient tensor every step (420
@@ -456,7 +460,7 @@ def setup_engine(r: Run) -> None:
         lr_scheduler=lambda opt: get_cosine_with_min_lr_schedule_with_warmup(
             opt, r.warmup, r.n_steps, min_lr_rate=hyper["min_lr_ratio"]
         ),
-        config=deepspeed_config(hyper, r.cuda, r.plan.universal, r.stage),
+        config=deepspeed_config(hyper, r.cuda, r.plan.universal, r.stage, r.world),
     )
     if grad_norm.install(r.engine.optimizer):
         log.info("ZeRO-%d gradient norm: multi-tensor kernels", r.stage)
