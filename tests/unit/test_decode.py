@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from devices import CPU_AND_CUDA
 from scipy import stats
 from transformers import GenerationMixin, LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
@@ -22,16 +23,7 @@ from arenaflow import chat, decode, models, sampling, tinymodel
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 VOCAB = 384
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        ],
-    ),
-]
+DEVICES = CPU_AND_CUDA
 
 
 def random_llama(device: str, zero_head: bool = False) -> LlamaForCausalLM:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import CPU_AND_CUDA
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from arenaflow import fused
@@ -44,6 +45,26 @@ def loss_and_grads(model, ids):
     return loss.detach().float(), {n: p.grad.float().clone() for n, p in model.named_parameters()}
 
 
+def assert_like_transformers(got, plain, true) -> None:
+    """`got` = (loss, grads) of a model whose modules were swapped, `plain` the same model's
+    before the swap. float32 (`true` None): `got` equals `plain` to 1e-5. bfloat16 (`true` the
+    float32 model's): `got` is no farther from `true` than `plain` is (twice, plus 0.1 %)."""
+    (loss, grads), (plain_loss, plain_grads) = got, plain
+    assert grads.keys() == plain_grads.keys()
+    if true is None:
+        torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
+        for name in grads:
+            torch.testing.assert_close(
+                grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name
+            )
+        return
+    true_loss, true_grads = true
+    assert abs(loss - true_loss) <= 2 * abs(plain_loss - true_loss) + 1e-3 * abs(true_loss)
+    for name in grads:
+        err, plain_err = ((g - true_grads[name]).norm() for g in (grads[name], plain_grads[name]))
+        assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
+
+
 @pytest.mark.parametrize("device, backend", CASES)
 def test_fused_model_computes_the_same_loss_and_gradients(device, backend):
     """float32: equal to 1e-5. bfloat16 (the GPU case): fused kernels round once where
@@ -59,61 +80,24 @@ def test_fused_model_computes_the_same_loss_and_gradients(device, backend):
         fused.install(model, backend) == 2 * 2 + 1 + 2
     )  # two norms and an MLP per layer, the final norm
     assert fused.install(model, backend) == 7  # idempotent
-    for n, (true_loss, true_grads), (plain_loss, plain_grads) in zip(lengths, truth, plain):
-        loss, grads = loss_and_grads(model, ids[:, :n])
-        if dtype == torch.float32:
-            torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
-            for name in grads:
-                torch.testing.assert_close(
-                    grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name
-                )
-            continue
-        assert abs(loss - true_loss) <= 2 * abs(plain_loss - true_loss) + 1e-3 * abs(true_loss)
-        for name in grads:
-            err, plain_err = (
-                (g - true_grads[name]).norm() for g in (grads[name], plain_grads[name])
-            )
-            assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
+    for n, true, before in zip(lengths, truth, plain):
+        got = loss_and_grads(model, ids[:, :n])
+        assert_like_transformers(got, before, None if dtype == torch.float32 else true)
 
 
-NATIVE_DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        ],
-    ),
-]
-
-
-@pytest.mark.parametrize("device", NATIVE_DEVICES)
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
 def test_native_norms_compute_transformers_loss_and_gradients(device):
     """torch.rms_norm in place of LlamaRMSNorm: float32 equal to 1e-5; bfloat16 no farther from
     the float32 model than transformers' own bfloat16 forward (one rounding fewer, not more)."""
     ids = torch.randint(0, 96, (3, 11), device=device)
-    true_loss, true_grads = loss_and_grads(llama(device, torch.float32), ids)
+    true = loss_and_grads(llama(device, torch.float32), ids)
     for dtype in (torch.float32, torch.bfloat16):
         model = llama(device, dtype)
-        plain_loss, plain_grads = loss_and_grads(model, ids)
+        before = loss_and_grads(model, ids)
         assert fused.install_native_norms(model) == 2 * 2 + 1  # two a layer and the final one
         assert fused.install_native_norms(model) == 5  # idempotent
-        loss, grads = loss_and_grads(model, ids)
-        assert grads.keys() == plain_grads.keys()
-        if dtype == torch.float32:
-            torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=1e-6)
-            for name in grads:
-                torch.testing.assert_close(
-                    grads[name], plain_grads[name], rtol=1e-5, atol=1e-6, msg=name
-                )
-            continue
-        assert abs(loss - true_loss) <= 2 * abs(plain_loss - true_loss) + 1e-3 * abs(true_loss)
-        for name in grads:
-            err, plain_err = (
-                (g - true_grads[name]).norm() for g in (grads[name], plain_grads[name])
-            )
-            assert err <= 2 * plain_err + 1e-3 * true_grads[name].norm(), (name, err, plain_err)
+        got = loss_and_grads(model, ids)
+        assert_like_transformers(got, before, None if dtype == torch.float32 else true)
 
 
 def test_native_norms_keep_transformers_promotion_for_mixed_dtypes():
