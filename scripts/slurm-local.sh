@@ -11,7 +11,8 @@
 # File=/dev/null is fatal), so `--gres=gpu:N` jobs get CUDA_VISIBLE_DEVICES / SLURM_JOB_GPUS
 # and GPUs are counted. Starts
 # munged as the munge user, then slurmctld, then slurmd, without systemd, and waits (at most
-# ARENAFLOW_SLURM_TIMEOUT s, default 90) until the node is idle.
+# ARENAFLOW_SLURM_TIMEOUT s, default 90) until the node is idle. A cold start (daemons not running)
+# begins with an empty job state: nothing queued before it survives.
 #
 # Everything lives under DIR (default $ARENAFLOW_SLURM_DIR or /tmp/arenaflow-slurm): config,
 # state, logs, pid files, the munge socket, the fake devices. Outside it: the packages' own
@@ -205,6 +206,9 @@ start() {
     log "configuration changed: restarting"
   fi
   stop >/dev/null 2>&1 || true  # a half-started or outdated cluster: start over from the pid files
+  # A cold start forgets the last cluster's jobs: ones killed with the machine would otherwise be
+  # recovered from the saved state and hold the node ('mix') long after their processes are gone.
+  rm -rf "$DIR/state"
   mkdir -p "$DIR/run" "$DIR/log" "$DIR/state/slurmctld" "$DIR/state/slurmd" "$DIR/munge"
   chmod 0755 "$DIR" "$DIR/run" "$DIR/log"
   chown munge:munge "$DIR/munge"; chmod 0700 "$DIR/munge"
