@@ -155,20 +155,50 @@ def test_a_one_step_run_inside_the_warm_up_is_told_its_weights_will_not_change(
     assert (told, moved) == ((True, False) if warmup_ratio else (False, True))
 
 
-def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_one_kept(tmp_path, monkeypatch):
+def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_ones_kept(tmp_path, monkeypatch):
     """A killed build of DeepSpeed's CPU shared-memory op leaves torch's lock behind, and every
-    later CPU training waited on it forever in init_distributed (it happened to this repo's CI
-    machine, session 11)."""
+    later CPU training waited on it forever in init_distributed (this repo's CI machine, sessions
+    11 and 21). A lock is kept while it is young or a process works in its build directory (as
+    ninja does), and removed once neither holds."""
+    import os
+    import subprocess
+    import time
+
+    from arenaflow.train import build_lock
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert build_lock.clear_stale() is None  # no lock
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.touch()
+    assert build_lock.clear_stale() is None and lock.exists()  # a builder starting ninja
+    old = time.time() - 2 * build_lock.GRACE_S
+    os.utime(lock, (old, old))
+    ninja = subprocess.Popen(["sleep", "60"], cwd=lock.parent)  # a build under way
+    try:
+        assert build_lock.building(lock.parent)
+        assert build_lock.clear_stale() is None and lock.exists()
+    finally:
+        ninja.kill()
+        ninja.wait()
+    assert build_lock.clear_stale() == lock and not lock.exists()
+
+
+def test_a_waiter_is_released_when_the_lock_goes_stale_while_it_waits(tmp_path, monkeypatch):
+    """torch's waiter polls for the lock to go; the watch around init_distributed removes it
+    once stale, so a waiter started while the lock was young does not wait forever."""
     import os
     import time
 
-    from arenaflow.train import loop
+    from torch.utils.file_baton import FileBaton
+
+    from arenaflow.train import build_lock
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert loop.clear_stale_build_lock() is None  # no lock
+    monkeypatch.setattr(build_lock, "GRACE_S", 0.5)
     lock = tmp_path / "deepspeed_shm_comm" / "lock"
-    lock.touch()
-    assert loop.clear_stale_build_lock() is None and lock.exists()  # a build under way
-    old = time.time() - 3600
-    os.utime(lock, (old, old))
-    assert loop.clear_stale_build_lock() == lock and not lock.exists()
+    lock.parent.mkdir()
+    lock.touch()  # its builder is gone: no process works in the directory
+    t0 = time.monotonic()
+    with build_lock.watched(poll_s=0.2):
+        FileBaton(os.fspath(lock)).wait()
+    assert not lock.exists() and time.monotonic() - t0 < 30
