@@ -89,6 +89,7 @@ def deepspeed_step(args, device: str, before: bool = False):
         "grad_accum": 1,
         "max_grad_norm": CLIP,
         "zero3_persistence_threshold": 0,
+        "precision": "auto",
     }
     config = deepspeed_config(hyper, cuda, False, 2, 1)
     if before:  # DeepSpeed's default, until 2026-12-03 on one rank too

@@ -25,7 +25,7 @@ torch.manual_seed(0)
 net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(6)])
 plain = copy.deepcopy(net)
 hyper = {"micro_batch_size": 4, "grad_accum": 1, "max_grad_norm": 0.5,
-         "zero3_persistence_threshold": 0}
+         "zero3_persistence_threshold": 0, "precision": "auto"}
 engine, opt, *_ = deepspeed.initialize(
     model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2),
     config=deepspeed_config(hyper, False, False, 2, 1))

@@ -567,6 +567,20 @@ def test_preference_arm_raises_chosen_vs_rejected_margin(pairs, tmp_path, object
         assert m[0]["margin"] == pytest.approx(0.0, abs=1e-5)  # the policy starts at the reference
 
 
+def test_dpo_in_bf16_starts_at_its_reference(pairs, tmp_path):
+    """The reference log-probs come from the engine, in the dtype the policy trains in: in bf16
+    (a GPU's default, here on the CPU) the first step's log-ratio of every pair is 0, so no
+    pair is counted as preferred and the DPO term is log 2 (a float32 reference read off by
+    bf16's rounding instead)."""
+    hyper = {**HYPER, "objective": "dpo", "beta": 0.5, "epochs": 1, "precision": "bf16"}
+    hyper["lora"] = {**HYPER["lora"], "modules_to_save": []}  # lm_head as a LoRA-free base layer
+    out = tmp_path / "D" / "final"
+    train(out, pairs, hyper)
+    first = metrics(out)[0]
+    assert first["margin"] == 0.0 and first["pref_acc"] == 0.0
+    assert first["loss"] == pytest.approx(math.log(2), rel=1e-6)
+
+
 def test_preference_pairs_in_one_pass_under_leaf_blocks_train_as_per_module_hooks(pairs, tmp_path):
     """Chosen and rejected go through one forward pass (objective.stack_sides), so DPO runs
     under ZeRO-3 leaf blocks with fused LoRA linears; per-step losses, margins and the adapter
