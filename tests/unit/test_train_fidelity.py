@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from devices import CPU_AND_CUDA
 from safetensors.torch import load_file
 
 from arenaflow import corpora, fused, pools, tinymodel
@@ -567,15 +568,18 @@ def test_preference_arm_raises_chosen_vs_rejected_margin(pairs, tmp_path, object
         assert m[0]["margin"] == pytest.approx(0.0, abs=1e-5)  # the policy starts at the reference
 
 
-def test_dpo_in_bf16_starts_at_its_reference(pairs, tmp_path):
+@pytest.mark.parametrize("device", CPU_AND_CUDA)
+def test_dpo_in_bf16_starts_at_its_reference(pairs, tmp_path, device):
     """The reference log-probs come from the engine, in the dtype the policy trains in: in bf16
-    (a GPU's default, here on the CPU) the first step's log-ratio of every pair is 0, so no
-    pair is counted as preferred and the DPO term is log 2 (a float32 reference read off by
-    bf16's rounding instead)."""
-    hyper = {**HYPER, "objective": "dpo", "beta": 0.5, "epochs": 1, "precision": "bf16"}
+    (a GPU's default; on the CPU when asked) the first step's log-ratio of every pair is 0, so
+    no pair is counted as preferred and the DPO term is log 2 (a float32 reference read -0.0062
+    of margin off by bf16's rounding instead)."""
+    hyper = {**HYPER, "objective": "dpo", "beta": 0.5, "epochs": 1}
+    hyper["precision"] = "bf16" if device == "cpu" else "auto"
     hyper["lora"] = {**HYPER["lora"], "modules_to_save": []}  # lm_head as a LoRA-free base layer
     out = tmp_path / "D" / "final"
-    train(out, pairs, hyper)
+    train(out, pairs, hyper, env={"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})
+    assert json.loads((out / "training_evidence.json").read_text())["device"] == device
     first = metrics(out)[0]
     assert first["margin"] == 0.0 and first["pref_acc"] == 0.0
     assert first["loss"] == pytest.approx(math.log(2), rel=1e-6)
