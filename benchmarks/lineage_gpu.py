@@ -1002,8 +1002,10 @@ def snakemake_command(args, results: Path, configfiles: list[Path]) -> list[str]
         str(args.cores),
         "--resources",
         f"local_gpus={args.gpu_slots}",
+        *([f"local_trainings={args.trainings}"] if args.trainings else []),
         "--set-resources",
         f"train_arm:local_gpus={min(args.train_slots, args.gpu_slots)}",
+        *(["train_arm:local_trainings=1"] if args.trainings else []),
         *(["--rerun-incomplete"] if args.resume else []),
         "--configfile",
         *map(str, configfiles),
@@ -1155,6 +1157,13 @@ def main(argv: list[str] | None = None) -> int:
         default=4,
         help="slots one training job holds (--set-resources train_arm:local_gpus=N): "
         "trainings at once = gpu-slots // train-slots",
+    )
+    ap.add_argument(
+        "--trainings",
+        type=int,
+        help="at most this many trainings at once, whatever the slots leave free (a resource of "
+        "its own, local_trainings): --train-slots 2 --trainings 1 trains one arm at a time "
+        "beside sampling and readouts; default: only the slots limit them",
     )
     ap.add_argument(
         "--micro-batch", type=int, help="train_defaults.micro_batch_size (issue 15 ran 16)"

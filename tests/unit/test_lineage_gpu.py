@@ -390,6 +390,27 @@ def test_smoke_run_on_cpu(tmp_path):
     assert rep2["summary"] == rep["summary"]
 
 
+def test_trainings_cap_is_a_resource_of_its_own_that_snakemake_applies(tmp_path):
+    """--trainings caps trainings at once apart from the GPU slots (a resource local_trainings);
+    Snakemake takes the command and gives train_arm the resource."""
+    args = lg.argparse.Namespace(
+        cores=2, gpu_slots=8, train_slots=2, trainings=1, resume=False, target=["runs/S1/final"]
+    )
+    cmd = lg.snakemake_command(args, tmp_path / "r", [REPO / "config/config.yaml"])
+    dry = subprocess.run(
+        [*cmd[: cmd.index("--")], "-n", "--", *args.target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    train = dry.stdout[dry.stdout.index("rule train_arm:") :]
+    assert "local_gpus=2" in train and "local_trainings=1" in train
+    args.trainings = None
+    assert not [a for a in lg.snakemake_command(args, tmp_path, []) if "local_trainings" in a]
+
+
 def test_resume_needs_an_earlier_leg_and_takes_its_config_files(tmp_path):
     args = lg.argparse.Namespace(resume=str(tmp_path), results=None)
     with pytest.raises(SystemExit, match="no earlier leg's bench/run.json"):
