@@ -585,6 +585,22 @@ def test_dpo_in_bf16_starts_at_its_reference(pairs, tmp_path, device):
     assert first["loss"] == pytest.approx(math.log(2), rel=1e-6)
 
 
+def test_dpo_on_two_ranks_agrees_with_one_rank(pairs, tmp_path):
+    """Each rank computes the reference for every rank's first-epoch micro-batches (ZeRO-3's
+    gathers stay in step across ranks) and keeps them all: both runs start at the reference and
+    follow the same losses and margins over 2 epochs."""
+    hyper = {**HYPER, "objective": "dpo", "beta": 0.5, "nll_weight": 0.2, "lr": 5e-3}
+    runs = {}
+    for nproc, micro in ((1, 4), (2, 2)):  # the same global batch: 8 pairs a step
+        out = tmp_path / f"D{nproc}" / "final"
+        train(out, pairs, {**hyper, "micro_batch_size": micro}, nproc=nproc)
+        runs[nproc] = metrics(out)
+    assert len(runs[1]) == len(runs[2]) > 4
+    assert runs[1][0]["margin"] == runs[2][0]["margin"] == 0.0
+    for key in ("loss", "margin", "pref_acc"):
+        assert [m[key] for m in runs[2]] == pytest.approx([m[key] for m in runs[1]], abs=1e-5)
+
+
 def test_preference_pairs_in_one_pass_under_leaf_blocks_train_as_per_module_hooks(pairs, tmp_path):
     """Chosen and rejected go through one forward pass (objective.stack_sides), so DPO runs
     under ZeRO-3 leaf blocks with fused LoRA linears; per-step losses, margins and the adapter

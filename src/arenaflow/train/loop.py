@@ -13,6 +13,7 @@ uninterrupted run; a checkpoint with another fingerprint is discarded.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ OVERFLOW_CHECK = "ARENAFLOW_BF16_OVERFLOW_CHECK"
 # the ZeRO stage of a one-rank job under zero_stage: auto; why 2, not 0:
 # docs/notes.md#one-rank-zero-stage-2-not-3
 ONE_RANK_STAGE = 2
+SIDES = ("chosen", "rejected")  # a pairs corpus's rows; one forward pass takes both
 
 
 def free_port() -> int:
@@ -204,28 +206,32 @@ class Progress:
             self.file.close()
 
 
-def reference_logprobs(engine, pairs: dict, hyper: dict, pad_id: int) -> dict:
+def reference_logprobs(r: Run) -> dict:
     """DPO's reference: the init policy's log-probs of every chosen/rejected response, computed
-    once before the first update by the engine itself, so in the dtype and through the kernels
-    the policy's first step uses: its log-ratio starts at 0, not at their rounding difference
-    (a float32 reference under bf16 training: a mean first-step margin of -0.0062 on the tiny
-    model at beta 0.5, and 47 % of lineage 002's pairs "preferred" before any update on the
-    H200). In eval mode: no dropout in the reference."""
-    out, dev, step = {}, engine.device, hyper["micro_batch_size"]
-    engine.eval()
+    once before the first update by the engine itself, in the first epoch's micro-batches: the
+    same dtype, kernels and batch shapes as the policy's first step, whose log-ratios are then
+    exactly 0. (A float32 reference under bf16 training left a mean first-step margin of
+    -0.0062 on the tiny model at beta 0.5, and 47 % of lineage 002's pairs "preferred" before
+    any update on the H200.) In eval mode: no dropout in the reference."""
+    n = len(r.corpus["chosen"])
+    ref = {side: torch.zeros(n) for side in SIDES}  # on the host: the loop moves each share
+    epoch = data.steps_per_epoch(n, r.hyper, r.world)
+    r.engine.eval()
     with torch.no_grad():
-        for side in ("chosen", "rejected"):
-            rows = pairs[side]
-            vals = []
-            for i in range(0, len(rows), step):
-                batch = data.collate(
-                    rows, range(i, min(i + step, len(rows))), hyper["seq_len"], pad_id
-                )
-                batch = {k: v.to(dev) for k, v in batch.items()}
-                vals.append(objective.token_logprobs(engine, batch)[0].cpu())
-            out[side] = torch.cat(vals)  # on the host: the loop moves each micro-batch's share
-    engine.train()
-    return out
+        for _, glob in itertools.islice(data.global_batches(n, r.hyper, r.world), epoch):
+            for rank in range(r.world):  # every rank's share on every rank: ZeRO-3 gathers in step
+                for micro in data.micro_batches(glob, r.hyper, r.world, rank, r.lengths):
+                    lp, _ = objective.pair_logprobs(r.engine, *pair_batch(r, micro)[1])
+                    ref["chosen"][micro], ref["rejected"][micro] = lp.cpu().split(len(micro))
+    r.engine.train()
+    return ref
+
+
+def pair_batch(r: Run, micro) -> tuple[dict, tuple[dict, dict]]:
+    """A micro-batch of pairs: the host's collated sides, and (chosen, rejected) on the device."""
+    cpu = {s: data.collate(r.corpus[s], micro, r.hyper["seq_len"], r.pad) for s in SIDES}
+    dev = r.engine.device
+    return cpu, tuple({k: v.to(dev) for k, v in cpu[s].items()} for s in SIDES)
 
 
 @dataclass
@@ -453,7 +459,7 @@ def setup_engine(r: Run) -> None:
     if grad_norm.install(r.engine.optimizer):
         log.info("ZeRO-%d gradient norm: multi-tensor kernels", r.stage)
     if hyper["objective"] == "dpo":  # from the init weights: before a checkpoint replaces them
-        r.ref = reference_logprobs(r.engine, r.corpus, hyper, r.pad)
+        r.ref = reference_logprobs(r)
         jobclock.mark(r.args.out, "reference")
     r.start, r.metrics = checkpoints.resume(r.engine, r.ckpt_dir, r.plan)
     if r.rank == 0:  # start-up (imports, model, DeepSpeed) ends; the first step compiles
@@ -562,17 +568,9 @@ def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int]:
     """One micro-batch's summed loss, its diagnostics and its attended tokens."""
     engine, seq_len, pad = r.engine, r.hyper["seq_len"], r.pad
     if r.preference:
-        cpu = {s: data.collate(r.corpus[s], micro, seq_len, pad) for s in ("chosen", "rejected")}
-        batch = {s: {k: v.to(engine.device) for k, v in b.items()} for s, b in cpu.items()}
-        ref = r.ref
-        ref = (
-            (ref["chosen"][micro].to(engine.device), ref["rejected"][micro].to(engine.device))
-            if ref
-            else None
-        )
-        loss_sum, diag = objective.preference_sum(
-            engine, batch["chosen"], batch["rejected"], ref, r.hyper
-        )
+        cpu, sides = pair_batch(r, micro)
+        ref = tuple(r.ref[s][micro].to(engine.device) for s in SIDES) if r.ref else None
+        loss_sum, diag = objective.preference_sum(engine, *sides, ref, r.hyper)
         ntok = int(cpu["chosen"]["attention_mask"].sum() + cpu["rejected"]["attention_mask"].sum())
     else:
         cpu = data.collate(r.rows, micro, seq_len, pad)

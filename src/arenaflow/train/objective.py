@@ -61,13 +61,18 @@ def stack_sides(chosen: dict, rejected: dict) -> dict:
     }
 
 
+def pair_logprobs(model, chosen: dict, rejected: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """token_logprobs of the chosen rows, then the rejected rows, in one forward pass."""
+    return token_logprobs(model, stack_sides(chosen, rejected))
+
+
 def preference_sum(model, chosen: dict, rejected: dict, ref: tuple | None, hyper: dict):
     """Summed DPO or SimPO loss over the pairs of a micro-batch, and summed diagnostics.
 
     Both sides go through the model in ONE forward pass: half the kernel launches, and one
     forward per backward, which DeepSpeed's ZeRO-3 leaf modules need (two passes before one
     backward reduce a leaf's gradients twice)."""
-    lp, n = token_logprobs(model, stack_sides(chosen, rejected))
+    lp, n = pair_logprobs(model, chosen, rejected)
     k = chosen["input_ids"].shape[0]
     c, r, c_len, r_len = lp[:k], lp[k:], n[:k], n[k:]
     beta = hyper["beta"]
