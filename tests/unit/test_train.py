@@ -167,20 +167,56 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_ones_kept(tmp
     from arenaflow.train import build_lock
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert build_lock.clear_stale() is None  # no lock
-    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock = build_lock.lock_path()
+    assert lock == tmp_path / "deepspeed_shm_comm" / "lock"
+    assert build_lock.clear_stale(lock) is None  # no lock
     lock.touch()
-    assert build_lock.clear_stale() is None and lock.exists()  # a builder starting ninja
+    assert build_lock.clear_stale(lock) is None and lock.exists()  # a builder starting ninja
     old = time.time() - 2 * build_lock.GRACE_S
     os.utime(lock, (old, old))
     ninja = subprocess.Popen(["sleep", "60"], cwd=lock.parent)  # a build under way
     try:
         assert build_lock.building(lock.parent)
-        assert build_lock.clear_stale() is None and lock.exists()
+        assert build_lock.clear_stale(lock) is None and lock.exists()
     finally:
         ninja.kill()
         ninja.wait()
-    assert build_lock.clear_stale() == lock and not lock.exists()
+    assert build_lock.clear_stale(lock) == lock and not lock.exists()
+
+
+def test_the_lock_watch_thread_imports_nothing(tmp_path):
+    """An import on the watch thread deadlocked with init_distributed's imports on the main
+    thread, each holding a module lock (this repo's CI, session 21): in a fresh interpreter, the
+    thread clears a stale lock without importing anything."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    code = """
+import sys, threading, time
+seen = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread().name == "build-lock-watch":
+            seen.append(name)
+sys.meta_path.insert(0, Spy())
+from arenaflow.train import build_lock
+with build_lock.watched(poll_s=0.05):
+    time.sleep(2)
+print(seen)
+"""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]" and not lock.exists()
 
 
 def test_a_waiter_is_released_when_the_lock_goes_stale_while_it_waits(tmp_path, monkeypatch):

@@ -37,13 +37,14 @@ def lock_path(name: str = NAME) -> Path:
 
 def building(directory: Path) -> bool | None:
     """Whether a live process works in `directory`; None where /proc cannot tell."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
         return None
     target = os.path.realpath(directory)
-    for cwd in proc.glob("[0-9]*/cwd"):
+    for pid in pids:
         with contextlib.suppress(OSError):
-            if os.readlink(cwd) == target:
+            if os.readlink(f"/proc/{pid}/cwd") == target:
                 return True
     return False
 
@@ -55,9 +56,8 @@ def _age(lock: Path) -> float | None:
         return None
 
 
-def clear_stale(name: str = NAME) -> Path | None:
-    """Remove the build lock of `name` when its builder is gone; the path removed, if any."""
-    lock = lock_path(name)
+def clear_stale(lock: Path) -> Path | None:
+    """Remove the build lock `lock` when its builder is gone; the path removed, if any."""
     age = _age(lock)
     if age is None or age < GRACE_S:
         return None
@@ -79,11 +79,13 @@ def clear_stale(name: str = NAME) -> Path | None:
 def watched(name: str = NAME, poll_s: float = 5.0):
     """Around a call that may wait on the lock (DeepSpeed's init_distributed on CPU): remove it
     once its builder is gone, also when that builder dies while this process waits."""
-    stop = threading.Event()
+    # The path is resolved here: an import on the thread deadlocked with the caller's imports
+    # (torch.utils.cpp_extension's setuptools against DeepSpeed's, each holding a module lock).
+    lock, stop = lock_path(name), threading.Event()
 
-    def watch() -> None:
+    def watch() -> None:  # no imports: only the file system
         while not stop.is_set():
-            clear_stale(name)
+            clear_stale(lock)
             stop.wait(poll_s)
 
     thread = threading.Thread(target=watch, name="build-lock-watch", daemon=True)
