@@ -130,6 +130,7 @@ CODE_DEFAULTS = {
     "zero3_leaf_modules": "auto",
     "fused_lora": True,
     "fused_kernels": "auto",  # compiled when the steps pay it back (arenaflow.fused)
+    "precision": "auto",  # bf16 on GPUs, fp32 on CPU (train/loop.py bf16)
     "nproc": 1,
     "nodes": 1,
     "epochs": 1,
