@@ -585,6 +585,7 @@ def test_dpo_in_bf16_starts_at_its_reference(pairs, tmp_path, device):
     assert first["loss"] == pytest.approx(math.log(2), rel=1e-6)
 
 
+@pytest.mark.ranks  # two gloo ranks for ~3 minutes: outside the README's 10-minute default tier
 def test_dpo_on_two_ranks_agrees_with_one_rank(pairs, tmp_path):
     """Each rank computes the reference for every rank's first-epoch micro-batches (ZeRO-3's
     gathers stay in step across ranks) and keeps them all: both runs start at the reference and
