@@ -12,7 +12,7 @@ config/config.yaml + config/smollm2-gpu.yaml into a fresh results directory, wit
 `--resources local_gpus=<--gpu-slots>` (GPU jobs that may share the GPU at once; the profile's
 own cap is 1) and `--set-resources train_arm:local_gpus=<--train-slots>` (slots one training
 holds), every job a fork of an arenaflow.zygote server (`--no-zygote`: a fresh process each; the
-defaults are the setting that met issue 15's 4-minute target, BENCHMARKS.md run 15), while a
+defaults are the setting that met issue 15's three targets, BENCHMARKS.md run 33), while a
 thread reads the GPU's utilisation every 0.5 s (pynvml, else nvidia-smi).
 Snakemake's output is kept with a timestamp per line (bench/snakemake.log): when each job was
 started and finished. Each GPU job (sample_candidates, train_arm, readout) appends to
@@ -1154,9 +1154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--train-slots",
         type=int,
-        default=4,
+        default=8,
         help="slots one training job holds (--set-resources train_arm:local_gpus=N): "
-        "trainings at once = gpu-slots // train-slots",
+        "trainings at once = gpu-slots // train-slots; default 8, the whole GPU: each training "
+        "alone on it (BENCHMARKS.md runs 32-33)",
     )
     ap.add_argument(
         "--trainings",
