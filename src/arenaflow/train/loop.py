@@ -289,9 +289,11 @@ def expandable_segments() -> None:
     held 86 GiB for a 55.6 GiB peak, and the other ran out of memory. So segments grow in place,
     unless the user configured the allocator. Set at run time, before the first allocation: an
     allocator variable set once torch is loaded (the fork server loads it) may be read too late
-    (pytorch/pytorch#104801)."""
+    (pytorch/pytorch#104801). Since torch 2.9 the cuda setter only forwards, with a FutureWarning,
+    to the accelerator-wide one: that one is called where it exists."""
     if not (os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")):
-        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        (set_settings or torch.cuda.memory._set_allocator_settings)("expandable_segments:True")
 
 
 def setup(args, hyper: dict) -> Run:
