@@ -233,9 +233,12 @@ def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_p
         assert ("fused norm and SwiGLU kernels: 7 modules" in proc.stderr) == bool(backend)
         runs[backend] = out
     fused_run, plain = runs["aot_eager"], runs[None]
-    assert [m["loss"] for m in metrics(fused_run)] == pytest.approx(
-        [m["loss"] for m in metrics(plain)], abs=1e-6
-    )
+    fused_losses, plain_losses = ([m["loss"] for m in metrics(r)] for r in (fused_run, plain))
+    assert fused_losses[0] == pytest.approx(plain_losses[0], abs=1e-7)  # the same forward
+    # Each update carries the graphs' float32 rounding (reductions in another order) into the next
+    # step: on an AMD EPYC host full fine-tuning's 5th loss is 8e-6 off (relative), the weights
+    # 2.3e-6; a wrong gradient is off by orders of magnitude more.
+    assert fused_losses == pytest.approx(plain_losses, rel=2e-5)
     weights = "adapter_model.safetensors" if method == "lora" else "model.safetensors"
     wa, wb = load_file(plain / weights), load_file(fused_run / weights)
     for k in wa:
