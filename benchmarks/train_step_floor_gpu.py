@@ -272,7 +272,8 @@ def measure(step, args, device: str, name: str = "") -> dict:
 
 def before_first_step(args) -> dict:
     """What a training does between CUDA's start and its first step, timed: arenaflow's CUDA
-    warm-up (--warmup: train/cuda_warmup's one-layer step, on SmolLM2's config) and a reservation
+    warm-up (--warmup: train/cuda_warmup's one-layer step, on SmolLM2's config, at the step's
+    rows x tokens as a job runs it at its largest micro-batch's) and a reservation
     of --reserve-gib GiB, allocated and freed so that the caching allocator holds it."""
     out = {}
     if args.warmup:
@@ -285,7 +286,7 @@ def before_first_step(args) -> dict:
         with tempfile.TemporaryDirectory() as base:
             LlamaConfig(**SHAPES["smollm2"]).save_pretrained(base)
             t = time.perf_counter()
-            cuda_warmup.finish(cuda_warmup.start(base))
+            cuda_warmup.finish(cuda_warmup.start(base, (args.rows, args.seq)))
             out["warmup_s"] = time.perf_counter() - t
     if args.reserve_gib:
         t = time.perf_counter()
