@@ -105,6 +105,7 @@ def independent_loss(repo_root, run_dir, corpus_dir, indices):
     return total / count
 
 
+@pytest.mark.ranks  # two gloo ranks: the ranks tier keeps the README's default tier short
 def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(
     tmp_path, repo_root, train_arm
 ):

@@ -156,6 +156,7 @@ def test_the_slurm_plugin_turns_the_train_resources_into_one_task_per_node():
     assert "--ntasks-per-gpu" not in two and "--gpus" not in two
 
 
+@pytest.mark.ranks  # two gloo ranks: the ranks tier keeps the README's default tier short
 def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
     """Two 'nodes' (node ranks 0 and 1, one rank each) meet through c10d at the first host and
     train to the same weights as one node running two ranks."""

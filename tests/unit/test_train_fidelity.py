@@ -164,7 +164,7 @@ def test_reloaded_adapter_reproduces_the_trained_engines_logits(one_rank):
     assert any("lm_head" in k for k in weights), "modules_to_save lm_head was not saved"
 
 
-@pytest.mark.parametrize("stage", ["auto", 2])
+@pytest.mark.parametrize("stage", ["auto", pytest.param(2, marks=pytest.mark.ranks)])
 def test_two_ranks_agree_with_one_rank(one_rank, corpus, tmp_path, stage):
     out = tmp_path / "L2" / "final"
     # the same global batch: 2 ranks x 2 rows x 2 accum = 1 rank x 4 rows x 2 accum
@@ -413,6 +413,7 @@ def test_unconvertible_checkpoint_of_another_stage_is_refused_naming_zero_stage(
     assert step.is_dir() and not (out.parent / "checkpoints/step_000003_universal").exists()
 
 
+@pytest.mark.ranks  # two gloo ranks: the ranks tier keeps the README's default tier short
 def test_a_diverged_step_stops_both_ranks_of_a_zero3_run(corpus, tmp_path):
     """Both ranks read the same all-reduced loss and global gradient norm, so both stop at the
     same step: neither waits at a collective for the other (a hung Slurm job)."""
