@@ -9,12 +9,6 @@ largest micro-batch, on a side thread during that load, with the gradient-norm c
 DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before DeepSpeed builds its engine,
 so nothing of the warm-up runs beside DeepSpeed.
 
-The one layer's step also counts the activations that layer saves for its backward, and `run`
-then takes from the driver what the job's other layers will save (allocated and freed: the
-caching allocator keeps it), so that the first step does not grow the cache layer by layer. In a
-bare process on the H200 memory held before the first step took ~0.2 s off it (BENCHMARKS.md,
-"The first step, profiled").
-
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
 steps it. transformers' lazy top-level module is not safe to import from two threads at once: a
@@ -30,7 +24,6 @@ ARENAFLOW_CUDA_WARMUP=0.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -80,12 +73,10 @@ def finish(thread: threading.Thread | None) -> None:
         log.warning("CUDA warm-up failed, the first step pays it: %s", outcome["error"])
     else:
         log.info(
-            "CUDA warm-up: %.2f s at %s rows x tokens, beside the model load; %.1f GiB held "
-            "(%.1f GiB of it for the activations of the job's other layers)",
+            "CUDA warm-up: %.2f s at %s rows x tokens, beside the model load; %.1f GiB held",
             outcome["s"],
             outcome["shape"],
             torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0,
-            outcome.get("reserved", 0) / 2**30,
         )
 
 
@@ -100,9 +91,8 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # the current device is per thread
-        per_layer = step(materialize(model, dev), *shape)
+        step(materialize(model, dev), *shape)
         if dev.type == "cuda":
-            outcome["reserved"] = reserve(dev, per_layer * (model.job_layers - 1))
             torch.cuda.synchronize(dev)
         outcome["s"] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - reported by finish(), on the main thread
@@ -118,14 +108,13 @@ def one_layer(base_model: str, dev: torch.device):
     from arenaflow import fused, models
 
     cfg = AutoConfig.from_pretrained(base_model)
-    job_layers, cfg.num_hidden_layers = cfg.num_hidden_layers, 1
+    cfg.num_hidden_layers = 1
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = cfg.layer_types[:1]
     cfg.use_cache = False
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
     fused.install_native_norms(model)
-    model.job_layers = job_layers
     return model
 
 
@@ -157,58 +146,18 @@ def materialize(model, dev: torch.device):
 ROWS, LENGTH = 16, 256
 
 
-def step(model, rows: int = ROWS, length: int = LENGTH) -> int:
+def step(model, rows: int = ROWS, length: int = LENGTH) -> None:
     """What a training step runs: forward with the loss, backward, DeepSpeed's ZeRO-1/2 gradient
-    norm and clipping (ds_norm_and_clip), fused AdamW. Returns the bytes of activations the
-    decoder layer saved for its backward."""
+    norm and clipping (ds_norm_and_clip), fused AdamW."""
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (rows, length), device=dev, generator=gen)
     batch = {"input_ids": ids, "labels": ids}
-    with saved_by(model.get_decoder().layers[0], model) as saved:
-        loss, _ = objective.sft_sum(model, batch)
+    loss, _ = objective.sft_sum(model, batch)
     loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
     ds_norm_and_clip([p.grad for p in params], 1.0)
     torch.optim.AdamW(params, lr=1e-9, fused=dev.type == "cuda").step()
-    return sum(saved.values())
-
-
-@contextlib.contextmanager
-def saved_by(layer, model):
-    """{storage: bytes} of the tensors `layer`'s forward saves for backward, parameters left out
-    (they are held anyway): what each layer of the job adds to a step's memory."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-    inside = []
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if inside and ptr not in params:
-            saved[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    hooks = [
-        layer.register_forward_pre_hook(lambda *_: inside.append(1)),
-        layer.register_forward_hook(lambda *_: inside.clear()),
-    ]
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield saved
-    finally:
-        for h in hooks:
-            h.remove()
-
-
-def reserve(dev: torch.device, nbytes: int) -> int:
-    """Takes `nbytes` (at most 90 % of what the device has free) from the driver into the caching
-    allocator and frees it there: the cache keeps it for the first step. Returns the bytes taken."""
-    free, _ = torch.cuda.mem_get_info(dev)
-    nbytes = max(0, min(int(nbytes), int(free * 0.9)))
-    if nbytes:
-        block = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        del block
-    return nbytes
 
 
 def ds_norm_and_clip(grads: list[torch.Tensor], max_norm: float) -> None:
