@@ -48,7 +48,8 @@ import statistics
 import time
 
 import torch
-from overflow_check_cpu import smollm2_lora  # sibling scripts
+from gpu_bench import LORA  # sibling scripts
+from overflow_check_cpu import smollm2_lora
 from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
@@ -224,16 +225,52 @@ def host_profile(pr: cProfile.Profile, path: str) -> None:
         f.write(out.getvalue())
 
 
+def device_trace(prof, path: str) -> dict:
+    """A step's torch.profiler trace (host and device): the Chrome trace gzipped at `path`, and
+    the summary that says where a first step's extra time goes: kernel count and device time,
+    and the host events (operators and CUDA runtime calls: launches, allocations, module loads)
+    with the most time of their own, with their count and their longest single call."""
+    import gzip
+    import shutil
+
+    prof.export_chrome_trace(path)
+    with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    os.remove(path)
+    events = prof.events()
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = [e for e in events if e.device_type == cuda]
+    host = collections.defaultdict(lambda: [0, 0.0, 0.0])  # count, self us, longest us
+    for e in events:
+        if e.device_type != cuda:
+            h = host[e.name[:60]]
+            h[0] += 1
+            h[1] += e.self_cpu_time_total
+            h[2] = max(h[2], e.cpu_time_total)
+    top = sorted(host.items(), key=lambda kv: -kv[1][1])[:25]
+    return {
+        "kernels": len(kernels),
+        "kernel_ms": sum(e.device_time_total for e in kernels) / 1e3,
+        "host_self_ms": [(n, c, round(s / 1e3, 2), round(m / 1e3, 2)) for n, (c, s, m) in top],
+    }
+
+
 def measure(step, args, device: str, name: str = "") -> dict:
     """Losses, wall seconds of each step (synchronised, as a training logs every step's loss),
     and a profile of one more step: its kernels and their summed device time. With --cprofile,
-    the first two steps' Python profiles too (what a first step does that later ones do not)."""
+    the first two steps' Python profiles too (what a first step does that later ones do not);
+    with --trace, their torch.profiler traces, host and device."""
     from torch.profiler import ProfilerActivity, profile
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    losses, times = [], []
+    losses, times, traces = [], [], []
     for i in range(args.steps):
         pr = cProfile.Profile() if args.cprofile and i < 2 else None
+        tr = None
+        if args.trace and i < 2:
+            acts = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device == "cuda")
+            tr = profile(activities=acts)
+            tr.__enter__()
         t = time.perf_counter()
         if pr:
             pr.enable()
@@ -242,6 +279,9 @@ def measure(step, args, device: str, name: str = "") -> dict:
         if pr:
             pr.disable()
         times.append(time.perf_counter() - t)
+        if tr:
+            tr.__exit__(None, None, None)
+            traces.append(device_trace(tr, f"{args.trace}/{name}-step{i + 1}.json"))
         if pr:
             host_profile(pr, f"{args.cprofile}/{name}-step{i + 1}.txt")
     median = statistics.median(times[3:] or times)  # after warm-up and the graph's capture
@@ -251,6 +291,8 @@ def measure(step, args, device: str, name: str = "") -> dict:
         "median_step_s": median,
         "tokens_per_s": args.rows * args.seq / median,
     }
+    if traces:
+        row["traces"] = traces
     if not getattr(step, "ran_before", 0):
         # what a job of two steps (R2d) sees: its first two steps, the first's costs included
         row.update(
@@ -272,9 +314,10 @@ def measure(step, args, device: str, name: str = "") -> dict:
 
 def before_first_step(args) -> dict:
     """What a training does between CUDA's start and its first step, timed: arenaflow's CUDA
-    warm-up (--warmup: train/cuda_warmup's one-layer step, on SmolLM2's config, at the step's
-    rows x tokens as a job runs it at its largest micro-batch's) and a reservation
-    of --reserve-gib GiB, allocated and freed so that the caching allocator holds it."""
+    warm-up (--warmup: train/cuda_warmup's one-layer step, on SmolLM2's config with the step's
+    LoRA, at the step's rows x tokens as a job runs it at its largest micro-batch's) and a
+    reservation of --reserve-gib GiB, allocated and freed so that the caching allocator holds
+    it."""
     out = {}
     if args.warmup:
         import tempfile
@@ -286,7 +329,9 @@ def before_first_step(args) -> dict:
         with tempfile.TemporaryDirectory() as base:
             LlamaConfig(**SHAPES["smollm2"]).save_pretrained(base)
             t = time.perf_counter()
-            cuda_warmup.finish(cuda_warmup.start(base, (args.rows, args.seq)))
+            # the job's LoRA, as train/loop passes it (--warmup-plain: none, as until 2026-12-04)
+            lora = None if args.warmup_plain else {**LORA, "fused": True}
+            cuda_warmup.finish(cuda_warmup.start(base, (args.rows, args.seq), lora))
             out["warmup_s"] = time.perf_counter() - t
     if args.reserve_gib:
         t = time.perf_counter()
@@ -307,11 +352,16 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="on CPU, float32 (no torch-graph)")
     ap.add_argument("--out", help="results JSON")
     ap.add_argument("--warmup", action="store_true", help="run arenaflow's CUDA warm-up first")
+    ap.add_argument(
+        "--warmup-plain", action="store_true", help="the warm-up without the job's LoRA adapters"
+    )
     ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
+    ap.add_argument("--trace", metavar="DIR", help="the first two steps' torch.profiler traces")
     args = ap.parse_args()
-    if args.cprofile:
-        os.makedirs(args.cprofile, exist_ok=True)
+    for d in (args.cprofile, args.trace):
+        if d:
+            os.makedirs(d, exist_ok=True)
     device = "cpu" if args.cpu else "cuda"
     ensure_dist_env()
     import deepspeed

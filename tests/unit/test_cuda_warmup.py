@@ -146,3 +146,45 @@ def test_on_cuda_the_warm_up_thread_finishes_and_leaves_the_cuda_generator_alone
     cuda_warmup.finish(thread)
     assert "s" in thread.outcome, thread.outcome
     assert torch.equal(torch.cuda.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_the_warm_up_layer_carries_the_jobs_adapters(method, repo_root):
+    """A LoRA job's first step runs rank-r products through lora_fused's function: kernels of
+    their own, which the first step loaded until the warm-up ran them too. The warm-up's layer
+    has the adapters the job's model has (same modules, same shapes, the only trainable weights),
+    runs them through the fused function, and builds them without drawing from the generators."""
+    from arenaflow import config
+    from arenaflow.train import lora_fused
+    from arenaflow.train import model as tmodel
+
+    base = str(repo_root / "models/tiny-arith")
+    defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
+    hyper = config.with_hyper_defaults({**defaults, "method": method})
+    job = tmodel.build(base, "base", hyper)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    layer = cuda_warmup.materialize(
+        cuda_warmup.one_layer(base, torch.device("cpu"), cuda_warmup.job_lora(hyper)),
+        torch.device("cpu"),
+    )
+    assert torch.equal(torch.get_rng_state(), before)
+
+    def layer0(model):
+        return {
+            n.split(".layers.0.", 1)[1]: (tuple(p.shape), p.requires_grad)
+            for n, p in model.named_parameters()
+            if ".layers.0." in n
+        }
+
+    assert layer0(layer) == layer0(job)
+    if method == "full":
+        assert cuda_warmup.job_lora(hyper) is None
+        return
+    assert any("lora_A" in n for n in layer0(job))  # not vacuous
+    calls, real = [], lora_fused.LoraLinearFunction.apply
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lora_fused.LoraLinearFunction, "apply", lambda *a: calls.append(1) or real(*a))
+        cuda_warmup.step(layer, rows=2, length=8)
+    assert len(calls) == len(hyper["lora"]["target_modules"])
+    assert torch.equal(torch.get_rng_state(), before)

@@ -4,8 +4,8 @@ PyTorch loads each CUDA kernel the first time it runs (CUDA_MODULE_LOADING=LAZY)
 itself up on the first product: about 0.7-1 s of a SmolLM2 LoRA job's first step on the H200
 (benchmarks/train_startup_gpu.py), in a lineage whose trainings are 1-6 steps long, while the
 seconds before it (corpus, weights, data plan) keep the host busy and the GPU idle. `start` runs
-one training step of a one-layer model of the base's architecture, at the shape of the job's
-largest micro-batch, on a side thread during that load, with the gradient-norm checks
+one training step of a one-layer model of the base's architecture, with the job's LoRA adapters,
+at the shape of the job's largest micro-batch, on a side thread during that load, with the gradient-norm checks
 DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before DeepSpeed builds its engine,
 so nothing of the warm-up runs beside DeepSpeed.
 
@@ -37,23 +37,34 @@ log = logging.getLogger(__name__)
 ENV = "ARENAFLOW_CUDA_WARMUP"
 
 
-def start(base_model: str, shape: tuple[int, int] | None = None) -> threading.Thread | None:
+def start(
+    base_model: str, shape: tuple[int, int] | None = None, lora: dict | None = None
+) -> threading.Thread | None:
     """A started warm-up thread on the current CUDA device; None without CUDA or when off.
-    `shape`: (rows, tokens a row) of the job's largest micro-batch (data.largest_micro_batch)."""
+    `shape`: (rows, tokens a row) of the job's largest micro-batch (data.largest_micro_batch);
+    `lora`: the job's LoRA settings (hyper["lora"] plus "fused"), None for full fine-tuning."""
     if os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
         return None
-    return launch(base_model, torch.device("cuda", torch.cuda.current_device()), shape)
+    return launch(base_model, torch.device("cuda", torch.cuda.current_device()), shape, lora)
+
+
+def job_lora(hyper: dict) -> dict | None:
+    """What `start` takes as `lora` for a job with these (default-filled) settings."""
+    return {**hyper["lora"], "fused": hyper["fused_lora"]} if hyper["method"] == "lora" else None
 
 
 def launch(
-    base_model: str, dev: torch.device, shape: tuple[int, int] | None = None
+    base_model: str,
+    dev: torch.device,
+    shape: tuple[int, int] | None = None,
+    lora: dict | None = None,
 ) -> threading.Thread:
     """The skeleton built here, its warm-up started on a side thread (see the module's doc)."""
     outcome: dict = {}
     try:
         import deepspeed.runtime.utils  # noqa: F401 - for ds_norm_and_clip, imported here
 
-        model = one_layer(base_model, dev)
+        model = one_layer(base_model, dev, lora)
     except Exception as e:  # noqa: BLE001 - an optimisation only, as in run()
         model, outcome["error"] = None, f"{type(e).__name__}: {e}"
     thread = threading.Thread(
@@ -99,10 +110,13 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
         outcome["error"] = f"{type(e).__name__}: {e}"
 
 
-def one_layer(base_model: str, dev: torch.device):
+def one_layer(base_model: str, dev: torch.device, lora: dict | None = None):
     """The base's architecture with one layer in `dev`'s dtype, its parameters on the meta device
     (nothing allocated or initialised: no generator is drawn from), its norms through
-    torch.rms_norm as a run too short to compile them has them (train/loop.setup_engine)."""
+    torch.rms_norm as a run too short to compile them has them (train/loop.setup_engine).
+    With `lora`, the job's adapters on it (dropout left out: on CUDA it would draw from the run's
+    generator), through lora_fused's function where the job's are (lora["fused"]): a LoRA step's
+    products at rank r are kernels of their own, and the first step paid for loading them."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from arenaflow import fused, models
@@ -114,7 +128,27 @@ def one_layer(base_model: str, dev: torch.device):
     cfg.use_cache = False
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
+        if lora is not None:
+            model = adapted(model, lora)
     fused.install_native_norms(model)
+    return model
+
+
+def adapted(model, lora: dict):
+    """`model` with PEFT LoRA adapters as train/model.build puts them, fused as the job's are."""
+    from peft import LoraConfig, get_peft_model
+
+    from arenaflow.train import lora_fused
+
+    cfg = LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        target_modules=lora["target_modules"],
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, cfg)
+    if lora.get("fused", True):
+        lora_fused.fuse(model)
     return model
 
 

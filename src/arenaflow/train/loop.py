@@ -329,7 +329,7 @@ def setup(args, hyper: dict) -> Run:
     jobclock.mark(args.out, "corpus")
     # beside the model load, at the shape of the job's largest micro-batch
     shape = data.largest_micro_batch(r.corpus, hyper, world)
-    r.cuda_warmup = cuda_warmup.start(args.base_model, shape)
+    r.cuda_warmup = cuda_warmup.start(args.base_model, shape, cuda_warmup.job_lora(hyper))
     jobclock.mark(args.out, "warm-up")
     r.stage = zero_stage(hyper, world)
     log.info("ZeRO stage %d (zero_stage: %s, %d ranks)", r.stage, hyper["zero_stage"], world)
