@@ -4,10 +4,10 @@ PyTorch loads each CUDA kernel the first time it runs (CUDA_MODULE_LOADING=LAZY)
 itself up on the first product: about 0.7-1 s of a SmolLM2 LoRA job's first step on the H200
 (benchmarks/train_startup_gpu.py), in a lineage whose trainings are 1-6 steps long, while the
 seconds before it (corpus, weights, data plan) keep the host busy and the GPU idle. `start` runs
-one training step of a one-layer model of the base's architecture, with the job's LoRA adapters,
-at the shape of the job's largest micro-batch, on a side thread during that load, with the gradient-norm checks
-DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before DeepSpeed builds its engine,
-so nothing of the warm-up runs beside DeepSpeed.
+one training step of a one-layer model of the base's architecture, with the job's LoRA
+adapters, at the shape of the job's largest micro-batch, on a side thread during that load, with
+the gradient-norm checks DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before
+DeepSpeed builds its engine, so nothing of the warm-up runs beside DeepSpeed.
 
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
