@@ -54,6 +54,7 @@ from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
 from arenaflow.train import grad_norm, lora_fused
+from arenaflow.train import model as tmodel
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env
 
 LR, CLIP = 1e-4, 1.0
@@ -331,7 +332,13 @@ def before_first_step(args) -> dict:
             t = time.perf_counter()
             # the job's LoRA, as train/loop passes it (--warmup-plain: none, as until 2026-12-04)
             lora = None if args.warmup_plain else {**LORA, "fused": True}
-            cuda_warmup.finish(cuda_warmup.start(base, (args.rows, args.seq), lora))
+            shape = (args.rows, args.seq)
+            cuda_warmup.INPUT_GRADS = not args.warmup_frozen_input
+            if args.warmup_main_thread:  # is what the side thread sets up its own?
+                dev = torch.device("cuda", torch.cuda.current_device())
+                cuda_warmup.run(cuda_warmup.one_layer(base, dev, lora), dev, out, shape)
+            else:
+                cuda_warmup.finish(cuda_warmup.start(base, shape, lora))
             out["warmup_s"] = time.perf_counter() - t
     if args.reserve_gib:
         t = time.perf_counter()
@@ -355,6 +362,14 @@ def main() -> None:
     ap.add_argument(
         "--warmup-plain", action="store_true", help="the warm-up without the job's LoRA adapters"
     )
+    ap.add_argument(
+        "--warmup-frozen-input",
+        action="store_true",
+        help="the warm-up's layer input takes no gradient (as until 2026-12-04)",
+    )
+    ap.add_argument(
+        "--warmup-main-thread", action="store_true", help="the warm-up on the main thread"
+    )
     ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
     ap.add_argument("--trace", metavar="DIR", help="the first two steps' torch.profiler traces")
@@ -369,6 +384,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo" if args.cpu else "nccl")
     rows = {}
     if not args.cpu:
+        tmodel.attention_kernels()  # as a job sets them
         rows["before_first_step"] = before_first_step(args)
         print(f"before the first step: {rows['before_first_step']}", flush=True)
     for name in args.setups.split(","):

@@ -148,20 +148,23 @@ def test_on_cuda_the_warm_up_thread_finishes_and_leaves_the_cuda_generator_alone
     assert torch.equal(torch.cuda.get_rng_state(), before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("method", ["lora", "full"])
-def test_the_warm_up_layer_carries_the_jobs_adapters(method, repo_root):
+def test_the_warm_up_layer_carries_the_jobs_adapters(method, dtype, repo_root, monkeypatch):
     """A LoRA job's first step runs rank-r products through lora_fused's function: kernels of
     their own, which the first step loaded until the warm-up ran them too. The warm-up's layer
     has the adapters the job's model has (same modules, same shapes, the only trainable weights),
     runs them through the fused function, and builds them without drawing from the generators."""
-    from arenaflow import config
+    from arenaflow import config, models
     from arenaflow.train import lora_fused
     from arenaflow.train import model as tmodel
 
     base = str(repo_root / "models/tiny-arith")
     defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
     hyper = config.with_hyper_defaults({**defaults, "method": method})
-    job = tmodel.build(base, "base", hyper)
+    job = tmodel.build(base, "base", hyper).to(dtype)  # as DeepSpeed's bf16 engine casts it
+    # bf16 is what the warm-up gets on CUDA; on CPU it runs in float32
+    monkeypatch.setattr(models, "dtype_for", lambda dev: dtype)
     torch.manual_seed(5)
     before = torch.get_rng_state()
     layer = cuda_warmup.materialize(
@@ -172,7 +175,7 @@ def test_the_warm_up_layer_carries_the_jobs_adapters(method, repo_root):
 
     def layer0(model):
         return {
-            n.split(".layers.0.", 1)[1]: (tuple(p.shape), p.requires_grad)
+            n.split(".layers.0.", 1)[1]: (tuple(p.shape), p.dtype, p.requires_grad)
             for n, p in model.named_parameters()
             if ".layers.0." in n
         }
@@ -182,9 +185,15 @@ def test_the_warm_up_layer_carries_the_jobs_adapters(method, repo_root):
         assert cuda_warmup.job_lora(hyper) is None
         return
     assert any("lora_A" in n for n in layer0(job))  # not vacuous
-    calls, real = [], lora_fused.LoraLinearFunction.apply
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lora_fused.LoraLinearFunction, "apply", lambda *a: calls.append(1) or real(*a))
-        cuda_warmup.step(layer, rows=2, length=8)
-    assert len(calls) == len(hyper["lora"]["target_modules"])
+    # every adapted projection through the fused function, with its input's gradient taken (as
+    # in every layer of the job but its first): the job's kernels, forward and backward
+    calls, real = [], lora_fused.LoraLinearFunction.backward
+
+    def backward(ctx, grad):
+        calls.append(ctx.needs_input_grad[0])
+        return real(ctx, grad)
+
+    monkeypatch.setattr(lora_fused.LoraLinearFunction, "backward", staticmethod(backward))
+    cuda_warmup.step(layer, rows=2, length=8)
+    assert calls == [True] * len(hyper["lora"]["target_modules"])
     assert torch.equal(torch.get_rng_state(), before)

@@ -146,7 +146,10 @@ def adapted(model, lora: dict):
         target_modules=lora["target_modules"],
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, cfg)
+    dtype = next(model.parameters()).dtype
+    # in the base's dtype, as DeepSpeed's bf16 engine casts the job's adapters: PEFT keeps them
+    # float32 beside a bf16 base, where lora_fused leaves them to PEFT's own path and kernels
+    model = get_peft_model(model, cfg).to(dtype)
     if lora.get("fused", True):
         lora_fused.fuse(model)
     return model
@@ -165,7 +168,15 @@ def materialize(model, dev: torch.device):
     for m in (model.get_input_embeddings(), model.get_output_embeddings()):
         if m is not None:
             m.weight.requires_grad_(False)
+    if INPUT_GRADS:
+        model.enable_input_require_grads()
     return model.train()
+
+
+# The layer's input takes a gradient, as every layer's but the first does in the job: otherwise
+# backward leaves out the products for the gradients of its projections' inputs, and the job's
+# first step runs them (and picks their kernels) for the first time.
+INPUT_GRADS = True
 
 
 # Tokens of the warm-up step when the job's micro-batch is not known: enough rows x length that
