@@ -3,7 +3,8 @@ against the same step in plain PyTorch, and that step captured as one CUDA graph
 
     python benchmarks/train_step_floor_gpu.py [--rows 100 --seq 72 --steps 10]
         [--setups deepspeed,deepspeed-before,torch,torch-compiled,torch-graph,torch-graph-first]
-        [--out results.json]
+        [--out results.json] [--warmup] [--trace DIR]
+        [--shapes 264x99,267x73 --job-objective --expandable-segments]   # a job's first step
 
 R2d trains two steps of its whole corpus (100 rows, 7.1k tokens). On the H200 such a step takes
 ~0.2 s for ~0.035 s of GPU work: it is bound by the host launching ~4.4k kernels one by one
@@ -41,6 +42,7 @@ import argparse
 import collections
 import cProfile
 import io
+import itertools
 import json
 import os
 import pstats
@@ -53,9 +55,9 @@ from overflow_check_cpu import smollm2_lora
 from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
-from arenaflow.train import grad_norm, lora_fused
+from arenaflow.train import grad_norm, lora_fused, objective
 from arenaflow.train import model as tmodel
-from arenaflow.train.loop import deepspeed_config, ensure_dist_env
+from arenaflow.train.loop import deepspeed_config, ensure_dist_env, expandable_segments
 
 LR, CLIP = 1e-4, 1.0
 PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
@@ -103,10 +105,17 @@ def deepspeed_step(args, device: str, before: bool = False):
     )
     if not before:
         grad_norm.install(engine.optimizer)
-    ids, labels = batch(args.rows, args.seq, device)
+    # --shapes: one micro-batch shape a step in turn, as a length-bucketed job's
+    batches = [batch(rows, seq, device) for rows, seq in args.shape_list]
+    calls = itertools.count()
 
     def step():
-        loss = engine(input_ids=ids, labels=labels, use_cache=False).loss
+        ids, labels = batches[next(calls) % len(batches)]
+        if args.job_objective:  # the job's loss: objective.sft_sum over the supervised tokens
+            total, _ = objective.sft_sum(engine, {"input_ids": ids, "labels": labels})
+            loss = total / (labels[:, 1:] != -100).sum()
+        else:
+            loss = engine(input_ids=ids, labels=labels, use_cache=False).loss
         engine.backward(loss)
         engine.step()
         return loss.detach()
@@ -290,7 +299,7 @@ def measure(step, args, device: str, name: str = "") -> dict:
         "losses": losses,
         "step_s": times,
         "median_step_s": median,
-        "tokens_per_s": args.rows * args.seq / median,
+        "tokens_per_s": args.tokens_per_step / median,
     }
     if traces:
         row["traces"] = traces
@@ -298,7 +307,7 @@ def measure(step, args, device: str, name: str = "") -> dict:
         # what a job of two steps (R2d) sees: its first two steps, the first's costs included
         row.update(
             two_steps_s=sum(times[:2]),
-            two_step_tokens_per_s=2 * args.rows * args.seq / sum(times[:2]),
+            two_step_tokens_per_s=2 * args.tokens_per_step / sum(times[:2]),
         )
     if device == "cuda":
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -373,7 +382,28 @@ def main() -> None:
     ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
     ap.add_argument("--trace", metavar="DIR", help="the first two steps' torch.profiler traces")
+    ap.add_argument(
+        "--shapes",
+        help="ROWSxSEQ,... the DeepSpeed set-up's micro-batches, a step each in turn (as a "
+        "length-bucketed job's); --rows/--seq become their largest, where the warm-up runs",
+    )
+    ap.add_argument(
+        "--job-objective", action="store_true", help="the job's loss (objective.sft_sum)"
+    )
+    ap.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="the allocator's expandable segments, as a training sets them",
+    )
     args = ap.parse_args()
+    args.shape_list = [
+        tuple(int(x) for x in sh.split("x")) for sh in (args.shapes or "").split(",") if sh
+    ] or [(args.rows, args.seq)]
+    args.rows = max(r for r, _ in args.shape_list)
+    args.seq = max(s for _, s in args.shape_list)
+    args.tokens_per_step = statistics.mean(r * s for r, s in args.shape_list)
+    if args.expandable_segments:
+        expandable_segments()
     for d in (args.cprofile, args.trace):
         if d:
             os.makedirs(d, exist_ok=True)

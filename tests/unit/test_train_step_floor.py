@@ -55,3 +55,27 @@ def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch
     assert all(a == b for a, b in losses), losses
     for a, b in zip(lazy.high, early.high):
         assert torch.equal(a, b)
+
+
+def test_the_jobs_objective_over_bucketed_shapes_takes_transformers_steps(tmp_path):
+    """--shapes/--job-objective reproduce a job's first steps (issue 15): micro-batches of a new
+    shape each step, the loss through objective.sft_sum. That loss, over the supervised tokens,
+    is transformers' own mean: both take the same steps, shape after shape."""
+    losses = {}
+    for flag in ("--job-objective", None):
+        out = tmp_path / f"{flag}.json"
+        cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2"]
+        cmd += ["--shapes", "4x32,3x40,5x24", "--steps", "4", "--setups", "deepspeed"]
+        cmd += ["--out", str(out)] + ([flag] if flag else [])
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        run = subprocess.run(
+            cmd, cwd=REPO / "benchmarks", env=env, capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        got = json.loads(out.read_text())
+        assert got["args"]["rows"] == 5 and got["args"]["seq"] == 40  # the warm-up's shape
+        losses[flag] = got["setups"]["deepspeed"]["losses"]
+    job, hf = losses["--job-objective"], losses[None]
+    assert len(set(job)) == 4  # four steps on three shapes: not one batch repeated
+    for step, (a, b) in enumerate(zip(job, hf), 1):
+        assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: sft_sum {a} vs transformers {b}"
