@@ -56,6 +56,16 @@ def test_metrics_are_streamed_while_training_and_a_resumed_run_lists_each_step_o
     assert io.read_jsonl(live)[:2] == first and io.read_jsonl(live) == io.read_jsonl(
         out / "metrics.jsonl"
     )
+    # each step lists its forward passes as collate padded them: the step's rows, at most
+    # seq_len wide, holding every token the step counted
+    seen = 0
+    for m in io.read_jsonl(live):
+        shapes, tokens = m["micro_batches"], m["tokens_seen"] - seen
+        seen = m["tokens_seen"]
+        assert len(shapes) == HYPER["grad_accum"], m
+        assert sum(rows for rows, _ in shapes) == HYPER["micro_batch_size"] * HYPER["grad_accum"]
+        assert all(0 < width <= HYPER["seq_len"] for _, width in shapes), m
+        assert tokens <= sum(rows * width for rows, width in shapes), m
     line = next(
         x for x in again.stderr.splitlines() if "step 3/3 |" in x
     )  # a resumed run's first step logs

@@ -504,7 +504,7 @@ def train_step(r: Run, step: int, glob) -> tuple[dict, dict]:
         len(glob) if r.preference else data.supervised_tokens(r.rows, glob, r.hyper["seq_len"])
     )
     scale = r.world * r.hyper["grad_accum"] / max(n_global, 1)
-    sums, lrs = accumulate(r, glob, scale)
+    sums, lrs, shapes = accumulate(r, glob, scale)
     if prof:
         finish_profile(prof, r.out.parent / f"profile_rank{r.rank}.txt")
     r.tokens_seen += int(sums[1])
@@ -516,6 +516,8 @@ def train_step(r: Run, step: int, glob) -> tuple[dict, dict]:
         "lr": lrs,
         "tokens_seen": r.tokens_seen,
         "elapsed_s": round(time.time() - r.t0, 3),
+        # this rank's forward passes, padded: what a step costs, and what a bench can replay
+        "micro_batches": shapes,
     }
     if r.preference:
         m.update(margin=float(sums[2]) / len(glob), pref_acc=float(sums[3]) / len(glob))
@@ -539,16 +541,18 @@ def check_finite(m: dict, arm: str, glob) -> None:
     )
 
 
-def accumulate(r: Run, glob, scale: float) -> tuple[torch.Tensor, dict]:
+def accumulate(r: Run, glob, scale: float) -> tuple[torch.Tensor, dict, list]:
     """Forward and backward of this rank's micro-batches; [loss, tokens, margin, pref_acc]
-    summed over ranks (on the host) and the LRs applied."""
+    summed over ranks (on the host), the LRs applied and each forward's [rows, width]."""
     engine = r.engine
     # Summed on the device and read once per step: a .item() per micro-batch would stall
     # the host until the GPU drains, every micro-batch.
     loss_acc = torch.zeros((), dtype=torch.float64, device=engine.device)
     host = [0.0, 0.0, 0.0]  # tokens, margin, pref_acc
+    shapes = []
     for micro in data.micro_batches(glob, r.hyper, r.world, r.rank, r.lengths):
-        loss_sum, diag, ntok = micro_loss(r, micro)
+        loss_sum, diag, ntok, shape = micro_loss(r, micro)
+        shapes.append(shape)
         engine.backward(loss_sum * scale)
         lrs = {g["name"]: g["lr"] for g in r.optimizer.param_groups}  # the LRs this step applies
         engine.step()
@@ -563,23 +567,26 @@ def accumulate(r: Run, glob, scale: float) -> tuple[torch.Tensor, dict]:
     )
     if r.world > 1:
         torch.distributed.all_reduce(sums)  # on the device: NCCL reduces CUDA tensors only
-    return sums.cpu(), lrs
+    return sums.cpu(), lrs, shapes
 
 
-def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int]:
-    """One micro-batch's summed loss, its diagnostics and its attended tokens."""
+def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int, list[int]]:
+    """One micro-batch's summed loss, its diagnostics, its attended tokens and the [rows, width]
+    its forward pass ran at (a pair's sides stacked, objective.stack_sides)."""
     engine, seq_len, pad = r.engine, r.hyper["seq_len"], r.pad
     if r.preference:
         cpu, sides = pair_batch(r, micro)
         ref = tuple(r.ref[s][micro].to(engine.device) for s in SIDES) if r.ref else None
         loss_sum, diag = objective.preference_sum(engine, *sides, ref, r.hyper)
         ntok = int(cpu["chosen"]["attention_mask"].sum() + cpu["rejected"]["attention_mask"].sum())
+        shape = [2 * len(micro), max(cpu[s]["input_ids"].shape[1] for s in SIDES)]
     else:
         cpu = data.collate(r.rows, micro, seq_len, pad)
         batch = {k: v.to(engine.device, non_blocking=True) for k, v in cpu.items()}
         loss_sum, diag = objective.sft_sum(engine, batch)
         ntok = int(cpu["attention_mask"].sum())
-    return loss_sum, diag, ntok
+        shape = list(cpu["input_ids"].shape)
+    return loss_sum, diag, ntok, shape
 
 
 def save_checkpoint(r: Run, step: int) -> None:
