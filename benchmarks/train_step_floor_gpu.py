@@ -358,7 +358,8 @@ def before_first_step(args) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The options, and the step shapes (`shape_list`) and tokens a step they make."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100)
     ap.add_argument("--seq", type=int, default=72)
@@ -402,6 +403,11 @@ def main() -> None:
     args.rows = max(r for r, _ in args.shape_list)
     args.seq = max(s for _, s in args.shape_list)
     args.tokens_per_step = statistics.mean(r * s for r, s in args.shape_list)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     if args.expandable_segments:
         expandable_segments()
     for d in (args.cprofile, args.trace):
