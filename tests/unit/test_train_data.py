@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from arenaflow.train import data
 
@@ -122,3 +123,29 @@ def test_the_largest_micro_batch_is_the_largest_that_collate_makes(
     )
     assert data.largest_micro_batch(corpus, hyper, world) == oracle
     assert data.largest_micro_batch(corpus, {**hyper, "packing": True}, world) is None
+
+
+@pytest.mark.parametrize("pad_id", [0, 7])
+def test_collate_places_every_token_as_a_row_by_row_fill_does(pad_id):
+    """Against the obvious row-by-row fill: rows cut at seq_len, right padding with pad_id, the
+    attention mask from each row's length and labels from its loss mask. pad_id 7 is also a real,
+    supervised token of the rows (a base without a pad token pads with EOS): it stays a label."""
+    gen = np.random.default_rng(3)
+    rows = [
+        (gen.integers(0, 9, n), gen.integers(0, 2, n).astype(np.int8)) for n in (5, 1, 12, 9, 30, 4)
+    ]
+    idx, seq_len = [4, 0, 2, 1, 5], 10
+    got = data.collate(rows, idx, seq_len, pad_id)
+    width = max(min(len(rows[i][0]), seq_len) for i in idx)
+    for name, fill in (("input_ids", pad_id), ("attention_mask", 0), ("labels", -100)):
+        want = torch.full((len(idx), width), fill, dtype=torch.long)
+        for r, i in enumerate(idx):
+            x, m = rows[i][0][:seq_len], rows[i][1][:seq_len]
+            for p, (tok, sup) in enumerate(zip(x, m)):
+                want[r, p] = {
+                    "input_ids": tok,
+                    "attention_mask": 1,
+                    "labels": tok if sup else -100,
+                }[name]
+        assert got[name].dtype == torch.long and torch.equal(got[name], want), name
+    assert (got["labels"] == 7).any() and got["input_ids"].shape == (5, 10)  # not vacuous

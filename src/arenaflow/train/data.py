@@ -210,15 +210,27 @@ def supervised_tokens(rows, idx, seq_len: int) -> int:
 def collate(rows, idx, seq_len: int, pad_id: int) -> dict:
     """Right-padded input_ids, attention_mask and labels of rows `idx`. Labels and the mask
     come from each row's length and loss mask, never from comparing ids with pad_id: without a
-    pad token pad_id is EOS (models.pad_id), and a real EOS is a supervised target."""
-    picked = [(r[0][:seq_len], r[1][:seq_len]) for r in (rows[i] for i in idx)]
-    width = max(len(x) for x, _ in picked)
-    ids = torch.full((len(picked), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(picked), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(picked), width), dtype=torch.long)
-    for i, (x, m) in enumerate(picked):
-        x = torch.as_tensor(x, dtype=torch.long)
-        ids[i, : len(x)] = x
-        attn[i, : len(x)] = 1
-        labels[i, : len(x)] = torch.where(torch.as_tensor(m) == 1, x, -100)
-    return {"input_ids": ids, "attention_mask": attn, "labels": labels}
+    pad token pad_id is EOS (models.pad_id), and a real EOS is a supervised target.
+
+    Filled by one scatter over all the rows' tokens, not row by row: the GPU waits for the host
+    to collate each micro-batch, and for 264 rows a per-row loop took 9.0 ms on 2 cores, this
+    1.1 ms (benchmarks/collate_cpu.py)."""
+    picked = [rows[i] for i in idx]
+    lengths = np.array([min(len(x), seq_len) for x, _ in picked])
+    n, width = len(picked), int(lengths.max())
+    tokens = np.concatenate([x[:k] for (x, _), k in zip(picked, lengths)]).astype(np.int64)
+    supervised = np.concatenate([m[:k] for (_, m), k in zip(picked, lengths)]) == 1
+    # each token's (row, position) in the padded batch
+    row = np.repeat(np.arange(n), lengths)
+    pos = np.arange(len(tokens)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    ids = np.full((n, width), pad_id, dtype=np.int64)
+    labels = np.full((n, width), -100, dtype=np.int64)
+    attn = np.zeros((n, width), dtype=np.int64)
+    ids[row, pos] = tokens
+    attn[row, pos] = 1
+    labels[row, pos] = np.where(supervised, tokens, -100)
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "attention_mask": torch.from_numpy(attn),
+        "labels": torch.from_numpy(labels),
+    }
