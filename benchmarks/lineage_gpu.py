@@ -417,6 +417,9 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                     )
             if steps:
                 rec["tokens_per_step"] = round(steps[-1]["tokens_seen"] / len(steps), 1)
+                # the padded [rows, width] of each step's forwards, for
+                # train_step_floor_gpu.py --shapes (metrics from 10ed210 on)
+                rec["micro_batches"] = [s["micro_batches"] for s in steps if "micro_batches" in s]
             if len(steps) > 1:
                 rec["step_s_median"] = round(
                     statistics.median(

@@ -97,9 +97,9 @@ def run_dir(tmp_path):
     run = results / "runs/S1"
     (run / "final").mkdir(parents=True)
     steps = [
-        {"step": 1, "elapsed_s": 4.0, "tokens_seen": 20_000},
-        {"step": 2, "elapsed_s": 4.25, "tokens_seen": 70_000},
-        {"step": 3, "elapsed_s": 4.5, "tokens_seen": 120_000},
+        {"step": 1, "elapsed_s": 4.0, "tokens_seen": 20_000, "micro_batches": [[200, 101]]},
+        {"step": 2, "elapsed_s": 4.25, "tokens_seen": 70_000, "micro_batches": [[500, 100]]},
+        {"step": 3, "elapsed_s": 4.5, "tokens_seen": 120_000, "micro_batches": [[512, 98]]},
     ]
     (run / "final/metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     (run / "final/training_evidence.json").write_text(
@@ -138,6 +138,7 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
         t["loop_tokens_per_s"] == pytest.approx(120_000 / 4.5, rel=1e-3)
         and t["tokens_per_step"] == 40_000
     )
+    assert t["micro_batches"] == [[[200, 101]], [[500, 100]], [[512, 98]]]  # for --shapes
     assert t["step_s_median"] == 0.25 and t["exit_s"] == pytest.approx(
         1.0
     )  # Finished 1 s after its end event
