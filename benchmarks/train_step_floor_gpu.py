@@ -4,7 +4,7 @@ against the same step in plain PyTorch, and that step captured as one CUDA graph
     python benchmarks/train_step_floor_gpu.py [--rows 100 --seq 72 --steps 10]
         [--setups deepspeed,deepspeed-before,torch,torch-compiled,torch-graph,torch-graph-first]
         [--out results.json] [--warmup] [--trace DIR]
-        [--shapes 264x99,267x73 --job-objective --expandable-segments]   # a job's first step
+        [--setups deepspeed-job --shapes 264x99,267x73 --expandable-segments]  # a job's steps
 
 R2d trains two steps of its whole corpus (100 rows, 7.1k tokens). On the H200 such a step takes
 ~0.2 s for ~0.035 s of GPU work: it is bound by the host launching ~4.4k kernels one by one
@@ -16,9 +16,11 @@ and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
   master weights, train/loop.deepspeed_config: no contiguous gradient bucket on one rank; norms
   through torch.rms_norm, as fused.install_native_norms routes them; the gradient norm of
   train/grad_norm);
-- deepspeed-before: the same without those (transformers' RMSNorm, DeepSpeed's per-tensor
-  gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step until
-  2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);
+- deepspeed-job: the same with the job's loss (objective.sft_sum over the supervised tokens,
+  float32 logits) in place of transformers' own;
+- deepspeed-before: the same as deepspeed without those (transformers' RMSNorm, DeepSpeed's
+  per-tensor gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step
+  until 2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);
 - torch: the same arithmetic without DeepSpeed: bf16 model, fp32 master copies of the LoRA
   weights, gradients copied to them, clipped and stepped by multi-tensor (foreach / fused) ops;
 - torch-compiled: that step with the model's forward and backward compiled by inductor (no
@@ -79,7 +81,7 @@ def batch(rows: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]
     return ids.to(device), labels.to(device)
 
 
-def deepspeed_step(args, device: str, before: bool = False):
+def deepspeed_step(args, device: str, before: bool = False, job_objective: bool = False):
     """arenaflow's one-rank engine (`before`: as it was until 2026-12-03); returns step() -> loss
     tensor."""
     import deepspeed
@@ -111,7 +113,7 @@ def deepspeed_step(args, device: str, before: bool = False):
 
     def step():
         ids, labels = batches[next(calls) % len(batches)]
-        if args.job_objective:  # the job's loss: objective.sft_sum over the supervised tokens
+        if job_objective:  # the job's loss: objective.sft_sum over the supervised tokens
             total, _ = objective.sft_sum(engine, {"input_ids": ids, "labels": labels})
             loss = total / (labels[:, 1:] != -100).sum()
         else:
@@ -218,6 +220,7 @@ def graph_first_step(args, device: str):
 
 SETUPS = {
     "deepspeed": deepspeed_step,
+    "deepspeed-job": lambda args, device: deepspeed_step(args, device, job_objective=True),
     "deepspeed-before": lambda args, device: deepspeed_step(args, device, before=True),
     "torch": torch_step,
     "torch-compiled": compiled_step,
@@ -387,9 +390,6 @@ def parse_args() -> argparse.Namespace:
         "--shapes",
         help="ROWSxSEQ,... the DeepSpeed set-up's micro-batches, a step each in turn (as a "
         "length-bucketed job's); --rows/--seq become their largest, where the warm-up runs",
-    )
-    ap.add_argument(
-        "--job-objective", action="store_true", help="the job's loss (objective.sft_sum)"
     )
     ap.add_argument(
         "--expandable-segments",

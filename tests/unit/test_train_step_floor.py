@@ -58,24 +58,20 @@ def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch
 
 
 def test_the_jobs_objective_over_bucketed_shapes_takes_transformers_steps(tmp_path):
-    """--shapes/--job-objective reproduce a job's first steps (issue 15): micro-batches of a new
-    shape each step, the loss through objective.sft_sum. That loss, over the supervised tokens,
-    is transformers' own mean: both take the same steps, shape after shape."""
-    losses = {}
-    for flag in ("--job-objective", None):
-        out = tmp_path / f"{flag}.json"
-        cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2"]
-        cmd += ["--shapes", "4x32,3x40,5x24", "--steps", "4", "--setups", "deepspeed"]
-        cmd += ["--out", str(out)] + ([flag] if flag else [])
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        run = subprocess.run(
-            cmd, cwd=REPO / "benchmarks", env=env, capture_output=True, text=True, timeout=300
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        got = json.loads(out.read_text())
-        assert got["args"]["rows"] == 5 and got["args"]["seq"] == 40  # the warm-up's shape
-        losses[flag] = got["setups"]["deepspeed"]["losses"]
-    job, hf = losses["--job-objective"], losses[None]
+    """--shapes and the deepspeed-job set-up reproduce a job's steps (issue 15): micro-batches of
+    a new shape each step, the loss through objective.sft_sum. That loss, over the supervised
+    tokens, is transformers' own mean: both take the same steps, shape after shape."""
+    out = tmp_path / "floor.json"
+    cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2", "--steps", "4"]
+    cmd += ["--shapes", "4x32,3x40,5x24", "--setups", "deepspeed-job,deepspeed", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    run = subprocess.run(
+        cmd, cwd=REPO / "benchmarks", env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["args"]["rows"] == 5 and got["args"]["seq"] == 40  # the warm-up's shape
+    job, hf = (got["setups"][s]["losses"] for s in ("deepspeed-job", "deepspeed"))
     assert len(set(job)) == 4  # four steps on three shapes: not one batch repeated
     for step, (a, b) in enumerate(zip(job, hf), 1):
         assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: sft_sum {a} vs transformers {b}"
