@@ -136,19 +136,16 @@ def one_layer(base_model: str, dev: torch.device, lora: dict | None = None):
 
 def adapted(model, lora: dict):
     """`model` with PEFT LoRA adapters as train/model.build puts them, fused as the job's are."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
     from arenaflow.train import lora_fused
+    from arenaflow.train import model as tmodel
 
-    cfg = LoraConfig(
-        r=lora["r"],
-        lora_alpha=lora["alpha"],
-        target_modules=lora["target_modules"],
-        task_type="CAUSAL_LM",
-    )
     dtype = next(model.parameters()).dtype
     # in the base's dtype, as DeepSpeed's bf16 engine casts the job's adapters: PEFT keeps them
     # float32 beside a bf16 base, where lora_fused leaves them to PEFT's own path and kernels
+    # no dropout (it would draw from the run's generator), no vocabulary-sized modules_to_save
+    cfg = tmodel.lora_config({**lora, "dropout": 0.0, "modules_to_save": None})
     model = get_peft_model(model, cfg).to(dtype)
     if lora.get("fused", True):
         lora_fused.fuse(model)

@@ -30,7 +30,7 @@ def build(base_model: str, init: str, hyper: dict):
         model = models.load_base(base_model if init == "base" else init)
         model.config.use_cache = False
         return model
-    from peft import LoraConfig, PeftModel, get_peft_model
+    from peft import PeftModel, get_peft_model
 
     if init != "base":
         if not is_adapter(init):
@@ -48,7 +48,14 @@ def build(base_model: str, init: str, hyper: dict):
             f"lora target_modules/modules_to_save {unknown} name no module of "
             f"{base_model} (it has e.g. {sorted(names - {''})[:12]})"
         )
-    cfg = LoraConfig(
+    return get_peft_model(model, lora_config(lora))
+
+
+def lora_config(lora: dict):
+    """PEFT's LoraConfig for an arm's `lora` settings."""
+    from peft import LoraConfig
+
+    return LoraConfig(
         r=lora["r"],
         lora_alpha=lora["alpha"],
         lora_dropout=lora["dropout"],
@@ -56,7 +63,6 @@ def build(base_model: str, init: str, hyper: dict):
         modules_to_save=lora.get("modules_to_save") or None,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, cfg)
 
 
 def attention_kernels() -> None:
