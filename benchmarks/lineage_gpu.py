@@ -274,7 +274,8 @@ def read_timed(path: Path) -> list[tuple[float, str]]:
 
 
 def read_events(path: Path) -> dict[str, dict]:
-    """{job output: {'loaded': t, 'end': t, 'process_start': t, 'tokens': n, 'seconds': s}}."""
+    """{job output: {'loaded': t, 'end': t, 'process_start': t, 'tokens': n, 'seconds': s}},
+    and a training's 'trained' (its last step's end: save_s is the rest)."""
     out: dict[str, dict] = {}
     if not path.exists():
         return out
@@ -392,6 +393,8 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                 own, n = process_busy(proc, period, ev.get("pid"), ev["loaded"], end)
                 if own is not None:
                     rec["gpu_busy_own"], rec["gpu_own_samples"] = own, n
+            if ev.get("trained") and ev.get("end"):  # a training's save, after its last step
+                rec["save_s"] = round(ev["end"] - ev["trained"], 3)
             if ev.get("end") and j["end"]:  # process exit and Snakemake noticing it
                 rec["exit_s"] = round(j["end"] - ev["end"], 3)
         if j["rule"] == "train_arm" and j.get("output"):
@@ -569,6 +572,7 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
                 exit_s_median=_median([r.get("exit_s") for r in gpu]),
                 gpu_busy_steady_median=_median([r.get("gpu_busy_steady") for r in gpu]),
                 step_s_median=_median([r.get("step_s_median") for r in gpu]),
+                save_s_median=_median([r.get("save_s") for r in gpu]),
             )
         stages[rule] = s
     return stages

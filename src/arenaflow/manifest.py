@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -59,7 +60,15 @@ def digest_of(files: dict[str, dict]) -> str:
 
 
 def code_version() -> dict:
-    """The package version and, when run from a git checkout, its commit and dirtiness."""
+    """The package version and, when run from a git checkout, its commit and dirtiness, as this
+    process found them first: the code it imported then is the code it runs."""
+    return dict(_code_version())
+
+
+@functools.cache
+def _code_version() -> dict:
+    # two git processes, once: a training wrote them three times, two in its save, while the
+    # GPU idled
     here = Path(__file__).resolve().parent
     info = {"arenaflow": __version__, "python": platform.python_version()}
     try:

@@ -139,3 +139,25 @@ def test_cli_verify_exits_0_on_intact_and_1_on_tampered_dir(outdir):
     bad = _cli("verify", outdir)
     assert bad.returncode == 1
     assert "a.txt" in bad.stderr and "FAIL" in bad.stderr
+
+
+def test_code_version_asks_git_once_per_process(monkeypatch):
+    """The commit a process records is the one it found first (the code it imported): a
+    training's save records it without running git while the GPU waits."""
+    first = manifest.code_version()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"],
+        cwd=manifest.Path(manifest.__file__).parent,
+        capture_output=True,
+        text=True,
+    )
+    if head.returncode == 0:
+        assert first["git_commit"] == head.stdout.strip()
+
+    def no_git(*a, **k):
+        raise AssertionError("git ran again")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    first["git_commit"] = "edited by a caller"
+    again = manifest.code_version()
+    assert again["git_commit"] != "edited by a caller" and again["python"] == first["python"]

@@ -59,6 +59,9 @@ def forks(log: Path) -> list[str]:
 
 def test_a_command_gives_the_same_output_and_status_as_on_its_own(server):
     sock, log = server
+    # the imports' objects frozen before any fork: a child's collections never walk them
+    frozen = re.search(r"; (\d+) objects frozen", log.read_text())
+    assert frozen and int(frozen.group(1)) > 100_000  # torch and transformers' modules
     before = len(forks(log))
     cmd = ["arenaflow.config", "config/config.yaml"]
     alone, forked = run(cmd), run(cmd, sock)

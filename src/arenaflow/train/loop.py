@@ -493,6 +493,8 @@ def train(r: Run) -> None:
             save_checkpoint(r, step)
     r.wall = time.time() - r.t0
     progress.close()
+    if r.rank == 0:  # the steps' end: what follows (the save) is reported apart
+        jobclock.event(r.args.out, "trained")
 
 
 def train_step(r: Run, step: int, glob) -> tuple[dict, dict]:
