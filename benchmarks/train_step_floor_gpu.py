@@ -346,12 +346,16 @@ def before_first_step(args) -> dict:
             lora = None if args.warmup_plain else {**LORA, "fused": True}
             shape = (args.rows, args.seq)
             cuda_warmup.INPUT_GRADS = not args.warmup_frozen_input
+            cuda_warmup.HOLD_OTHER_LAYERS = not args.warmup_no_hold
             if args.warmup_main_thread:  # is what the side thread sets up its own?
                 dev = torch.device("cuda", torch.cuda.current_device())
                 cuda_warmup.run(cuda_warmup.one_layer(base, dev, lora), dev, out, shape)
             else:
-                cuda_warmup.finish(cuda_warmup.start(base, shape, lora))
+                thread = cuda_warmup.start(base, shape, lora)
+                cuda_warmup.finish(thread)
+                out["held"] = thread.outcome.get("held")
             out["warmup_s"] = time.perf_counter() - t
+            out["reserved_gib"] = torch.cuda.memory_reserved() / 2**30
     if args.reserve_gib:
         t = time.perf_counter()
         block = torch.empty(int(args.reserve_gib * 2**30), dtype=torch.uint8, device="cuda")
@@ -382,6 +386,11 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument(
         "--warmup-main-thread", action="store_true", help="the warm-up on the main thread"
+    )
+    ap.add_argument(
+        "--warmup-no-hold",
+        action="store_true",
+        help="the warm-up holds nothing for the other layers (as until 2026-12-04)",
     )
     ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")

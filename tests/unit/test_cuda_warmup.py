@@ -29,6 +29,36 @@ def base(request, repo_root, tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_warm_up_counts_what_one_layer_saves_for_its_backward(base, lora):
+    """held_for counts the activations the one layer saves for backward (what each of the job's
+    other layers adds to its first step, which the warm-up holds on CUDA): in proportion to the
+    micro-batch's rows (a weight counted would not double, and the layer's weights outweigh
+    these activations), and at least the layer's input and its MLP's two hidden projections."""
+    from transformers import AutoConfig
+
+    from arenaflow.train import objective
+
+    dev = torch.device("cpu")
+    adapters = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    skeleton = cuda_warmup.one_layer(str(base), dev, {**adapters, "fused": True} if lora else None)
+    assert skeleton.job_layers == AutoConfig.from_pretrained(str(base)).num_hidden_layers
+    model = cuda_warmup.materialize(skeleton, dev)
+    length = 32
+
+    def saved(rows: int) -> dict:
+        ids = torch.arange(rows * length).reshape(rows, length) % model.config.vocab_size
+        with cuda_warmup.held_for(cuda_warmup.first_layer(model), model, 5) as out:
+            objective.sft_sum(model, {"input_ids": ids, "labels": ids})[0].backward()
+        return out
+
+    small, large = saved(4), saved(8)
+    assert small["bytes"] == 5 * small["saved"]  # held, then freed when the block ended
+    assert large["saved"] == pytest.approx(2 * small["saved"], rel=0.02)
+    cfg, width = model.config, next(model.parameters()).element_size()
+    assert small["saved"] >= 4 * length * (cfg.hidden_size + 2 * cfg.intermediate_size) * width
+
+
 def test_the_warm_up_steps_a_one_layer_copy_and_leaves_the_generators_as_it_found_them(base):
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -104,7 +134,10 @@ print(json.dumps({{"outcome": thread.outcome,
 def test_the_warm_up_runs_at_the_jobs_micro_batch_shape(shape, repo_root, monkeypatch):
     """The shape of the job's largest micro-batch (data.largest_micro_batch), so that its first
     step finds the memory of its logits held and its products' kernels chosen; the default
-    without one."""
+    without one. It holds (on CUDA) the activations of the job's other layers."""
+    from transformers import AutoConfig
+
+    layers = AutoConfig.from_pretrained(repo_root / "models/tiny-arith").num_hidden_layers
     seen, real = [], cuda_warmup.step
     monkeypatch.setattr(
         cuda_warmup, "step", lambda model, *a: seen.append((a, model.training)) or real(model, *a)
@@ -113,7 +146,8 @@ def test_the_warm_up_runs_at_the_jobs_micro_batch_shape(shape, repo_root, monkey
     cuda_warmup.finish(thread)
     assert "s" in thread.outcome, thread.outcome
     want = shape or (cuda_warmup.ROWS, cuda_warmup.LENGTH)
-    assert seen == [(want, True)] and thread.outcome["shape"] == want
+    assert seen == [((*want, layers - 1), True)] and thread.outcome["shape"] == want
+    assert thread.outcome["held"] == 0  # nothing held off CUDA
 
 
 @pytest.mark.parametrize("where", ["skeleton", "thread"])
@@ -142,10 +176,14 @@ def test_no_warm_up_without_cuda_or_when_turned_off(monkeypatch, repo_root):
 def test_on_cuda_the_warm_up_thread_finishes_and_leaves_the_cuda_generator_alone(repo_root):
     torch.cuda.manual_seed(7)
     before = torch.cuda.get_rng_state()
+    allocated = torch.cuda.memory_allocated()
     thread = cuda_warmup.start(str(repo_root / "models/tiny-arith"))
     cuda_warmup.finish(thread)
     assert "s" in thread.outcome, thread.outcome
     assert torch.equal(torch.cuda.get_rng_state(), before)
+    # the other layers' activations are held by the cache, not by a tensor
+    assert 0 < thread.outcome["held"] <= torch.cuda.memory_reserved()
+    assert torch.cuda.memory_allocated() == allocated
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,6 +9,14 @@ adapters, at the shape of the job's largest micro-batch, on a side thread during
 the gradient-norm checks DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before
 DeepSpeed builds its engine, so nothing of the warm-up runs beside DeepSpeed.
 
+On CUDA the step also holds, from its one layer's forward to the end of its backward, what the
+job's other layers will save for their backward (the bytes the one layer saved, times the other
+layers): the caching allocator then holds the job's first-step peak before that step. A training
+grows its cache by expandable segments (train/loop.expandable_segments), each new piece mapped
+from the driver on the host while the GPU waits: at R220's micro-batch on the H200 the first
+step took 0.12-0.14 s longer than a later one with them, 0.03-0.06 s without (BENCHMARKS.md,
+session 25).
+
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
 steps it. transformers' lazy top-level module is not safe to import from two threads at once: a
@@ -24,6 +32,7 @@ ARENAFLOW_CUDA_WARMUP=0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -84,10 +93,12 @@ def finish(thread: threading.Thread | None) -> None:
         log.warning("CUDA warm-up failed, the first step pays it: %s", outcome["error"])
     else:
         log.info(
-            "CUDA warm-up: %.2f s at %s rows x tokens, beside the model load; %.1f GiB held",
+            "CUDA warm-up: %.2f s at %s rows x tokens, beside the model load; %.1f GiB held "
+            "(%.1f GiB of it for the activations of the job's other layers)",
             outcome["s"],
             outcome["shape"],
             torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0,
+            outcome.get("held", 0) / 2**30,
         )
 
 
@@ -102,7 +113,8 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # the current device is per thread
-        step(materialize(model, dev), *shape)
+        other = getattr(model, "job_layers", 1) - 1
+        outcome["held"] = step(materialize(model, dev), *shape, other)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         outcome["s"] = time.perf_counter() - t
@@ -122,7 +134,7 @@ def one_layer(base_model: str, dev: torch.device, lora: dict | None = None):
     from arenaflow import fused, models
 
     cfg = AutoConfig.from_pretrained(base_model)
-    cfg.num_hidden_layers = 1
+    job_layers, cfg.num_hidden_layers = cfg.num_hidden_layers, 1
     if getattr(cfg, "layer_types", None):
         cfg.layer_types = cfg.layer_types[:1]
     cfg.use_cache = False
@@ -131,6 +143,7 @@ def one_layer(base_model: str, dev: torch.device, lora: dict | None = None):
         if lora is not None:
             model = adapted(model, lora)
     fused.install_native_norms(model)
+    model.job_layers = job_layers
     return model
 
 
@@ -188,18 +201,73 @@ INPUT_GRADS = True
 ROWS, LENGTH = 16, 256
 
 
-def step(model, rows: int = ROWS, length: int = LENGTH) -> None:
+def step(model, rows: int = ROWS, length: int = LENGTH, other_layers: int = 0) -> int:
     """What a training step runs: forward with the loss, backward, DeepSpeed's ZeRO-1/2 gradient
-    norm and clipping (ds_norm_and_clip), fused AdamW."""
+    norm and clipping (ds_norm_and_clip), fused AdamW. On CUDA, with HOLD_OTHER_LAYERS, the
+    activations of `other_layers` more layers are held through forward and backward (see the
+    module's doc). Returns the bytes held."""
     dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (rows, length), device=dev, generator=gen)
     batch = {"input_ids": ids, "labels": ids}
-    loss, _ = objective.sft_sum(model, batch)
-    loss.backward()
+    hold = other_layers if dev.type == "cuda" and HOLD_OTHER_LAYERS else 0
+    with held_for(first_layer(model), model, hold) as held:
+        loss, _ = objective.sft_sum(model, batch)
+        loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
     ds_norm_and_clip([p.grad for p in params], 1.0)
     torch.optim.AdamW(params, lr=1e-9, fused=dev.type == "cuda").step()
+    return held["bytes"]
+
+
+# The other layers' activations held through the warm-up's step (off: the floor benchmark's
+# --warmup-no-hold, to measure what holding them saves).
+HOLD_OTHER_LAYERS = True
+
+
+def first_layer(model):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder().layers[0]
+
+
+@contextlib.contextmanager
+def held_for(layer, model, other_layers: int):
+    """Counts the bytes `layer`'s forward saves for backward (by storage, parameters left out:
+    what each of the job's layers adds to its step) and, once that forward ends, holds
+    `other_layers` times as many (at most 90 % of what the device has free) until the block
+    exits. Yields {'saved': bytes the one layer saved, 'bytes': bytes held}."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+    out, inside, block = {"saved": 0, "bytes": 0}, [], []
+    dev = next(layer.parameters()).device
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if inside and ptr not in params:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    def after(*_):
+        inside.clear()
+        out["saved"] = sum(storages.values())
+        if other_layers and out["saved"]:
+            want = out["saved"] * other_layers
+            if dev.type == "cuda":
+                want = min(want, int(torch.cuda.mem_get_info(dev)[0] * 0.9))
+            out["bytes"] = want
+            block.append(torch.empty(want, dtype=torch.uint8, device=dev))
+
+    hooks = [
+        layer.register_forward_pre_hook(lambda *_: inside.append(1)),
+        layer.register_forward_hook(after),
+    ]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield out
+    finally:
+        block.clear()  # freed into the cache, which keeps it for the job's first step
+        for h in hooks:
+            h.remove()
 
 
 def ds_norm_and_clip(grads: list[torch.Tensor], max_norm: float) -> None:
