@@ -14,8 +14,9 @@ job's other layers will save for their backward (the bytes the one layer saved, 
 layers): the caching allocator then holds the job's first-step peak before that step. A training
 grows its cache by expandable segments (train/loop.expandable_segments), each new piece mapped
 from the driver on the host while the GPU waits: at R220's micro-batch on the H200 the first
-step took 0.12-0.14 s longer than a later one with them, 0.03-0.06 s without (BENCHMARKS.md,
-session 25).
+step took 0.12-0.14 s longer than a later one with them, 0.03-0.06 s without; holding took
+0.04-0.12 s off it in three of four pairs of bare processes, none worse, and in the lineage it
+is inside the first step's spread between runs (BENCHMARKS.md, "The first step's memory").
 
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
