@@ -114,8 +114,7 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
     try:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # the current device is per thread
-        other = getattr(model, "job_layers", 1) - 1
-        outcome["held"] = step(materialize(model, dev), *shape, other)
+        outcome["held"] = step(materialize(model, dev), *shape, model.job_layers - 1)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         outcome["s"] = time.perf_counter() - t
@@ -227,8 +226,9 @@ HOLD_OTHER_LAYERS = True
 
 
 def first_layer(model):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder().layers[0]
+    from arenaflow.train import model as tmodel
+
+    return tmodel.unwrapped(model).get_decoder().layers[0]
 
 
 @contextlib.contextmanager

@@ -75,6 +75,11 @@ def attention_kernels() -> None:
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
+def unwrapped(model):
+    """The transformers model inside a PEFT wrapper (the model itself when it has none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def zero3_leaf_classes(model, hyper: dict) -> list[str]:
     """The module classes ZeRO-3 treats as one unit: all their parameters gathered on entry,
     one set of hooks, instead of hooks on every submodule. 'auto' is the model's own
@@ -84,8 +89,7 @@ def zero3_leaf_classes(model, hyper: dict) -> list[str]:
     through one forward pass (objective.preference_sum)."""
     setting = hyper["zero3_leaf_modules"]
     if setting == "auto":
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        return sorted(getattr(base, "_no_split_modules", None) or [])
+        return sorted(getattr(unwrapped(model), "_no_split_modules", None) or [])
     return list(setting or [])
 
 
