@@ -50,6 +50,7 @@ import os
 import pstats
 import statistics
 import time
+import types
 
 import torch
 from gpu_bench import LORA  # sibling scripts
@@ -107,11 +108,18 @@ def deepspeed_step(args, device: str, before: bool = False, job_objective: bool 
     )
     if not before:
         grad_norm.install(engine.optimizer)
+    warmed = getattr(args, "warmup_thread", None)
+    if cuda and warmed is not None and not args.warmup_no_refill:  # as train/loop does
+        from arenaflow.train import cuda_warmup
+
+        cuda_warmup.refill(warmed)
     # --shapes: one micro-batch shape a step in turn, as a length-bucketed job's
     batches = [batch(rows, seq, device) for rows, seq in args.shape_list]
     calls = itertools.count()
 
     def step():
+        if not hasattr(step, "reserved_gib") and cuda:  # what the cache holds before step 1
+            step.reserved_gib = torch.cuda.memory_reserved() / 2**30
         ids, labels = batches[next(calls) % len(batches)]
         if job_objective:  # the job's loss: objective.sft_sum over the supervised tokens
             total, _ = objective.sft_sum(engine, {"input_ids": ids, "labels": labels})
@@ -312,6 +320,8 @@ def measure(step, args, device: str, name: str = "") -> dict:
             two_steps_s=sum(times[:2]),
             two_step_tokens_per_s=2 * args.tokens_per_step / sum(times[:2]),
         )
+    if hasattr(step, "reserved_gib"):
+        row["reserved_before_first_gib"] = step.reserved_gib
     if device == "cuda":
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step()
@@ -350,10 +360,13 @@ def before_first_step(args) -> dict:
             if args.warmup_main_thread:  # is what the side thread sets up its own?
                 dev = torch.device("cuda", torch.cuda.current_device())
                 cuda_warmup.run(cuda_warmup.one_layer(base, dev, lora), dev, out, shape)
+                args.warmup_thread = types.SimpleNamespace(outcome=out)
             else:
                 thread = cuda_warmup.start(base, shape, lora)
                 cuda_warmup.finish(thread)
                 out["held"] = thread.outcome.get("held")
+                out["peak"] = thread.outcome.get("peak")
+                args.warmup_thread = thread
             out["warmup_s"] = time.perf_counter() - t
             out["reserved_gib"] = torch.cuda.memory_reserved() / 2**30
     if args.reserve_gib:
@@ -391,6 +404,11 @@ def parse_args() -> argparse.Namespace:
         "--warmup-no-hold",
         action="store_true",
         help="the warm-up holds nothing for the other layers (as until 2026-12-04)",
+    )
+    ap.add_argument(
+        "--warmup-no-refill",
+        action="store_true",
+        help="leave the cache as DeepSpeed's build leaves it, emptied (as until 2026-12-04)",
     )
     ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
@@ -442,6 +460,8 @@ def main() -> None:
             print(f"{name:14s} failed: {r['error']}", flush=True)
             continue
         busy = f", GPU busy {r['gpu_busy']:.0%}, {r['kernels']:,} kernels" if "gpu_s" in r else ""
+        if "reserved_before_first_gib" in r:
+            busy += f", {r['reserved_before_first_gib']:.1f} GiB cached before step 1"
         two = (
             f", two steps {r['two_step_tokens_per_s']:,.0f} tokens/s" if "two_steps_s" in r else ""
         )

@@ -171,6 +171,16 @@ def test_no_warm_up_without_cuda_or_when_turned_off(monkeypatch, repo_root):
     assert cuda_warmup.start(str(repo_root / "models/tiny-arith")) is None
 
 
+def test_refill_does_nothing_without_a_cuda_warm_up(repo_root):
+    """No warm-up (off, or no CUDA), or one that ran on CPU: nothing to grow back, and no CUDA
+    call (this runs where CUDA is absent)."""
+    assert cuda_warmup.refill(None) == 0
+    thread = cuda_warmup.launch(str(repo_root / "models/tiny-arith"), torch.device("cpu"), (2, 8))
+    cuda_warmup.finish(thread)
+    assert "s" in thread.outcome and "peak" not in thread.outcome
+    assert cuda_warmup.refill(thread) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_the_warm_up_thread_finishes_and_leaves_the_cuda_generator_alone(base):
@@ -187,6 +197,15 @@ def test_on_cuda_the_warm_up_thread_finishes_and_leaves_the_cuda_generator_alone
     assert 0 < held <= torch.cuda.memory_reserved() - allocated
     if held > 2**30:  # SmolLM2's geometry: 2.9 GB at the default shape
         assert torch.cuda.memory_allocated() - allocated < held / 10
+    # DeepSpeed's ZeRO-1/2 optimizer empties the cache while it builds; refill grows it back to
+    # the warm-up step's peak (its held block included), once
+    peak = thread.outcome["peak"]
+    assert peak >= held
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < peak
+    assert cuda_warmup.refill(thread) > 0
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= peak
+    assert cuda_warmup.refill(thread) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -16,7 +16,11 @@ grows its cache by expandable segments (train/loop.expandable_segments), each ne
 from the driver on the host while the GPU waits: at R220's micro-batch on the H200 the first
 step took 0.12-0.14 s longer than a later one with them, 0.03-0.06 s without; holding took
 0.04-0.12 s off it in three of four pairs of bare processes, none worse, and in the lineage it
-is inside the first step's spread between runs (BENCHMARKS.md, "The first step's memory").
+was inside the first step's spread between runs (BENCHMARKS.md, "The first step's memory"):
+DeepSpeed's ZeRO-1/2 optimizer empties the cache while it builds (torch.cuda.empty_cache() per
+parameter group, deepspeed/runtime/zero/stage_1_and_2.py), which with expandable segments
+unmaps every free page, the held ones too. So `refill`, called once the engine is built, grows
+the cache back to the warm-up step's peak.
 
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
@@ -86,6 +90,7 @@ def launch(
 
 
 def finish(thread: threading.Thread | None) -> None:
+    """Joins the warm-up and logs what it did (or why it failed)."""
     if thread is None:
         return
     thread.join()
@@ -103,6 +108,30 @@ def finish(thread: threading.Thread | None) -> None:
         )
 
 
+def refill(thread: threading.Thread | None) -> int:
+    """After the training engine is built, grows the caching allocator back to the warm-up
+    step's peak ("peak" in the outcome: what its step took, held block included) where
+    something emptied it since (see the module's doc), at most 90 % of the device's free memory.
+    The pages are mapped now, while start-up keeps the GPU idle anyway, not in the first step.
+    Returns the bytes it allocated and freed into the cache."""
+    peak = getattr(thread, "outcome", {}).get("peak", 0)
+    if not peak:
+        return 0
+    dev = torch.cuda.current_device()
+    free_in_cache = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    want = min(peak - free_in_cache, int(torch.cuda.mem_get_info(dev)[0] * 0.9))
+    if want <= 0:
+        return 0
+    t = time.perf_counter()
+    torch.empty(want, dtype=torch.uint8, device=dev)  # freed at once: the cache keeps it
+    log.info(
+        "CUDA cache refilled by %.1f GiB to the warm-up's peak (%.2f s)",
+        want / 2**30,
+        time.perf_counter() - t,
+    )
+    return want
+
+
 def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None = None) -> None:
     """The warm-up of a one_layer() skeleton (None: it failed, already in `outcome`) at `shape`
     (rows, tokens a row; None: ROWS x LENGTH); its seconds, or the error that stopped it, go to
@@ -112,11 +141,16 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
     t = time.perf_counter()
     outcome["shape"] = shape = shape or (ROWS, LENGTH)
     try:
-        if dev.type == "cuda":
+        cuda = dev.type == "cuda"
+        if cuda:
             torch.cuda.set_device(dev)  # the current device is per thread
+            before = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
         outcome["held"] = step(materialize(model, dev), *shape, model.job_layers - 1)
-        if dev.type == "cuda":
+        if cuda:
             torch.cuda.synchronize(dev)
+            # the model's weights, loading beside it, count too: ~1 % of a SmolLM2 job's peak
+            outcome["peak"] = torch.cuda.max_memory_allocated(dev) - before
         outcome["s"] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - reported by finish(), on the main thread
         outcome["error"] = f"{type(e).__name__}: {e}"

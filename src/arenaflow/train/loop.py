@@ -458,6 +458,8 @@ def setup_engine(r: Run) -> None:
         ),
         config=deepspeed_config(hyper, r.cuda, r.plan.universal, r.stage, r.world),
     )
+    if r.cuda:  # DeepSpeed emptied the CUDA cache the warm-up had grown
+        cuda_warmup.refill(r.cuda_warmup)
     if grad_norm.install(r.engine.optimizer):
         log.info("ZeRO-%d gradient norm: multi-tensor kernels", r.stage)
     if hyper["objective"] == "dpo":  # from the init weights: before a checkpoint replaces them
