@@ -473,7 +473,8 @@ def main() -> None:
         )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "device": device, "setups": rows}, f, indent=2)
+            settings = {k: v for k, v in vars(args).items() if k != "warmup_thread"}
+            json.dump({"args": settings, "device": device, "setups": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
