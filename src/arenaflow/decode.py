@@ -9,8 +9,8 @@ graph, captured once per key-length bucket so that a step reads only the cache r
 The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
 - "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
   ARENAFLOW_DECODE_STEP=llama, see step_kind): arenaflow.llamastep's
-  pure function over packed QKV and gate/up weights, the whole step (embedding, layers, final
-  norm, lm_head and the token choice) compiled on CUDA as ONE torch.compile(fullgraph=True)
+  pure function over packed QKV and gate/up weights, the step's forward (embedding, layers,
+  final norm, lm_head) compiled on CUDA as ONE torch.compile(fullgraph=True)
   graph, in inductor's default mode, inside our own per-bucket torch.cuda.CUDAGraph capture
   (not mode="reduce-overhead": its cudagraph trees skip graphs that mutate non-parameter inputs,
   which the KV cache and token buffers are, and re-record on new input addresses; ours keeps
@@ -22,8 +22,13 @@ The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
   kernels and a grouped-query decode attention registered as a transformers AttentionInterface
   (the path before #23; every other architecture takes it).
 Both attend one query token over the cache with a grouped-query product that reads each KV head
-once. Tests hold greedy output to generate()'s. Sampling draws from the same distributions as
-generate() but from another random stream.
+once. The token choice (`choose`: greedy, or temperature, top-p and repetition penalty) runs
+apart from the forward, on CUDA as a small graph of its own per decoding, reading the step's
+logits from a fixed buffer: one decoder (its KV cache and per-bucket graphs) serves every
+decoding of its shape, so a readout's served regime does not capture the forward again after
+its greedy one (B1's readout on the H200 spent ~1.9 s of 4.4 in two decoders' captures,
+BENCHMARKS.md). Tests hold greedy output to generate()'s. Sampling draws from the same
+distributions as generate() but from another random stream.
 """
 
 from __future__ import annotations
@@ -122,20 +127,20 @@ KEEP_DECODERS = 4  # per model: each holds a KV cache for its batch
 def decoder_for(
     model, batch: int, prompt_len: int, new_tokens: int, decoding, stops: list[int], pad: int
 ):
-    """A StaticDecoder for this shape and decoding, reused across calls (its graphs are
-    captured once); the least recently used beyond KEEP_DECODERS is dropped."""
+    """A StaticDecoder for this shape, set to `decoding` and reused across calls and decodings
+    (its graphs are captured once); the least recently used beyond KEEP_DECODERS is dropped."""
     # kept on the model, so that they (and their KV caches) go when it goes
     kept = model.__dict__.setdefault("_arenaflow_decoders", {})
     # the environment's choices too: a decoder built under another step or attention is another
     env = tuple(os.environ.get(k) for k in (STEP_ENV, llamastep.ATTENTION_ENV))
-    key = (batch, prompt_len, new_tokens, decoding, tuple(stops), pad, env)
+    key = (batch, prompt_len, new_tokens, tuple(stops), pad, env)
     decoder = kept.pop(key, None) or StaticDecoder(
         model, batch, prompt_len, new_tokens, decoding, stops, pad
     )
     kept[key] = decoder
     while len(kept) > KEEP_DECODERS:
         kept.pop(next(iter(kept)))
-    return decoder
+    return decoder.use(decoding)
 
 
 @contextlib.contextmanager
@@ -179,7 +184,8 @@ def step_kind(model, step: str | None = None) -> str:
 def choose(logits: torch.Tensor, st: dict, d, pad: int) -> None:
     """Picks each row's next token from float32 logits [B, V] and records it in the decoder's
     buffers `st` (token, finished, seen, out, written, stops); `d` is a sampling.Decoding."""
-    if st["seen"] is not None:  # transformers' RepetitionPenaltyLogitsProcessor
+    penalised = d.repetition_penalty != 1.0  # st["seen"] is then set (StaticDecoder.use)
+    if penalised:  # transformers' RepetitionPenaltyLogitsProcessor
         p = d.repetition_penalty
         logits = torch.where(st["seen"], torch.where(logits < 0, logits * p, logits / p), logits)
     if d.temperature <= 0:
@@ -195,34 +201,33 @@ def choose(logits: torch.Tensor, st: dict, d, pad: int) -> None:
         nxt = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
     nxt = torch.where(st["finished"], pad, nxt)
     st["finished"].bitwise_or_((nxt[:, None] == st["stops"]).any(-1))
-    if st["seen"] is not None:
+    if penalised:
         st["seen"].scatter_(1, nxt[:, None], True)
     st["out"].index_copy_(1, st["written"], nxt[:, None])
     st["written"].add_(1)
     st["token"].copy_(nxt[:, None])
 
 
-def llama_step(weights, shape, cache, st: dict, seen_rows, tables, decoding, pad: int) -> None:
-    """One whole decode step as a pure function of tensors (compiled as one graph on CUDA):
-    feeds `token` at cache row `cursor`, attending over the cache rows `seen_rows` (0..S-1)
-    that are up to the cursor and not left padding (st["visible"]), and chooses the next token.
+def llama_step(weights, shape, cache, fwd: dict, seen_rows, tables, logits) -> None:
+    """A decode step's forward as a pure function of tensors (compiled as one graph on CUDA):
+    feeds fwd["token"] at cache row fwd["cursor"], attending over the cache rows `seen_rows`
+    (0..S-1) that are up to the cursor and not left padding (fwd["visible"]), writes the
+    float32 logits into `logits` and advances the position and cursor; `choose` picks the token.
     S is a tensor's size, not an int, so that one compiled graph serves every bucket."""
-    mask = llamastep.decode_mask(shape, st["visible"], st["cursor"], seen_rows)
-    rows = st["cursor"].view(1)
-    logits = llamastep.forward(
-        weights, shape, cache, st["token"], st["position"], rows, mask, tables
+    mask = llamastep.decode_mask(shape, fwd["visible"], fwd["cursor"], seen_rows)
+    rows = fwd["cursor"].view(1)
+    logits.copy_(
+        llamastep.forward(weights, shape, cache, fwd["token"], fwd["position"], rows, mask, tables)
     )
-    choose(logits, st, decoding, pad)
-    st["position"].add_(1)
-    st["cursor"].add_(1)
+    fwd["position"].add_(1)
+    fwd["cursor"].add_(1)
 
 
 @functools.cache
 def compiled_llama_step():
     # one compiled function for every decoder, so that dynamo's cache serves all of them.
-    # Each decoding (temperature, top_p, penalty: constants in the graph) and batch 1 compile
-    # apart; past dynamo's recompile limit (default 8) a fullgraph compile raises (and the
-    # decoder falls back to step "hf"), so the limit is raised
+    # Batch 1 compiles apart; past dynamo's recompile limit (default 8) a fullgraph compile
+    # raises (and the decoder falls back to step "hf"), so the limit is raised
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(llama_step, fullgraph=True, options=inductor_options())
@@ -245,11 +250,12 @@ def inductor_options() -> dict:
 class StaticDecoder:
     """Decodes batches of `batch` left-padded prompts of `prompt_len` tokens, `new_tokens` each.
 
-    Built once per shape and reused across batches: on CUDA its graphs are captured on first use.
-    `decoding` is an arenaflow.sampling.Decoding; `stops` the stop token ids; `pad` fills
-    positions after a row stopped. `step` "auto" | "llama" | "hf" (step_kind); `graphs` False
-    runs steps without CUDA graphs on a GPU too, `compiled` False the Llama step uncompiled
-    (both default to "on CUDA"). `path` names what runs, e.g. "llama-compiled+graphs"."""
+    Built once per shape and reused across batches and decodings: on CUDA its forward's graphs
+    are captured on first use, and a small graph of the token choice per decoding. `decoding`
+    is an arenaflow.sampling.Decoding (`use` sets another); `stops` the stop token ids; `pad`
+    fills positions after a row stopped. `step` "auto" | "llama" | "hf" (step_kind); `graphs`
+    False runs steps without CUDA graphs on a GPU too, `compiled` False the Llama step
+    uncompiled (both default to "on CUDA"). `path` names what runs, e.g. "llama-compiled+graphs"."""
 
     def __init__(
         self,
@@ -264,7 +270,7 @@ class StaticDecoder:
         step: str | None = None,
         compiled: bool | None = None,
     ):
-        self.model, self.decoding, self.pad = model, decoding, pad
+        self.model, self.pad = model, pad
         self.batch, self.prompt_len, self.new_tokens = batch, prompt_len, new_tokens
         self.length = prompt_len + new_tokens
         dev = model.device
@@ -282,11 +288,13 @@ class StaticDecoder:
             "written": torch.zeros(1, dtype=torch.long, **new),  # next column of `out`
             "stops": torch.tensor(stops, dtype=torch.long, **new),
             "visible": self.visible,
-            "seen": torch.zeros(batch, model.config.vocab_size, dtype=torch.bool, **new)
-            if decoding.repetition_penalty != 1.0
-            else None,
+            "seen": None,  # tokens seen per row, for a repetition penalty (use())
         }
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # what the forward reads and advances; the choice reads the logits it leaves here
+        self.fwd = {k: self.st[k] for k in ("token", "position", "cursor", "visible")}
+        self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, **new)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the forward, per bucket
+        self.choosers: dict = {}  # the token choice, per decoding
         self.prefill_graph: torch.cuda.CUDAGraph | None = None  # reads self.prompt_in
         self.prompt_in = (
             torch.zeros(batch, prompt_len, dtype=torch.long, **new),
@@ -301,6 +309,17 @@ class StaticDecoder:
             self._setup_llama(dev.type == "cuda" if compiled is None else compiled)
         else:
             self._setup_hf()
+        self.use(decoding)
+
+    def use(self, decoding) -> StaticDecoder:
+        """Decodes with `decoding` from the next run on (its choice's graph captured then)."""
+        self.decoding = decoding
+        if decoding.repetition_penalty != 1.0 and self.st["seen"] is None:
+            vocab = self.model.config.vocab_size
+            self.st["seen"] = torch.zeros(
+                self.batch, vocab, dtype=torch.bool, device=self.model.device
+            )
+        return self
 
     def _setup_llama(self, compiled: bool) -> None:
         m = self.model
@@ -329,23 +348,20 @@ class StaticDecoder:
 
     # -- a decode step ---------------------------------------------------------------------------
     def _step(self, seen: int) -> None:
-        """Feeds `token` at cache row `cursor`, attending over the first `seen` rows."""
+        """Feeds `token` at cache row `cursor`, attending over the first `seen` rows, and
+        chooses the next token."""
+        self._forward(seen)
+        self._choose()
+
+    def _forward(self, seen: int) -> None:
+        """The step's forward: its logits into self.logits, the position and cursor advanced."""
         if self.path.startswith("llama"):
             seen_rows = self.rows[:seen]
             fn = llama_step
             if self.compiled:
                 fn = compiled_llama_step()
                 self._mark_dynamic(seen_rows)
-            fn(
-                self.weights,
-                self.shape,
-                self.kv,
-                self.st,
-                seen_rows,
-                self.tables,
-                self.decoding,
-                self.pad,
-            )
+            fn(self.weights, self.shape, self.kv, self.fwd, seen_rows, self.tables, self.logits)
             return
         st = self.st
         mask = self.visible[:, :seen] & (self.rows[:seen] <= st["cursor"])
@@ -358,21 +374,23 @@ class StaticDecoder:
                 logits_to_keep=1,
                 **{self.cache_keyword: self.cache},
             ).logits
-        choose(logits[:, -1].float(), st, self.decoding, self.pad)
+        self.logits.copy_(logits[:, -1])
         st["position"].add_(1)
         st["cursor"].add_(1)
 
+    def _choose(self) -> None:
+        choose(self.logits, self.st, self.decoding, self.pad)
+
     def _mark_dynamic(self, seen_rows: torch.Tensor) -> None:
         """Compiles the step for any bucket (rows seen), batch and cache length, so that one
-        graph serves every decoder of a decoding: else each new shape would compile anew."""
+        graph serves every decoder: else each new shape would compile anew."""
         mark = torch._dynamo.maybe_mark_dynamic
         mark(seen_rows, 0)
         for t in (*self.kv[0], *self.kv[1]):
             mark(t, 0), mark(t, 2)
-        for key in ("token", "position", "finished", "out", "visible", "seen"):
-            if self.st[key] is not None:
-                mark(self.st[key], 0)
-        mark(self.st["visible"], 1), mark(self.st["out"], 1)
+        for t in (self.fwd["token"], self.fwd["position"], self.visible, self.logits):
+            mark(t, 0)
+        mark(self.visible, 1)
         for t in self.tables:
             mark(t, 0)
 
@@ -394,16 +412,17 @@ class StaticDecoder:
             self.st[key].zero_()
 
     def _capture(self) -> None:
-        """One CUDA graph of the step per key-length bucket."""
+        """One CUDA graph of the step's forward per key-length bucket."""
         for seen in sorted({self._bucket(i) for i in range(self.new_tokens - 1)}):
             self.graphs[seen] = self._captured(
-                functools.partial(self._step, seen), warm=functools.partial(self._rewound, seen)
+                functools.partial(self._forward, seen), warm=functools.partial(self._rewound, seen)
             )
 
-    def _rewound(self, seen: int) -> None:
-        """A warm-up step: from the cursor's start, so that each writes the rows a replay does."""
+    def _rewound(self, seen: int | None = None) -> None:
+        """A warm-up: from the cursor's start, so that each writes the rows a replay does; the
+        forward at `seen` rows, or (None) the token choice."""
         self._rewind()
-        self._step(seen)
+        self._forward(seen) if seen is not None else self._choose()
 
     def _captured(self, fn, warm=None) -> torch.cuda.CUDAGraph:
         """A CUDA graph of fn, captured after two warm-up runs of `warm` (default fn) on a side
@@ -422,13 +441,12 @@ class StaticDecoder:
     def _prepare(self) -> None:
         """Compiles the Llama step (one warm-up step), then captures the graphs; the random
         state is put back as it was, so that a fresh decoder draws as a reused one does."""
-        dev = self.model.device
         if self.new_tokens < 2:  # the prompt pass chooses the only token: no step runs
             return
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        with self._own_rng():
             if self.compiled:  # compiled on the main stream, before any capture
                 self._rewind()
-                self._step(self._bucket(0))
+                self._forward(self._bucket(0))
             if self.pool is not None:
                 self._capture()
                 if (
@@ -437,17 +455,29 @@ class StaticDecoder:
                 ):
                     self.prefill_graph = self._captured(lambda: self._prefill_body(*self.prompt_in))
 
+    def _own_rng(self):
+        """Draws made inside (warm-ups) leave the generators as they were."""
+        dev = self.model.device
+        return torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [])
+
     def _ready(self) -> None:
-        """Compiles and captures on first use (again after the model's weights changed); a
-        compiled Llama step that fails to compile or capture falls back, loudly, to
-        transformers' modelling code rather than fail a job."""
+        """Compiles and captures on first use (again after the model's weights changed), and
+        the choice's graph of a decoding not seen yet; a compiled Llama step that fails to
+        compile or capture falls back, loudly, to transformers' modelling code rather than fail
+        a job."""
         if self.path.startswith("llama"):
             weights = llamastep.packed(self.model)
             if weights is not self.weights:  # the graphs read the old copy
                 self.weights, self.graphs, self.prepared = weights, {}, False
                 self.prefill_graph = None
-        if self.prepared:
-            return
+        if not self.prepared:
+            self._prepare_or_fall_back()
+            self.prepared = True
+        if self.graphs and self.decoding not in self.choosers:
+            with self._own_rng():
+                self.choosers[self.decoding] = self._captured(self._choose, warm=self._rewound)
+
+    def _prepare_or_fall_back(self) -> None:
         try:
             self._prepare()
         except Exception as e:
@@ -466,7 +496,6 @@ class StaticDecoder:
             self._setup_hf(fused_ok=False)  # its compiled kernels might fail the same way
             self.path += " (fallback)"
             self._prepare()
-        self.prepared = True
 
     def _bucket(self, i: int) -> int:
         """Cache rows that decode step i (feeding row prompt_len + i) reads, rounded up."""
@@ -483,13 +512,17 @@ class StaticDecoder:
                 f"({self.batch}, {self.prompt_len})"
             )
         self._ready()
+        chooser = self.choosers.get(self.decoding)
         t_prompt = time.perf_counter()
         self._prefill(input_ids, attention_mask.bool())
+        self._seed_seen(input_ids, attention_mask.bool())
+        chooser.replay() if chooser else self._choose()
         written = int(self.st["written"])  # waits for the prompt pass: the clock times decoding
         t0 = time.perf_counter()
         for i in range(self.new_tokens - 1):
-            if self.graphs:
+            if chooser:
                 self.graphs[self._bucket(i)].replay()
+                chooser.replay()
             else:
                 self._step(self._bucket(i))
             if (i + 1) % SYNC_EVERY == 0 and bool(self.st["finished"].all()):
@@ -512,17 +545,23 @@ class StaticDecoder:
         self.prompt_in[1].copy_(valid)
         self.prefill_graph.replay()
 
+    def _seed_seen(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """A repetition penalty's seen tokens: the prompt's, padding not counted (as generate()
+        >= 5.24)."""
+        seen = self.st["seen"]
+        if self.decoding.repetition_penalty == 1.0:  # not read (choose)
+            return
+        counts = torch.zeros(seen.shape, dtype=torch.long, device=seen.device)
+        seen.copy_(counts.scatter_add_(1, input_ids, valid.long()) > 0)
+
     def _prefill_body(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
-        """Resets the buffers, fills the cache's first prompt_len rows and chooses the first new
-        token."""
+        """Resets the buffers and fills the cache's first prompt_len rows; the prompt's last
+        logits go to self.logits, for the first token's choice."""
         p, st, dev = self.prompt_len, self.st, valid.device
         self.visible[:, :p] = valid
         st["finished"].zero_()
         st["out"].fill_(self.pad)
         st["written"].zero_()
-        if st["seen"] is not None:  # prompt tokens, padding not counted (as generate() >= 5.24)
-            counts = torch.zeros(st["seen"].shape, dtype=torch.long, device=dev)
-            st["seen"].copy_(counts.scatter_add_(1, input_ids, valid.long()) > 0)
         # a padding row may see itself, so that no row of the prompt pass is fully masked (NaN)
         causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril()
         mask = (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=dev)
@@ -541,9 +580,9 @@ class StaticDecoder:
             )
         else:
             logits = self._prefill_hf(input_ids, positions, mask)
+        self.logits.copy_(logits)
         st["position"].copy_(positions[:, -1:] + 1)
         st["cursor"].fill_(p)
-        choose(logits, st, self.decoding, self.pad)
 
     def _prefill_hf(self, input_ids, positions, mask) -> torch.Tensor:
         self._set_cache_rows(0)

@@ -142,6 +142,35 @@ def test_a_decoder_reused_across_batches_gives_the_same_rows_as_a_fresh_one(devi
     assert again == fresh
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_decoder_serves_every_decoding_as_fresh_decoders_do(device):
+    """decoder_for keeps one decoder per shape, whatever the decoding (a readout's greedy and
+    served regimes): greedy, sampled, penalised and greedy again through it give the rows a
+    fresh decoder of each gives. On CUDA its forward's graphs are captured once, and a graph
+    of the token choice per decoding."""
+    model = random_llama(device)
+    ids, mask = left_padded([[9, 8, 7, 6], [100, 101], [5, 6, 44], [1, 2, 3, 4]], 0, device)
+    decodings = [
+        sampling.Decoding(temperature=0.0, max_new_tokens=40),
+        sampling.Decoding(temperature=0.7, top_p=0.95, max_new_tokens=40),
+        sampling.Decoding(temperature=0.0, max_new_tokens=40, repetition_penalty=1.3),
+        sampling.Decoding(temperature=0.0, max_new_tokens=40),
+    ]
+    decoders, got, want = [], [], []
+    for i, dec in enumerate(decodings):
+        decoders.append(decode.decoder_for(model, *ids.shape, 40, dec, [2], 0))
+        torch.manual_seed(i)
+        got.append(decoders[-1].run(ids, mask))
+        torch.manual_seed(i)
+        want.append(decode.StaticDecoder(model, *ids.shape, 40, dec, [2], 0).run(ids, mask))
+    assert all(d is decoders[0] for d in decoders)
+    assert got == want
+    assert got[0] == got[3] != got[2]  # the penalty applied, and not left behind
+    assert got[1] != got[0]
+    if device == "cuda":  # buckets of 32 and 44 cache rows; greedy, sampled, penalised
+        assert (len(decoders[0].graphs), len(decoders[0].choosers)) == (2, 3)
+
+
 @pytest.fixture(scope="module")
 def policy():
     return models.load_policy(BASE, None)

@@ -144,7 +144,8 @@ def test_the_compiled_step_is_one_graph_for_every_bucket_and_decodes_as_the_eage
             assert d.path == ("llama-compiled" if compiled else "llama-eager")
         assert runs[0] == runs[1]
         assert len({t for r in runs[0] for t in r}) > 5  # real decoding, not a constant row
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 2  # one a decoding
+    # the forward alone is compiled (the token choice runs apart): one graph for both decodings
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames == 1
 
 
 @pytest.mark.gpu
