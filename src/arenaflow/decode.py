@@ -66,6 +66,11 @@ SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has
 # the H200, for ~1.5 ms of GPU work; larger passes keep the GPU busy eagerly and would hold their
 # activations in the graph's memory pool
 PREFILL_GRAPH_TOKENS = 4096
+# eager runs of a step before its capture, on a side stream: what a first call sets up (the
+# KV cache, cuBLAS's choices for a new shape, a compiled kernel's recompile for a new bucket)
+# happens there, not in the graph. One does it: each further one cost a SmolLM2 readout's
+# decoder ~50 ms a bucket on the H200, host-bound (benchmarks/decode_prepare_gpu.py)
+CAPTURE_WARMUPS = 1
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -425,12 +430,12 @@ class StaticDecoder:
         self._forward(seen) if seen is not None else self._choose()
 
     def _captured(self, fn, warm=None) -> torch.cuda.CUDAGraph:
-        """A CUDA graph of fn, captured after two warm-up runs of `warm` (default fn) on a side
-        stream."""
+        """A CUDA graph of fn, captured after CAPTURE_WARMUPS runs of `warm` (default fn) on a
+        side stream."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
+            for _ in range(CAPTURE_WARMUPS):
                 (warm or fn)()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
