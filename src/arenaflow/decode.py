@@ -26,9 +26,10 @@ once. The token choice (`choose`: greedy, or temperature, top-p and repetition p
 apart from the forward, on CUDA as a small graph of its own per decoding, reading the step's
 logits from a fixed buffer: one decoder (its KV cache and per-bucket graphs) serves every
 decoding of its shape, so a readout's served regime does not capture the forward again after
-its greedy one (B1's readout on the H200 spent ~1.9 s of 4.4 in two decoders' captures,
-BENCHMARKS.md). Tests hold greedy output to generate()'s. Sampling draws from the same
-distributions as generate() but from another random stream.
+its greedy one (at SmolLM2's readout shape on the H200 a first sampled batch cost 0.37-0.54 s
+over a replayed one through a decoder of its own, 0.01-0.04 s through the greedy one's:
+benchmarks/decode_prepare_gpu.py). Tests hold greedy output to generate()'s. Sampling draws
+from the same distributions as generate() but from another random stream.
 """
 
 from __future__ import annotations
