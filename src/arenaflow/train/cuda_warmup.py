@@ -13,14 +13,14 @@ On CUDA the step also holds, from its one layer's forward to the end of its back
 job's other layers will save for their backward (the bytes the one layer saved, times the other
 layers): the caching allocator then holds the job's first-step peak before that step. A training
 grows its cache by expandable segments (train/loop.expandable_segments), each new piece mapped
-from the driver on the host while the GPU waits: at R220's micro-batch on the H200 the first
-step took 0.12-0.14 s longer than a later one with them, 0.03-0.06 s without; holding took
-0.04-0.12 s off it in three of four pairs of bare processes, none worse, and in the lineage it
-was inside the first step's spread between runs (BENCHMARKS.md, "The first step's memory"):
-DeepSpeed's ZeRO-1/2 optimizer empties the cache while it builds (torch.cuda.empty_cache() per
-parameter group, deepspeed/runtime/zero/stage_1_and_2.py), which with expandable segments
-unmaps every free page, the held ones too. So `refill`, called once the engine is built, grows
-the cache back to the warm-up step's peak.
+from the driver on the host while the GPU waits. DeepSpeed's ZeRO-1/2 optimizer empties the cache
+while it builds (torch.cuda.empty_cache() per parameter group,
+deepspeed/runtime/zero/stage_1_and_2.py), which with expandable segments unmaps every free page,
+the held ones too; so `refill`, called once the engine is built, grows the cache back to the
+warm-up step's peak. With both, the first step at R220's and the B arms' micro-batches on the
+H200 took within 0.015 s of a later one, against 0.07-0.09 s over it without the refill, and in
+the lineage 0.18-0.26 s against 0.24-0.51 s before (BENCHMARKS.md, "DeepSpeed empties the
+warm-up's cache").
 
 The side thread imports nothing: `launch` builds the one-layer model's skeleton (config, classes,
 parameters on the meta device) on the calling thread, and the thread only allocates, fills and
