@@ -410,7 +410,13 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="leave the cache as DeepSpeed's build leaves it, emptied (as until 2026-12-04)",
     )
-    ap.add_argument("--reserve-gib", type=float, default=0, help="hold this much GPU memory first")
+    ap.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=0,
+        help="allocate and free this much GPU memory first (before the engine's build, which "
+        "empties the cache again: BENCHMARKS.md, session 26)",
+    )
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
     ap.add_argument("--trace", metavar="DIR", help="the first two steps' torch.profiler traces")
     ap.add_argument(
