@@ -50,7 +50,6 @@ import os
 import pstats
 import statistics
 import time
-import types
 
 import torch
 from gpu_bench import LORA  # sibling scripts
@@ -108,11 +107,10 @@ def deepspeed_step(args, device: str, before: bool = False, job_objective: bool 
     )
     if not before:
         grad_norm.install(engine.optimizer)
-    warmed = getattr(args, "warmup_thread", None)
-    if cuda and warmed is not None and not args.warmup_no_refill:  # as train/loop does
+    if cuda and not args.warmup_no_refill:  # as train/loop does
         from arenaflow.train import cuda_warmup
 
-        cuda_warmup.refill(warmed)
+        cuda_warmup.refill(getattr(args, "warmup_outcome", None))
     # --shapes: one micro-batch shape a step in turn, as a length-bucketed job's
     batches = [batch(rows, seq, device) for rows, seq in args.shape_list]
     calls = itertools.count()
@@ -360,13 +358,12 @@ def before_first_step(args) -> dict:
             if args.warmup_main_thread:  # is what the side thread sets up its own?
                 dev = torch.device("cuda", torch.cuda.current_device())
                 cuda_warmup.run(cuda_warmup.one_layer(base, dev, lora), dev, out, shape)
-                args.warmup_thread = types.SimpleNamespace(outcome=out)
+                args.warmup_outcome = out
             else:
                 thread = cuda_warmup.start(base, shape, lora)
-                cuda_warmup.finish(thread)
-                out["held"] = thread.outcome.get("held")
-                out["peak"] = thread.outcome.get("peak")
-                args.warmup_thread = thread
+                args.warmup_outcome = cuda_warmup.finish(thread)
+                out["held"] = args.warmup_outcome.get("held")
+                out["peak"] = args.warmup_outcome.get("peak")
             out["warmup_s"] = time.perf_counter() - t
             out["reserved_gib"] = torch.cuda.memory_reserved() / 2**30
     if args.reserve_gib:
@@ -479,8 +476,7 @@ def main() -> None:
         )
     if args.out:
         with open(args.out, "w") as f:
-            settings = {k: v for k, v in vars(args).items() if k != "warmup_thread"}
-            json.dump({"args": settings, "device": device, "setups": rows}, f, indent=2)
+            json.dump({"args": vars(args), "device": device, "setups": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -428,7 +428,10 @@ class StaticDecoder:
         """A warm-up: from the cursor's start, so that each writes the rows a replay does; the
         forward at `seen` rows, or (None) the token choice."""
         self._rewind()
-        self._forward(seen) if seen is not None else self._choose()
+        if seen is None:
+            self._choose()
+        else:
+            self._forward(seen)
 
     def _captured(self, fn, warm=None) -> torch.cuda.CUDAGraph:
         """A CUDA graph of fn, captured after CAPTURE_WARMUPS runs of `warm` (default fn) on a
@@ -522,7 +525,10 @@ class StaticDecoder:
         t_prompt = time.perf_counter()
         self._prefill(input_ids, attention_mask.bool())
         self._seed_seen(input_ids, attention_mask.bool())
-        chooser.replay() if chooser else self._choose()
+        if chooser:
+            chooser.replay()
+        else:
+            self._choose()
         written = int(self.st["written"])  # waits for the prompt pass: the clock times decoding
         t0 = time.perf_counter()
         for i in range(self.new_tokens - 1):

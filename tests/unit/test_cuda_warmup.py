@@ -176,9 +176,9 @@ def test_refill_does_nothing_without_a_cuda_warm_up(repo_root):
     call (this runs where CUDA is absent)."""
     assert cuda_warmup.refill(None) == 0
     thread = cuda_warmup.launch(str(repo_root / "models/tiny-arith"), torch.device("cpu"), (2, 8))
-    cuda_warmup.finish(thread)
-    assert "s" in thread.outcome and "peak" not in thread.outcome
-    assert cuda_warmup.refill(thread) == 0
+    outcome = cuda_warmup.finish(thread)
+    assert "s" in outcome and "peak" not in outcome
+    assert cuda_warmup.refill(outcome) == 0
 
 
 @pytest.mark.gpu
@@ -203,9 +203,9 @@ def test_on_cuda_the_warm_up_thread_finishes_and_leaves_the_cuda_generator_alone
     assert peak >= held
     torch.cuda.empty_cache()
     assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < peak
-    assert cuda_warmup.refill(thread) > 0
+    assert cuda_warmup.refill(thread.outcome) > 0
     assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= peak
-    assert cuda_warmup.refill(thread) == 0
+    assert cuda_warmup.refill(thread.outcome) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,7 +7,8 @@ seconds before it (corpus, weights, data plan) keep the host busy and the GPU id
 one training step of a one-layer model of the base's architecture, with the job's LoRA
 adapters, at the shape of the job's largest micro-batch, on a side thread during that load, with
 the gradient-norm checks DeepSpeed's step runs (ds_norm_and_clip); `finish` joins it before
-DeepSpeed builds its engine, so nothing of the warm-up runs beside DeepSpeed.
+DeepSpeed builds its engine, so nothing of the warm-up runs beside DeepSpeed, and returns what
+it did (`refill` reads it once the engine is built).
 
 On CUDA the step also holds, from its one layer's forward to the end of its backward, what the
 job's other layers will save for their backward (the bytes the one layer saved, times the other
@@ -89,10 +90,11 @@ def launch(
     return thread
 
 
-def finish(thread: threading.Thread | None) -> None:
-    """Joins the warm-up and logs what it did (or why it failed)."""
+def finish(thread: threading.Thread | None) -> dict | None:
+    """Joins the warm-up, logs what it did (or why it failed) and returns its outcome (None
+    without a warm-up), which `refill` reads."""
     if thread is None:
-        return
+        return None
     thread.join()
     outcome = thread.outcome
     if "error" in outcome:  # an optimisation only: the first step pays what it did not
@@ -106,15 +108,16 @@ def finish(thread: threading.Thread | None) -> None:
             torch.cuda.memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0,
             outcome.get("held", 0) / 2**30,
         )
+    return outcome
 
 
-def refill(thread: threading.Thread | None) -> int:
+def refill(outcome: dict | None) -> int:
     """After the training engine is built, grows the caching allocator back to the warm-up
-    step's peak ("peak" in the outcome: what its step took, held block included) where
-    something emptied it since (see the module's doc), at most 90 % of the device's free memory.
-    The pages are mapped now, while start-up keeps the GPU idle anyway, not in the first step.
-    Returns the bytes it allocated and freed into the cache."""
-    peak = getattr(thread, "outcome", {}).get("peak", 0)
+    step's peak (the outcome's "peak", set on CUDA only: what its step took, held block
+    included) where something emptied it since (see the module's doc), at most 90 % of the
+    device's free memory. The pages are mapped now, while start-up keeps the GPU idle anyway,
+    not in the first step. Returns the bytes it allocated and freed into the cache."""
+    peak = (outcome or {}).get("peak", 0)
     if not peak:
         return 0
     dev = torch.cuda.current_device()

@@ -445,7 +445,7 @@ def setup_engine(r: Run) -> None:
         log.info("norms through torch.rms_norm: %d (fused_kernels auto, %d steps)", n, r.n_steps)
     else:
         log.info("fused norm and SwiGLU kernels: off (fused_kernels %s)", setting)
-    cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing of it runs beside the engine
+    warmed = cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing runs beside it
     jobclock.mark(r.args.out, "setup")  # data plan, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
@@ -458,8 +458,7 @@ def setup_engine(r: Run) -> None:
         ),
         config=deepspeed_config(hyper, r.cuda, r.plan.universal, r.stage, r.world),
     )
-    if r.cuda:  # DeepSpeed emptied the CUDA cache the warm-up had grown
-        cuda_warmup.refill(r.cuda_warmup)
+    cuda_warmup.refill(warmed)  # DeepSpeed emptied the CUDA cache the warm-up had grown
     if grad_norm.install(r.engine.optimizer):
         log.info("ZeRO-%d gradient norm: multi-tensor kernels", r.stage)
     if hyper["objective"] == "dpo":  # from the init weights: before a checkpoint replaces them
