@@ -1,7 +1,7 @@
 """What a readout's decoder costs before its first token, on one GPU (issue 15).
 
     python benchmarks/decode_prepare_gpu.py [--batch 600 --prompt 128 --new-tokens 160]
-        [--warmups 2,1] [--out results.json]
+        [--warmups 2,1] [--decode-warmup] [--out results.json]
 
 A lineage readout decodes 600 prompts greedy, then three replicates sampled as served, through
 the static engine's hf step with CUDA graphs (transformers' modelling code, SmolLM2-135M's shape
@@ -12,20 +12,24 @@ only), the first sampled batch through the same decoder (decode.decoder_for keep
 one more graph, the token choice's), and the first sampled batch of a decoder of its own (what
 each decoding cost until 2026-12-04, when decoders were kept per decoding). Prints seconds and
 each first batch's overhead over a replayed one. The first row also pays the process's first
-use of each kernel.
+use of each kernel, unless --decode-warmup ran arenaflow.decode_warmup (a greedy prompt pass
+and step of a one-layer copy, on a side thread) while the model was built and moved to the GPU,
+as a readout's load does: run the script in fresh processes with and without it to see what it
+takes off a job's first batch.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from zero_stage_cpu import SHAPES  # sibling script
 
-from arenaflow import decode, sampling
+from arenaflow import decode, decode_warmup, sampling
 
 GREEDY = sampling.Decoding(temperature=0.0, max_new_tokens=160)
 SERVED = sampling.Decoding(temperature=0.7, top_p=0.95, max_new_tokens=160)
@@ -70,11 +74,26 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=160)
     # the first row also pays the process's first use of each kernel
     ap.add_argument("--warmups", default="2,2,1,2,1")
+    ap.add_argument(
+        "--decode-warmup", action="store_true", help="arenaflow.decode_warmup beside the load"
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.manual_seed(0)
     cfg = LlamaConfig(**SHAPES["smollm2"])
+    warm, t = None, time.perf_counter()
+    if args.decode_warmup:
+        with tempfile.TemporaryDirectory() as base:
+            cfg.save_pretrained(base)
+            warm = decode_warmup.launch(base, torch.device("cuda", 0), args.batch)
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    loaded = time.perf_counter()
+    warmed = decode_warmup.finish(warm)
+    print(
+        f"model built and on the GPU {loaded - t:.2f} s, then {time.perf_counter() - loaded:.2f} "
+        "s waiting for the warm-up",
+        flush=True,
+    )
     rows = []
     for w in map(int, args.warmups.split(",")):
         r = measure(model, args, w)
@@ -89,7 +108,8 @@ def main() -> None:
         )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "device": torch.cuda.get_device_name(), "rows": rows}, f)
+            device = torch.cuda.get_device_name()
+            json.dump({"args": vars(args), "device": device, "warmup": warmed, "rows": rows}, f)
 
 
 if __name__ == "__main__":

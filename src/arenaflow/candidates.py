@@ -37,12 +37,17 @@ from arenaflow import config as afconfig
 # drawn, so that verifying, a CPU job, does without them.
 
 
+def full_params(params: dict) -> dict:
+    """A corpus's sampling params with the schema's defaults for the keys they lack."""
+    return {**afconfig.schema_defaults("corpus"), **params}
+
+
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
     """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
     a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
     from arenaflow import sampling
 
-    params = {**afconfig.schema_defaults("corpus"), **params}
+    params = full_params(params)
     if params.get("scaffold"):  # sampled under the scaffold; trained under the serving prompt
         system_prompt = params["scaffold"]["system"]
     prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]
@@ -186,12 +191,16 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     pool = io.read_jsonl(args.pool)
     if args.cmd == "sample":
-        from arenaflow import models
+        from arenaflow import decode_warmup, models, sampling
 
-        params = json.loads(args.params_json)
+        params = full_params(json.loads(args.params_json))
+        k = params["k"]
+        rows = min(sampling.prompts_per_batch(params["batch_size"], k), len(pool)) * k
+        warm = decode_warmup.start(args.base_model, rows, params["engine"])
         model, tok = models.load_policy(
             args.base_model, args.adapter, consumer="sampling", job=args.out
         )
+        decode_warmup.finish(warm, args.out)
         jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
         t0 = time.perf_counter()
         rows = sample(pool, model, tok, args.system_prompt, params)

@@ -261,7 +261,9 @@ class StaticDecoder:
     is an arenaflow.sampling.Decoding (`use` sets another); `stops` the stop token ids; `pad`
     fills positions after a row stopped. `step` "auto" | "llama" | "hf" (step_kind); `graphs`
     False runs steps without CUDA graphs on a GPU too, `compiled` False the Llama step
-    uncompiled (both default to "on CUDA"). `path` names what runs, e.g. "llama-compiled+graphs"."""
+    uncompiled (both default to "on CUDA"), `fused` False the hf step without arenaflow.fused's
+    kernels even where fused_kernels_on() (so that nothing compiles: decode_warmup's decoder).
+    `path` names what runs, e.g. "llama-compiled+graphs"."""
 
     def __init__(
         self,
@@ -275,6 +277,7 @@ class StaticDecoder:
         graphs: bool | None = None,
         step: str | None = None,
         compiled: bool | None = None,
+        fused: bool = True,
     ):
         self.model, self.pad = model, pad
         self.batch, self.prompt_len, self.new_tokens = batch, prompt_len, new_tokens
@@ -314,7 +317,7 @@ class StaticDecoder:
         if step_kind(model, step) == "llama":
             self._setup_llama(dev.type == "cuda" if compiled is None else compiled)
         else:
-            self._setup_hf()
+            self._setup_hf(fused)
         self.use(decoding)
 
     def use(self, decoding) -> StaticDecoder:
@@ -451,6 +454,8 @@ class StaticDecoder:
         """Compiles the Llama step (one warm-up step), then captures the graphs; the random
         state is put back as it was, so that a fresh decoder draws as a reused one does."""
         if self.new_tokens < 2:  # the prompt pass chooses the only token: no step runs
+            return
+        if not self.compiled and self.pool is None:  # nothing to compile or capture
             return
         with self._own_rng():
             if self.compiled:  # compiled on the main stream, before any capture

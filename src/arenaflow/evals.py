@@ -448,12 +448,15 @@ def _reads(args) -> list[dict]:
 
 def _readout_cmd(args) -> None:
     """Loads the model once for every readout of the plan (an arm's regimes x replicates)."""
-    from arenaflow import models
+    from arenaflow import decode_warmup, models, sampling
 
     reads = _reads(args)
     job = reads[0]["out"]  # the job's first output, as Snakemake lists it
-    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
     pool = io.read_jsonl(args.pool)
+    rows = min(sampling.prompts_per_batch(args.batch_size, 1), len(pool))
+    warm = decode_warmup.start(args.base_model, rows, args.engine)
+    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
+    decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     tokens, seconds = 0, 0.0
     for read in reads:

@@ -47,6 +47,11 @@ def stop_token_ids(tokenizer) -> list[int]:
     return ids
 
 
+def prompts_per_batch(batch_size: int, k: int) -> int:
+    """Prompts decoded together: their k samples each make at most `batch_size` rows."""
+    return max(1, batch_size // k)
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -76,7 +81,7 @@ def generate(
     stops = stop_token_ids(tokenizer)
     pad = models.pad_id(tokenizer)
     out: list[list[dict]] = []
-    per_batch = max(1, batch_size // k)
+    per_batch = prompts_per_batch(batch_size, k)
     t0, done_tokens = time.time(), 0
     for b, start in enumerate(range(0, len(prompts), per_batch)):
         chunk = prompts[start : start + per_batch]

@@ -159,10 +159,13 @@ def run(model, dev: torch.device, outcome: dict, shape: tuple[int, int] | None =
         outcome["error"] = f"{type(e).__name__}: {e}"
 
 
-def one_layer(base_model: str, dev: torch.device, lora: dict | None = None):
+def one_layer(
+    base_model: str, dev: torch.device, lora: dict | None = None, native_norms: bool = True
+):
     """The base's architecture with one layer in `dev`'s dtype, its parameters on the meta device
     (nothing allocated or initialised: no generator is drawn from), its norms through
-    torch.rms_norm as a run too short to compile them has them (train/loop.setup_engine).
+    torch.rms_norm as a training too short to compile them has them (train/loop.setup_engine;
+    `native_norms` False keeps the architecture's own, as arenaflow.decode's unfused step does).
     With `lora`, the job's adapters on it (dropout left out: on CUDA it would draw from the run's
     generator), through lora_fused's function where the job's are (lora["fused"]): a LoRA step's
     products at rank r are kernels of their own, and the first step paid for loading them."""
@@ -179,7 +182,8 @@ def one_layer(base_model: str, dev: torch.device, lora: dict | None = None):
         model = AutoModelForCausalLM.from_config(cfg, dtype=models.dtype_for(dev))
         if lora is not None:
             model = adapted(model, lora)
-    fused.install_native_norms(model)
+    if native_norms:
+        fused.install_native_norms(model)
     model.job_layers = job_layers
     return model
 
@@ -204,12 +208,7 @@ def adapted(model, lora: dict):
 
 def materialize(model, dev: torch.device):
     """The skeleton on `dev` with constant weights, in training mode."""
-    model = model.to_empty(device=dev)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.fill_(0.02)
-        for b in model.buffers():  # rotary frequencies: any finite values do
-            b.fill_(1.0)
+    model = filled(model, dev)
     # frozen, as in a LoRA run: no gradients or optimizer state for the vocabulary's matrices
     # (an 8 B base's are 1 B parameters)
     for m in (model.get_input_embeddings(), model.get_output_embeddings()):
@@ -218,6 +217,17 @@ def materialize(model, dev: torch.device):
     if INPUT_GRADS:
         model.enable_input_require_grads()
     return model.train()
+
+
+def filled(model, dev: torch.device):
+    """The skeleton allocated on `dev`, every weight a constant (no generator drawn from)."""
+    model = model.to_empty(device=dev)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(0.02)
+        for b in model.buffers():  # rotary frequencies: any finite values do
+            b.fill_(1.0)
+    return model
 
 
 # The layer's input takes a gradient, as every layer's but the first does in the job: otherwise
