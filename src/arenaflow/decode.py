@@ -49,6 +49,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from arenaflow import fused, llamastep
 
 ATTENTION = "arenaflow_decode"
+ATTENTION_UNFUSED = "arenaflow_decode_unfused"  # never the compiled softmax (fused=False)
 # On CUDA, "1" / "0" force the compiled norm, SwiGLU and masked-softmax kernels on / off; unset
 # or "auto": on from AUTO_MIN_TOKENS planned tokens (plan())
 FUSED_ENV = "ARENAFLOW_FUSED"
@@ -74,11 +75,14 @@ PREFILL_GRAPH_TOKENS = 4096
 CAPTURE_WARMUPS = 1
 
 
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, fused_ok=True, **kwargs
+):
     """One query token attends over the first `attention_mask.shape[-1]` cache rows.
 
     query [B, H, 1, D]; key/value: the whole static cache [B, H_kv, L, D]; the bool mask
-    [B, 1, 1, S] marks the rows each sequence may see. The prompt pass goes to SDPA."""
+    [B, 1, 1, S] marks the rows each sequence may see. The prompt pass goes to SDPA. The
+    softmax is compiled where fused_kernels_on() and `fused_ok`."""
     if query.shape[2] > 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -88,7 +92,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     # [B, H_kv, group, D] x [B, H_kv, D, S]: the query heads sharing a KV head read it together
     q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     scores = torch.matmul(q, key[:, :, :seen].transpose(-1, -2))
-    softmax = _compiled_softmax() if query.is_cuda and fused_kernels_on() else masked_softmax
+    compiled = fused_ok and query.is_cuda and fused_kernels_on()
+    softmax = _compiled_softmax() if compiled else masked_softmax
     probs = softmax(scores, attention_mask.view(batch, 1, 1, seen), scaling)
     out = torch.matmul(probs, value[:, :, :seen])
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
@@ -120,6 +125,7 @@ def _compiled_softmax():
 
 
 AttentionInterface.register(ATTENTION, _attention)
+AttentionInterface.register(ATTENTION_UNFUSED, functools.partial(_attention, fused_ok=False))
 
 
 def _cache_keyword(model) -> str:
@@ -150,9 +156,9 @@ def decoder_for(
 
 
 @contextlib.contextmanager
-def _decode_attention(model):
+def _decode_attention(model, name: str = ATTENTION):
     saved = model.config._attn_implementation
-    model.config._attn_implementation = ATTENTION
+    model.config._attn_implementation = name
     try:
         yield
     finally:
@@ -262,7 +268,8 @@ class StaticDecoder:
     fills positions after a row stopped. `step` "auto" | "llama" | "hf" (step_kind); `graphs`
     False runs steps without CUDA graphs on a GPU too, `compiled` False the Llama step
     uncompiled (both default to "on CUDA"), `fused` False the hf step without arenaflow.fused's
-    kernels even where fused_kernels_on() (so that nothing compiles: decode_warmup's decoder).
+    kernels and compiled softmax even where fused_kernels_on() (so that nothing compiles:
+    decode_warmup's decoder).
     `path` names what runs, e.g. "llama-compiled+graphs"."""
 
     def __init__(
@@ -309,8 +316,9 @@ class StaticDecoder:
             torch.zeros(batch, prompt_len, dtype=torch.long, **new),
             torch.ones(batch, prompt_len, dtype=torch.bool, **new),
         )
-        # the decode steps of the last run, timed, and its prompt pass before them
-        self.last_decode = {"steps": 0, "seconds": 0.0, "prompt_seconds": 0.0}
+        # the decode steps of the last run, timed, its prompt pass before them, and what it took
+        # to get ready before that (compiles and captures, on a decoder's first run)
+        self.last_decode = {"steps": 0, "seconds": 0.0, "prompt_seconds": 0.0, "ready_seconds": 0.0}
         self.use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.prepared = False  # compiled and captured (_ready)
@@ -344,6 +352,7 @@ class StaticDecoder:
     def _setup_hf(self, fused_ok: bool = True) -> None:
         m = self.model
         self.compiled = False
+        self.attention = ATTENTION if fused_ok else ATTENTION_UNFUSED
         self.cache_keyword = _cache_keyword(m)
         self.cache = StaticCache(config=m.config, max_cache_len=self.length)
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
@@ -374,7 +383,7 @@ class StaticDecoder:
             return
         st = self.st
         mask = self.visible[:, :seen] & (self.rows[:seen] <= st["cursor"])
-        with _decode_attention(self.model):
+        with _decode_attention(self.model, self.attention):
             logits = self.model(
                 input_ids=st["token"],
                 position_ids=st["position"],
@@ -525,6 +534,7 @@ class StaticDecoder:
                 f"prompts of shape {tuple(input_ids.shape)}; this decoder was built for "
                 f"({self.batch}, {self.prompt_len})"
             )
+        t_ready = time.perf_counter()
         self._ready()
         chooser = self.choosers.get(self.decoding)
         t_prompt = time.perf_counter()
@@ -549,6 +559,7 @@ class StaticDecoder:
             "steps": int(self.st["written"]) - written,
             "seconds": time.perf_counter() - t0,
             "prompt_seconds": t0 - t_prompt,
+            "ready_seconds": t_prompt - t_ready,
         }
         return out
 
@@ -605,7 +616,7 @@ class StaticDecoder:
         self._set_cache_rows(0)
         wide = torch.zeros(*mask.shape[:2], self.length, dtype=torch.bool, device=mask.device)
         wide[:, :, : self.prompt_len] = mask  # transformers' mask spans the whole static cache
-        with _decode_attention(self.model):
+        with _decode_attention(self.model, self.attention):
             logits = self.model(
                 input_ids=input_ids,
                 position_ids=positions,

@@ -89,12 +89,14 @@ def generate(
         enc = left_pad(tokenizer, chunk, pad, PROMPT_BUCKET if engine == "static" else 1)
         enc = {key: v.to(model.device) for key, v in enc.items()}
         torch.manual_seed(seed + b)
-        new = _decode_batch(model, enc, decoding, k, stops, pad, engine, cache_implementation)
+        new, timing = _decode_batch(
+            model, enc, decoding, k, stops, pad, engine, cache_implementation
+        )
         for i in range(len(chunk)):
             samples = [_sample(tokenizer, ids, stops) for ids in new[i * k : (i + 1) * k]]
             done_tokens += sum(s["n_tokens"] for s in samples)
             out.append(samples)
-        progress(desc, len(out), len(prompts), k, done_tokens, time.time() - t0)
+        progress(desc, len(out), len(prompts), k, done_tokens, time.time() - t0, timing)
     return out
 
 
@@ -107,16 +109,20 @@ def _decode_batch(
     pad: int,
     engine: str,
     cache_implementation: str | None,
-) -> list[list[int]]:
-    """The new tokens of `k` samples per prompt of the left-padded batch `enc`, prompt-major."""
+) -> tuple[list[list[int]], dict | None]:
+    """The new tokens of `k` samples per prompt of the left-padded batch `enc`, prompt-major,
+    and (static engine) the decoder's timing of it: decode.StaticDecoder.last_decode plus the
+    batch's seconds, the decoder's construction included."""
     if engine == "static":
+        t = time.perf_counter()
         ids, mask = (
             enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask")
         )
         decoder = decode.decoder_for(
             model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad
         )
-        return decoder.run(ids, mask)
+        new = decoder.run(ids, mask)
+        return new, {**decoder.last_decode, "batch_seconds": time.perf_counter() - t}
     gen = model.generate(
         **enc,
         max_new_tokens=decoding.max_new_tokens,
@@ -126,7 +132,7 @@ def _decode_batch(
         **({"cache_implementation": cache_implementation} if cache_implementation else {}),
         **decoding.generate_kwargs(),
     )
-    return gen[:, enc["input_ids"].shape[1] :].tolist()
+    return gen[:, enc["input_ids"].shape[1] :].tolist(), None
 
 
 def until_stop(ids: list[int], stops) -> list[int]:
@@ -158,13 +164,30 @@ def left_pad(tokenizer, texts: list[str], pad: int, multiple: int = 1) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def progress(desc: str, done: int, total: int, k: int, tokens: int, elapsed: float) -> None:
-    """One line per batch, so a log shows how far a long job is and when it will end."""
+def progress(
+    desc: str,
+    done: int,
+    total: int,
+    k: int,
+    tokens: int,
+    elapsed: float,
+    timing: dict | None = None,
+) -> None:
+    """One line per batch, so a log shows how far a long job is and when it will end; with the
+    static decoder's `timing` of the batch (_decode_batch), where its time went."""
     eta = elapsed / done * (total - done) if done else 0.0
+    where = ""
+    if timing:
+        setup = timing["batch_seconds"] - timing["prompt_seconds"] - timing["seconds"]
+        where = (
+            f" | batch {timing['batch_seconds']:.2f}s: set-up {setup:.2f}s (ready "
+            f"{timing['ready_seconds']:.2f}s), prompt pass {timing['prompt_seconds']:.2f}s, "
+            f"{timing['steps']} steps {timing['seconds']:.2f}s"
+        )
     print(
         f"{desc}: {done}/{total} prompts x{k} | {tokens} tok | "
         f"{tokens / max(elapsed, 1e-9):.0f} tok/s "
-        f"| {elapsed:.1f}s | ETA {eta:.0f}s",
+        f"| {elapsed:.1f}s | ETA {eta:.0f}s{where}",
         file=sys.stderr,
         flush=True,
     )

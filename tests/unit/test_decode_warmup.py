@@ -78,12 +78,17 @@ def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base):
+def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch):
     """On CUDA, beside the main thread copying a model's weights to the GPU (what the job's load
-    does), the warm-up finishes without error, and a decoder with CUDA graphs on the loaded
-    model then decodes greedy as one without graphs does."""
+    does), the warm-up finishes without error and compiles nothing, even where the job would
+    compile decode's kernels (no plan yet: fused_kernels_on()); a decoder with CUDA graphs on the
+    loaded model then decodes greedy as one without graphs does."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    monkeypatch.setattr(decode, "_planned_tokens", None)
+    monkeypatch.delenv(decode.FUSED_ENV, raising=False)
+    assert decode.fused_kernels_on()
+    decode._compiled_softmax.cache_clear()  # the compiled softmax, built on its first use
     dev = torch.device("cuda", torch.cuda.current_device())
     thread = decode_warmup.launch(base, dev, 8)
     torch.manual_seed(0)
@@ -91,6 +96,8 @@ def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base):
     model = model.to(dev, torch.bfloat16).eval()
     said = decode_warmup.finish(thread)
     assert "error" not in said, said.get("error")
+    assert decode._compiled_softmax.cache_info().currsize == 0
+    decode.plan(8 * 16)  # the decoders below as a job this small runs them: not compiled
     ids = torch.randint(3, model.config.vocab_size, (8, 32), device=dev)
     mask = torch.ones_like(ids)
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=16)
