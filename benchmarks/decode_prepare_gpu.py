@@ -6,7 +6,8 @@
 A lineage readout decodes 600 prompts greedy, then three replicates sampled as served, through
 the static engine's hf step with CUDA graphs (transformers' modelling code, SmolLM2-135M's shape
 here with random bf16 weights, so that no row stops early). For each --warmups value
-(decode.CAPTURE_WARMUPS: eager runs of a step before its capture; 2 until 2026-12-04) in one
+(decode.CAPTURE_WARMUPS: eager runs of a step before its capture; 2 until 2026-12-04; since
+then the first bucket's only, a later bucket's first real step warming it) in one
 process: the first greedy batch of a fresh decoder (its graphs captured), a second (replays
 only), the first sampled batch through the same decoder (decode.decoder_for keeps one per shape:
 one more graph, the token choice's), and the first sampled batch of a decoder of its own (what

@@ -5,7 +5,8 @@ on an H200 whatever the batch: BENCHMARKS.md), and with a padding mask its SDPA 
 grouped-query KV head once per query head at every step. This loop preallocates the KV cache
 for the batch, runs the prompt pass eagerly (as a CUDA graph too for the Llama step's small
 passes: PREFILL_GRAPH_TOKENS), and on CUDA replays each decode step as one CUDA
-graph, captured once per key-length bucket so that a step reads only the cache rows it can see.
+graph, captured once per key-length bucket (when a batch first reaches it) so that a step reads
+only the cache rows it can see.
 The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
 - "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
   ARENAFLOW_DECODE_STEP=llama, see step_kind): arenaflow.llamastep's
@@ -71,7 +72,9 @@ PREFILL_GRAPH_TOKENS = 4096
 # eager runs of a step before its capture, on a side stream: what a first call sets up (the
 # KV cache, cuBLAS's choices for a new shape, a compiled kernel's recompile for a new bucket)
 # happens there, not in the graph. One does it: each further one cost a SmolLM2 readout's
-# decoder ~50 ms a bucket on the H200, host-bound (benchmarks/decode_prepare_gpu.py)
+# decoder ~50 ms a bucket on the H200, host-bound (benchmarks/decode_prepare_gpu.py). For the
+# first bucket, the prompt pass and the choice; a later bucket's first real step is its one
+# (StaticDecoder._forward_graph)
 CAPTURE_WARMUPS = 1
 
 
@@ -430,11 +433,25 @@ class StaticDecoder:
             self.st[key].zero_()
 
     def _capture(self) -> None:
-        """One CUDA graph of the step's forward per key-length bucket."""
-        for seen in sorted({self._bucket(i) for i in range(self.new_tokens - 1)}):
-            self.graphs[seen] = self._captured(
-                functools.partial(self._forward, seen), warm=functools.partial(self._rewound, seen)
-            )
+        """The CUDA graph of the first bucket's forward, which every batch's first step reads
+        (and where a compiled step that cannot be captured shows while _prepare_or_fall_back
+        can still fall back); each later bucket's is captured when a batch first reaches it
+        (_forward_graph), so that buckets no batch reaches cost nothing: a readout's greedy
+        rows on SmolLM2 stopped within 40-48 of 160 steps, two of six buckets (runs 48-49)."""
+        seen = self._bucket(0)
+        self.graphs[seen] = self._captured(
+            functools.partial(self._forward, seen), warm=functools.partial(self._rewound, seen)
+        )
+
+    def _forward_graph(self, seen: int) -> None:
+        """The forward from its bucket's graph; a bucket's first step runs eagerly (the
+        capture's warm-up, on real state), then its graph is captured for the next."""
+        graph = self.graphs.get(seen)
+        if graph is not None:
+            graph.replay()
+            return
+        self._forward(seen)
+        self.graphs[seen] = self._graph_of(functools.partial(self._forward, seen))
 
     def _rewound(self, seen: int | None = None) -> None:
         """A warm-up: from the cursor's start, so that each writes the rows a replay does; the
@@ -454,6 +471,10 @@ class StaticDecoder:
             for _ in range(CAPTURE_WARMUPS):
                 (warm or fn)()
         torch.cuda.current_stream().wait_stream(side)
+        return self._graph_of(fn)
+
+    def _graph_of(self, fn) -> torch.cuda.CUDAGraph:
+        """fn captured (not run) into a CUDA graph in the decoder's memory pool."""
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             fn()
@@ -548,7 +569,7 @@ class StaticDecoder:
         t0 = time.perf_counter()
         for i in range(self.new_tokens - 1):
             if chooser:
-                self.graphs[self._bucket(i)].replay()
+                self._forward_graph(self._bucket(i))
                 chooser.replay()
             else:
                 self._step(self._bucket(i))
