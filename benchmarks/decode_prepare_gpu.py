@@ -86,7 +86,7 @@ def main() -> None:
     if args.decode_warmup:
         with tempfile.TemporaryDirectory() as base:
             cfg.save_pretrained(base)
-            warm = decode_warmup.launch(base, torch.device("cuda", 0), args.batch)
+            warm = decode_warmup.launch(base, torch.device("cuda", 0), args.batch, args.new_tokens)
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     loaded = time.perf_counter()
     warmed = decode_warmup.finish(warm)

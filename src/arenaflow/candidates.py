@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         params = full_params(json.loads(args.params_json))
         k = params["k"]
         rows = min(sampling.prompts_per_batch(params["batch_size"], k), len(pool)) * k
-        warm = decode_warmup.start(args.base_model, rows, params["engine"])
+        new_tokens = params["max_new_tokens"]
+        warm = decode_warmup.start(args.base_model, rows, new_tokens, params["engine"])
         model, tok = models.load_policy(
             args.base_model, args.adapter, consumer="sampling", job=args.out
         )

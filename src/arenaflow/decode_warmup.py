@@ -6,10 +6,12 @@ first greedy batch on the H200 took 1.9 s against 0.5 s for each later one of th
 prompts in the lineage (BENCHMARKS.md, runs 46-47), of which the decoder's CUDA graphs took
 ~0.4 s (benchmarks/decode_prepare_gpu.py) and loading the prompt pass's and the step's kernels
 most of the rest, while the GPU sat idle. `start` runs the static decode loop's prompt pass and
-one step, eagerly and greedy, through a one-layer model of the base's architecture (constant
-weights) at the job's batch, on a side thread while the main thread loads the model; `finish`
-joins it before the first batch. Nothing is captured or compiled there: a CUDA graph captured on
-one thread while another copies weights to the GPU fails, and compiling belongs to the job.
+a few steps, eagerly and greedy, through a one-layer model of the base's architecture (constant
+weights) at the job's batch and KV-cache length, on a side thread while the main thread loads
+the model; `finish` joins it before the first batch. With it (and graphs captured per bucket
+as batches reach them) that first batch took 0.5-0.8 s (runs 48-51). Nothing is captured or
+compiled there: CUDA's global capture mode forbids the synchronous copies the main thread's load
+makes while a capture is open, and compiling belongs to the job.
 
 Like the training's warm-up (train/cuda_warmup, whose one-layer skeleton this reuses), the side
 thread imports nothing (the skeleton and its classes are built on the calling thread) and draws
@@ -36,21 +38,22 @@ ENV = "ARENAFLOW_DECODE_WARMUP"
 PROMPT_LEN = 128
 
 
-def start(base_model: str, rows: int, engine: str) -> threading.Thread | None:
-    """A started warm-up thread on the current CUDA device for a job decoding batches of `rows`
-    rows with `engine` ("static": arenaflow.decode; "hf" has nothing to warm); None without
-    CUDA, when off, or when the job's decode step is not "hf"."""
+def start(base_model: str, rows: int, new_tokens: int, engine: str) -> threading.Thread | None:
+    """A started warm-up thread on the current CUDA device for a job whose first batch decodes
+    `rows` rows of up to `new_tokens` tokens with `engine` ("static": arenaflow.decode; "hf"
+    has nothing to warm); None without CUDA or when off."""
     if engine != "static" or os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
         return None
-    return launch(base_model, torch.device("cuda", torch.cuda.current_device()), rows)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    return launch(base_model, dev, rows, new_tokens)
 
 
-def launch(base_model: str, dev: torch.device, rows: int) -> threading.Thread:
+def launch(base_model: str, dev: torch.device, rows: int, new_tokens: int) -> threading.Thread:
     """The skeleton built here, its warm-up started on a side thread (see the module's doc)."""
     from arenaflow import decode, sampling  # noqa: F401 - for run(), imported here
     from arenaflow.train import cuda_warmup
 
-    outcome: dict = {"rows": rows}
+    outcome: dict = {"rows": rows, "new_tokens": new_tokens}
     try:
         model = cuda_warmup.one_layer(base_model, dev, native_norms=False)
     except Exception as e:  # noqa: BLE001 - an optimisation only, as in run()
@@ -65,8 +68,10 @@ def launch(base_model: str, dev: torch.device, rows: int) -> threading.Thread:
 
 def run(model, dev: torch.device, outcome: dict) -> None:
     """The warm-up of a one_layer() skeleton (None: it failed, already in `outcome`) on `dev`:
-    a greedy prompt pass and one step of outcome["rows"] rows; its seconds, or the error that
-    stopped it, go to `outcome`."""
+    a greedy prompt pass of outcome["rows"] rows and a few steps, over a KV cache as long as the
+    job's (PROMPT_LEN + outcome["new_tokens"] rows: the prompt pass's attention reads all of them,
+    and its kernels depend on that length); its seconds, or the error that stopped it, go to
+    `outcome`."""
     from arenaflow import decode, sampling
     from arenaflow.train import cuda_warmup
 
@@ -82,11 +87,16 @@ def run(model, dev: torch.device, outcome: dict) -> None:
         gen = torch.Generator(device=dev).manual_seed(0)
         shape = (outcome["rows"], PROMPT_LEN)
         ids = torch.randint(0, model.config.vocab_size, shape, device=dev, generator=gen)
-        greedy = sampling.Decoding(temperature=0.0, max_new_tokens=2)
+        new = outcome["new_tokens"]
+        greedy = sampling.Decoding(temperature=0.0, max_new_tokens=new)
+        # every token a stop token: every row stops at its first, and the loop ends at its
+        # first check (decode.SYNC_EVERY steps), the kernels of a step all loaded by then
+        stops = list(range(model.config.vocab_size))
         decoder = decode.StaticDecoder(
-            model, *shape, 2, greedy, [0], 0, graphs=False, compiled=False, fused=False
+            model, *shape, new, greedy, stops, 0, graphs=False, compiled=False, fused=False
         )
         decoder.run(ids, torch.ones_like(ids))
+        outcome["steps"] = decoder.last_decode["steps"]
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         outcome["s"] = time.perf_counter() - t

@@ -37,11 +37,12 @@ def test_the_warm_up_decodes_at_the_jobs_rows_and_draws_nothing(base):
     skeleton = cuda_warmup.one_layer(base, CPU, native_norms=False)
     norms = list(fused._llama_norms(skeleton))
     assert norms and all("forward" not in vars(m) for m in norms)  # not rerouted
-    outcome = {"rows": 3}
+    outcome = {"rows": 3, "new_tokens": 40}
     before = torch.get_rng_state()
     decode_warmup.run(skeleton, CPU, outcome)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["s"] > 0
+    assert outcome["steps"] == decode.SYNC_EVERY  # every row stopped: not 39 steps
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -49,14 +50,14 @@ def test_the_warm_up_leaves_a_step_it_is_not_made_for_to_the_job(base, monkeypat
     """Under the packed Llama step (which the job compiles) the warm-up runs nothing and says
     why; finish() reports it and marks the wait as a start-up phase of the job."""
     monkeypatch.setenv(decode.STEP_ENV, "llama")
-    outcome = {"rows": 2}
+    outcome = {"rows": 2, "new_tokens": 16}
     decode_warmup.run(cuda_warmup.one_layer(base, CPU, native_norms=False), CPU, outcome)
     assert "only 'hf'" in outcome["error"] and "'llama'" in outcome["error"]
 
 
 def test_finish_reports_the_warm_up_and_marks_its_wait(base, capsys, monkeypatch):
     monkeypatch.setattr(jobclock, "_MARKS", [])
-    said = decode_warmup.finish(decode_warmup.launch(base, CPU, 4), "readouts/x.parquet")
+    said = decode_warmup.finish(decode_warmup.launch(base, CPU, 4, 16), "readouts/x.parquet")
     assert "error" not in said and said["rows"] == 4
     assert [p for p, _ in jobclock._MARKS] == ["warm-up"]
     err = capsys.readouterr().err
@@ -65,16 +66,16 @@ def test_finish_reports_the_warm_up_and_marks_its_wait(base, capsys, monkeypatch
 
 def test_a_warm_up_that_cannot_start_is_reported_not_raised(tmp_path, capsys):
     """A base without a config.json: the job goes on, and pays the first batch's start-up."""
-    said = decode_warmup.finish(decode_warmup.launch(str(tmp_path), CPU, 4))
+    said = decode_warmup.finish(decode_warmup.launch(str(tmp_path), CPU, 4, 16))
     assert "config.json" in said["error"] or "OSError" in said["error"]
     assert "decode warm-up not done, the first batch pays it" in capsys.readouterr().err
 
 
 def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch):
     base = str(repo_root / "models/tiny-arith")
-    assert decode_warmup.start(base, 4, "hf") is None  # transformers' generate(): not ours
+    assert decode_warmup.start(base, 4, 16, "hf") is None  # transformers' generate(): not ours
     monkeypatch.setenv(decode_warmup.ENV, "0")
-    assert decode_warmup.start(base, 4, "static") is None
+    assert decode_warmup.start(base, 4, 16, "static") is None
 
 
 @pytest.mark.gpu
@@ -90,7 +91,7 @@ def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch):
     assert decode.fused_kernels_on()
     decode._compiled_softmax.cache_clear()  # the compiled softmax, built on its first use
     dev = torch.device("cuda", torch.cuda.current_device())
-    thread = decode_warmup.launch(base, dev, 8)
+    thread = decode_warmup.launch(base, dev, 8, 16)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
     model = model.to(dev, torch.bfloat16).eval()
