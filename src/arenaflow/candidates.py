@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> None:
 
         params = full_params(json.loads(args.params_json))
         k = params["k"]
-        rows = min(sampling.prompts_per_batch(params["batch_size"], k), len(pool)) * k
+        batch_rows = min(sampling.prompts_per_batch(params["batch_size"], k), len(pool)) * k
         new_tokens = params["max_new_tokens"]
-        warm = decode_warmup.start(args.base_model, rows, new_tokens, params["engine"])
+        warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, params["engine"])
         model, tok = models.load_policy(
             args.base_model, args.adapter, consumer="sampling", job=args.out
         )

@@ -117,6 +117,9 @@ def finish(thread: threading.Thread | None, job: str | None = None) -> dict | No
     if "error" in outcome:  # an optimisation only: the first batch pays what it did not
         said = f"not done, the first batch pays it ({outcome['error']})"
     else:
-        said = f"{outcome['s']:.2f} s at {outcome['rows']} rows x {PROMPT_LEN} tokens"
+        said = (
+            f"{outcome['s']:.2f} s at {outcome['rows']} rows x {PROMPT_LEN} tokens, a cache for "
+            f"{outcome['new_tokens']} more"
+        )
     print(f"arenaflow: decode warm-up {said}", file=sys.stderr, flush=True)
     return outcome

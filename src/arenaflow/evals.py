@@ -453,9 +453,9 @@ def _readout_cmd(args) -> None:
     reads = _reads(args)
     job = reads[0]["out"]  # the job's first output, as Snakemake lists it
     pool = io.read_jsonl(args.pool)
-    rows = min(sampling.prompts_per_batch(args.batch_size, 1), len(pool))
+    batch_rows = min(sampling.prompts_per_batch(args.batch_size, 1), len(pool))
     new_tokens = afconfig.decoding_of(reads[0]["decoding"])["max_new_tokens"]
-    warm = decode_warmup.start(args.base_model, rows, new_tokens, args.engine)
+    warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, args.engine)
     model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
