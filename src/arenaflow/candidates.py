@@ -194,8 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         from arenaflow import decode_warmup, models, sampling
 
         params = full_params(json.loads(args.params_json))
-        k = params["k"]
-        batch_rows = min(sampling.prompts_per_batch(params["batch_size"], k), len(pool)) * k
+        batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])
         new_tokens = params["max_new_tokens"]
         warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, params["engine"])
         model, tok = models.load_policy(

@@ -453,7 +453,7 @@ def _readout_cmd(args) -> None:
     reads = _reads(args)
     job = reads[0]["out"]  # the job's first output, as Snakemake lists it
     pool = io.read_jsonl(args.pool)
-    batch_rows = min(sampling.prompts_per_batch(args.batch_size, 1), len(pool))
+    batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
     new_tokens = afconfig.decoding_of(reads[0]["decoding"])["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, args.engine)
     model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)

@@ -52,6 +52,11 @@ def prompts_per_batch(batch_size: int, k: int) -> int:
     return max(1, batch_size // k)
 
 
+def first_batch_rows(prompts: int, k: int, batch_size: int) -> int:
+    """Rows (prompts x k samples) of the first batch generate() decodes for `prompts` prompts."""
+    return min(prompts_per_batch(batch_size, k), prompts) * k
+
+
 @torch.no_grad()
 def generate(
     model,
