@@ -72,10 +72,23 @@ def test_a_warm_up_that_cannot_start_is_reported_not_raised(tmp_path, capsys):
 
 
 def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch):
+    """start() launches on the current CUDA device for the static engine only, unless turned
+    off (CUDA faked present, launch recorded: this runs without a GPU)."""
     base = str(repo_root / "models/tiny-arith")
+    launched = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(decode_warmup, "launch", lambda *a: launched.append(a) or "thread")
+    monkeypatch.delenv(decode_warmup.ENV, raising=False)
+    assert decode_warmup.start(base, 4, 16, "static") == "thread"
+    assert launched == [(base, torch.device("cuda", 0), 4, 16)]
     assert decode_warmup.start(base, 4, 16, "hf") is None  # transformers' generate(): not ours
     monkeypatch.setenv(decode_warmup.ENV, "0")
     assert decode_warmup.start(base, 4, 16, "static") is None
+    monkeypatch.delenv(decode_warmup.ENV)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert decode_warmup.start(base, 4, 16, "static") is None
+    assert len(launched) == 1
 
 
 @pytest.mark.gpu
