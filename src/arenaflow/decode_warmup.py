@@ -9,7 +9,7 @@ most of the rest, while the GPU sat idle. `start` runs the static decode loop's 
 a few steps, eagerly and greedy, through a one-layer model of the base's architecture (constant
 weights) at the job's batch and KV-cache length, on a side thread while the main thread loads
 the model; `finish` joins it before the first batch. With it (and graphs captured per bucket
-as batches reach them) that first batch took 0.5-0.8 s (runs 48-51). Nothing is captured or
+as batches reach them) that first batch took 0.5-1.0 s (runs 48-51). Nothing is captured or
 compiled there: CUDA's global capture mode forbids the synchronous copies the main thread's load
 makes while a capture is open, and compiling belongs to the job.
 
