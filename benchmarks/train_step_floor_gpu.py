@@ -14,10 +14,12 @@ on all seven projections (gpu_bench.LORA) through arenaflow's fused LoRA functio
 and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
 - deepspeed: what `python -m arenaflow.train` runs on one rank (ZeRO stage 2, bf16 with fp32
   master weights, train/loop.deepspeed_config: no contiguous gradient bucket on one rank; norms
-  through torch.rms_norm, as fused.install_native_norms routes them; the gradient norm of
-  train/grad_norm);
+  through torch.rms_norm, as fused.install_native_norms routes them; the rotary embedding as
+  one autograd node, train/rope; the gradient norm of train/grad_norm);
 - deepspeed-job: the same with the job's loss (objective.sft_sum over the supervised tokens,
   float32 logits) in place of transformers' own;
+- deepspeed-job-hf-rope: deepspeed-job with transformers' rotary embedding (14 autograd nodes a
+  layer) in place of train/rope's one node, as the job ran until 2026-12-04;
 - deepspeed-before: the same as deepspeed without those (transformers' RMSNorm, DeepSpeed's
   per-tensor gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step
   until 2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);
@@ -54,10 +56,11 @@ import time
 import torch
 from gpu_bench import LORA  # sibling scripts
 from overflow_check_cpu import smollm2_lora
+from transformers.models.llama import modeling_llama
 from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
-from arenaflow.train import grad_norm, lora_fused, objective
+from arenaflow.train import grad_norm, lora_fused, objective, rope
 from arenaflow.train import model as tmodel
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env, expandable_segments
 
@@ -65,11 +68,19 @@ LR, CLIP = 1e-4, 1.0
 PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
 
 
-def build(layers: int, device: str, dtype: torch.dtype, native_norms: bool = True):
+def build(
+    layers: int, device: str, dtype: torch.dtype, native_norms: bool = True, job_rope: bool = True
+):
     net = smollm2_lora(layers).to(device, dtype)
     lora_fused.fuse(net)
     if native_norms:
         fused.install_native_norms(net)
+    if job_rope:  # as train/loop.setup_engine: the rotary embedding as one autograd node
+        rope.install(net)
+    else:  # transformers' own, whatever a set-up before this one installed
+        modeling_llama.apply_rotary_pos_emb = getattr(
+            modeling_llama, "transformers_apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb
+        )
     return net
 
 
@@ -81,14 +92,22 @@ def batch(rows: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]
     return ids.to(device), labels.to(device)
 
 
-def deepspeed_step(args, device: str, before: bool = False, job_objective: bool = False):
-    """arenaflow's one-rank engine (`before`: as it was until 2026-12-03); returns step() -> loss
-    tensor."""
+def deepspeed_step(
+    args, device: str, before: bool = False, job_objective: bool = False, job_rope: bool = True
+):
+    """arenaflow's one-rank engine (`before`: as it was until 2026-12-03; `job_rope` False:
+    transformers' rotary embedding, as until 2026-12-04); returns step() -> loss tensor."""
     import deepspeed
 
     cuda = device == "cuda"
     # DeepSpeed casts to bf16 where enabled
-    net = build(args.layers, device, torch.float32, native_norms=not before)
+    net = build(
+        args.layers,
+        device,
+        torch.float32,
+        native_norms=not before,
+        job_rope=job_rope and not before,
+    )
     params = [p for p in net.parameters() if p.requires_grad]
     hyper = {
         "micro_batch_size": args.rows,
@@ -227,6 +246,9 @@ def graph_first_step(args, device: str):
 SETUPS = {
     "deepspeed": deepspeed_step,
     "deepspeed-job": lambda args, device: deepspeed_step(args, device, job_objective=True),
+    "deepspeed-job-hf-rope": lambda args, device: deepspeed_step(
+        args, device, job_objective=True, job_rope=False
+    ),
     "deepspeed-before": lambda args, device: deepspeed_step(args, device, before=True),
     "torch": torch_step,
     "torch-compiled": compiled_step,

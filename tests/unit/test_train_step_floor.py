@@ -2,7 +2,8 @@
 with the same step in plain PyTorch; the comparison means something only if both take the same
 steps. On CPU in float32 they must: the same losses, step after step, to float32's rounding;
 arenaflow's step as it was before its norms went through torch.rms_norm and its gradient norm
-through multi-tensor kernels, too."""
+through multi-tensor kernels, too; and the job's step with transformers' rotary embedding in
+place of train/rope's, bitwise."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     out = tmp_path / "floor.json"
     cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2", "--rows", "4"]
-    cmd += ["--seq", "32", "--steps", "4", "--setups", "deepspeed,deepspeed-before,torch"]
+    setups = "deepspeed,deepspeed-before,torch,deepspeed-job,deepspeed-job-hf-rope"
+    cmd += ["--seq", "32", "--steps", "4", "--setups", setups]
     cmd += ["--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     run = subprocess.run(
@@ -33,6 +35,9 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     # arenaflow's step until 2026-12-03 (transformers' norm, DeepSpeed's per-tensor grad norm)
     for step, (a, b) in enumerate(zip(ds, setups["deepspeed-before"]["losses"]), 1):
         assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: DeepSpeed {a} vs before {b}"
+    # train/rope's rotary embedding against transformers' own: bitwise the same steps
+    job, hf_rope = setups["deepspeed-job"]["losses"], setups["deepspeed-job-hf-rope"]["losses"]
+    assert job[-1] < job[0] - 0.1 and job == hf_rope
 
 
 def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch):

@@ -40,6 +40,7 @@ from arenaflow.train import (
     heldout,
     lora_fused,
     objective,
+    rope,
 )
 from arenaflow.train import model as tmodel
 
@@ -446,6 +447,8 @@ def setup_engine(r: Run) -> None:
     else:
         log.info("fused norm and SwiGLU kernels: off (fused_kernels %s)", setting)
     warmed = cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing runs beside it
+    # after the warm-up's thread: the function is a module global it calls too
+    log.info("rotary embedding as one autograd node: %d modeling modules", rope.install(net))
     jobclock.mark(r.args.out, "setup")  # data plan, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
