@@ -15,11 +15,14 @@ and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
 - deepspeed: what `python -m arenaflow.train` runs on one rank (ZeRO stage 2, bf16 with fp32
   master weights, train/loop.deepspeed_config: no contiguous gradient bucket on one rank; norms
   through torch.rms_norm, as fused.install_native_norms routes them; the rotary embedding as
-  one autograd node, train/rope; the gradient norm of train/grad_norm);
+  one autograd node, train/rope; the gradient norm of train/grad_norm; one rank's identity
+  all-reduce skipped, train/one_rank);
 - deepspeed-job: the same with the job's loss (objective.sft_sum over the supervised tokens,
   float32 logits) in place of transformers' own;
 - deepspeed-job-hf-rope: deepspeed-job with transformers' rotary embedding (14 autograd nodes a
   layer) in place of train/rope's one node, as the job ran until 2026-12-04;
+- deepspeed-job-reduce: deepspeed-job with DeepSpeed's own all-reduce of one rank (the identity,
+  a copy back per gradient tensor) in place of train/one_rank's skip, as until 2026-12-04;
 - deepspeed-before: the same as deepspeed without those (transformers' RMSNorm, DeepSpeed's
   per-tensor gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step
   until 2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);
@@ -60,7 +63,7 @@ from transformers.models.llama import modeling_llama
 from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
-from arenaflow.train import grad_norm, lora_fused, objective, rope
+from arenaflow.train import grad_norm, lora_fused, objective, one_rank, rope
 from arenaflow.train import model as tmodel
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env, expandable_segments
 
@@ -93,10 +96,16 @@ def batch(rows: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def deepspeed_step(
-    args, device: str, before: bool = False, job_objective: bool = False, job_rope: bool = True
+    args,
+    device: str,
+    before: bool = False,
+    job_objective: bool = False,
+    job_rope: bool = True,
+    skip_reduce: bool = True,
 ):
     """arenaflow's one-rank engine (`before`: as it was until 2026-12-03; `job_rope` False:
-    transformers' rotary embedding, as until 2026-12-04); returns step() -> loss tensor."""
+    transformers' rotary embedding, `skip_reduce` False: DeepSpeed's identity all-reduce, each as
+    until 2026-12-04); returns step() -> loss tensor."""
     import deepspeed
 
     cuda = device == "cuda"
@@ -126,6 +135,8 @@ def deepspeed_step(
     )
     if not before:
         grad_norm.install(engine.optimizer)
+        if skip_reduce:
+            one_rank.install(engine.optimizer)
     if cuda and not args.warmup_no_refill:  # as train/loop does
         from arenaflow.train import cuda_warmup
 
@@ -248,6 +259,9 @@ SETUPS = {
     "deepspeed-job": lambda args, device: deepspeed_step(args, device, job_objective=True),
     "deepspeed-job-hf-rope": lambda args, device: deepspeed_step(
         args, device, job_objective=True, job_rope=False
+    ),
+    "deepspeed-job-reduce": lambda args, device: deepspeed_step(
+        args, device, job_objective=True, skip_reduce=False
     ),
     "deepspeed-before": lambda args, device: deepspeed_step(args, device, before=True),
     "torch": torch_step,

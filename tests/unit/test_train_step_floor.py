@@ -3,7 +3,7 @@ with the same step in plain PyTorch; the comparison means something only if both
 steps. On CPU in float32 they must: the same losses, step after step, to float32's rounding;
 arenaflow's step as it was before its norms went through torch.rms_norm and its gradient norm
 through multi-tensor kernels, too; and the job's step with transformers' rotary embedding in
-place of train/rope's, bitwise."""
+place of train/rope's, and with DeepSpeed's one-rank all-reduce, bitwise."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     out = tmp_path / "floor.json"
     cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2", "--rows", "4"]
     setups = "deepspeed,deepspeed-before,torch,deepspeed-job,deepspeed-job-hf-rope"
+    setups += ",deepspeed-job-reduce"
     cmd += ["--seq", "32", "--steps", "4", "--setups", setups]
     cmd += ["--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -38,6 +39,8 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     # train/rope's rotary embedding against transformers' own: bitwise the same steps
     job, hf_rope = setups["deepspeed-job"]["losses"], setups["deepspeed-job-hf-rope"]["losses"]
     assert job[-1] < job[0] - 0.1 and job == hf_rope
+    # and train/one_rank's skip against DeepSpeed's identity all-reduce: bitwise too
+    assert job == setups["deepspeed-job-reduce"]["losses"]
 
 
 def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch):

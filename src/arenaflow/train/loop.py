@@ -40,6 +40,7 @@ from arenaflow.train import (
     heldout,
     lora_fused,
     objective,
+    one_rank,
     rope,
 )
 from arenaflow.train import model as tmodel
@@ -464,6 +465,8 @@ def setup_engine(r: Run) -> None:
     cuda_warmup.refill(warmed)  # DeepSpeed emptied the CUDA cache the warm-up had grown
     if grad_norm.install(r.engine.optimizer):
         log.info("ZeRO-%d gradient norm: multi-tensor kernels", r.stage)
+    if one_rank.install(r.engine.optimizer):
+        log.info("ZeRO-%d on one rank: the identity all-reduce skipped", r.stage)
     if hyper["objective"] == "dpo":  # from the init weights: before a checkpoint replaces them
         r.ref = reference_logprobs(r)
         jobclock.mark(r.args.out, "reference")
