@@ -4,13 +4,15 @@ transformers' apply_rotary_pos_emb runs, for q and for k, x * cos + rotate_half(
 rotate_half(x) = cat(-x2, x1): per tensor five kernels and seven autograd nodes forward, and a
 backward of nine kernels (two products, a negation, each half's slice made whole by a zeroed
 tensor and a copy, two adds gathering x's three gradients). In a one-rank LoRA step of
-SmolLM2-135M (30 layers) that is 840 of its ~4,950 kernels and 420 of its ~1,900 autograd nodes,
-each launched or walked by the host one by one, and the step is host-bound (BENCHMARKS.md).
+SmolLM2-135M (30 layers) that is 840 of its ~4,990 kernels and 420 of its ~1,600 autograd nodes
+on CUDA, each launched or walked by the host one by one, and the step is host-bound
+(BENCHMARKS.md).
 
 RotaryFunction computes the same forward with the same kernels, and the gradient directly:
 rotate_half is a rotation, its transpose is -rotate_half, so x's gradient is
 g * cos + cat((g * sin)2, -(g * sin)1): five kernels per tensor backward, one node for q and k
-together (600 kernels and 30 nodes a step where there were 840 and 420).
+together (600 kernels and 30 nodes a step where there were 840 and 420; measured on an H200 at
+R220's shape, 4,987 -> 4,717 kernels a step).
 Every operation rounds where transformers' does (the two halves of the rotated gradient fall in
 disjoint halves, so transformers' adds of them are exact), so losses and gradients are bitwise
 equal (tests/unit/test_rope.py).
