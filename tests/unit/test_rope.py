@@ -11,6 +11,7 @@ import pytest
 import torch
 from devices import CPU_AND_CUDA
 from peft import LoraConfig, get_peft_model
+from test_fused import TINY
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from arenaflow.train import lora_fused, rope
@@ -30,18 +31,10 @@ def restore_modules(monkeypatch):
 
 def model(family, device, dtype):
     torch.manual_seed(0)
-    kw = dict(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
     net = (
-        LlamaForCausalLM(LlamaConfig(**kw))
+        LlamaForCausalLM(LlamaConfig(**TINY))
         if family == "llama"
-        else Qwen2ForCausalLM(Qwen2Config(**kw))
+        else Qwen2ForCausalLM(Qwen2Config(**TINY))
     )
     net = get_peft_model(net, LoraConfig(r=4, lora_alpha=8, target_modules=LORA))
     for name, p in net.named_parameters():
