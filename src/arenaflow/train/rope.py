@@ -4,9 +4,9 @@ transformers' apply_rotary_pos_emb runs, for q and for k, x * cos + rotate_half(
 rotate_half(x) = cat(-x2, x1): per tensor five kernels and seven autograd nodes forward, and a
 backward of nine kernels (two products, a negation, each half's slice made whole by a zeroed
 tensor and a copy, two adds gathering x's three gradients). In a one-rank LoRA step of
-SmolLM2-135M (30 layers) that is 840 of its ~4,990 kernels and 420 of its ~1,600 autograd nodes
-on CUDA, each launched or walked by the host one by one, and the step is host-bound
-(BENCHMARKS.md).
+SmolLM2-135M (30 layers) that is 840 of its ~4,990 kernels on an H200 and 420 of its 1,899
+autograd nodes (counted on CPU, where torch.rms_norm adds nodes of its own), each launched or
+walked by the host one by one, and the step is host-bound (BENCHMARKS.md).
 
 RotaryFunction computes the same forward with the same kernels, and the gradient directly:
 rotate_half is a rotation, its transpose is -rotate_half, so x's gradient is
