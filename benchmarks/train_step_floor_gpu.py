@@ -278,6 +278,7 @@ def host_profile(pr: cProfile.Profile, path: str) -> None:
         pstats.Stats(pr, stream=out).sort_stats(key).print_stats(30)
     with open(path, "w") as f:
         f.write(out.getvalue())
+    pr.dump_stats(path.removesuffix(".txt") + ".prof")  # for pstats: any sort, any filter
 
 
 def device_trace(prof, path: str) -> dict:
