@@ -395,6 +395,7 @@ def job_records(results: Path, bench: Path) -> tuple[list[dict], dict]:
                     rec["gpu_busy_own"], rec["gpu_own_samples"] = own, n
             if ev.get("trained") and ev.get("end"):  # a training's save, after its last step
                 rec["save_s"] = round(ev["end"] - ev["trained"], 3)
+                rec["save_phases"] = save_phases(ev)
             if ev.get("end") and j["end"]:  # process exit and Snakemake noticing it
                 rec["exit_s"] = round(j["end"] - ev["end"], 3)
         if j["rule"] == "train_arm" and j.get("output"):
@@ -518,6 +519,19 @@ def startup_phases(ev: dict) -> dict[str, float]:
     return {n: round(b - a, 3) for n, a, b in zip(names, times, times[1:])}
 
 
+def save_phases(ev: dict) -> dict[str, float] | None:
+    """A training's save by parts (events from 2026-12-04 on): the weights (PEFT's or the
+    consolidated model's files), the evidence, metrics and manifest with the directory's commit,
+    and the rest (checkpoints dropped, the process group left) to the end event."""
+    if not all(ev.get(k) for k in ("trained", "weights_saved", "committed", "end")):
+        return None
+    names, keys = (
+        ("weights", "evidence_manifest", "rest"),
+        ("trained", "weights_saved", "committed", "end"),
+    )
+    return {n: round(ev[b] - ev[a], 3) for n, a, b in zip(names, keys, keys[1:])}
+
+
 def _median(xs):
     xs = [x for x in xs if x is not None]
     return round(statistics.median(xs), 3) if xs else None
@@ -573,6 +587,10 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
                 gpu_busy_steady_median=_median([r.get("gpu_busy_steady") for r in gpu]),
                 step_s_median=_median([r.get("step_s_median") for r in gpu]),
                 save_s_median=_median([r.get("save_s") for r in gpu]),
+                save_phases_median={
+                    n: _median([(r.get("save_phases") or {}).get(n) for r in gpu])
+                    for n in ("weights", "evidence_manifest", "rest")
+                },
             )
         stages[rule] = s
     return stages

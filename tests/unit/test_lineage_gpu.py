@@ -65,6 +65,8 @@ def run_dir(tmp_path):
         {"job": "runs/S1/final", "event": "mark", "phase": "model", "t": T0 + 5.0, **START},
         {"job": "runs/S1/final", "event": "loaded", "t": T0 + 6.0, "process_start": T0 + 1.2},
         {"job": "runs/S1/final", "event": "trained", "t": T0 + 19.25, "process_start": T0 + 1.2},
+        {"job": "runs/S1/final", "event": "weights_saved", "t": T0 + 19.5, **START},
+        {"job": "runs/S1/final", "event": "committed", "t": T0 + 19.875, **START},
         {
             "job": "runs/S1/final",
             "event": "end",
@@ -146,6 +148,8 @@ def test_report_times_jobs_startup_work_and_gpu_busy(run_dir):
     assert t["gpu_busy_steady"] == 1.0  # samples in (10, 20]: after the first step, all busy
     # from the last step's end to the job's end event: the save
     assert t["save_s"] == 0.75 and rep["stages"]["train_arm"]["save_s_median"] == 0.75
+    assert t["save_phases"] == {"weights": 0.25, "evidence_manifest": 0.375, "rest": 0.125}
+    assert rep["stages"]["train_arm"]["save_phases_median"] == t["save_phases"]
     s = jobs["sample_candidates"]
     assert s["failed"] and s["end"] is None and s["batches"] == 2
     assert s["first_unit_s"] == 10.0 and s["steady_tokens_per_s"] == pytest.approx(10_000)

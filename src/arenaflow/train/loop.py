@@ -611,10 +611,13 @@ def save(r: Run) -> None:
     # Every rank joins the gather inside save(); only rank 0 writes.
     with io.atomic_dir(r.out) if r.rank == 0 else contextlib.nullcontext(r.out) as tmp:
         tmodel.save(r.engine, r.net, tmp, r.rank, r.hyper, r.stage)
-        if r.rank == 0:
+        if r.rank == 0:  # the save's parts, for BENCHMARKS.md: the GPU idles through them
+            jobclock.event(r.args.out, "weights_saved")
             io.write_json(tmp / "training_evidence.json", training_evidence(r))
             io.write_jsonl(tmp / "metrics.jsonl", r.metrics)
             manifest.write(tmp, params=r.hyper)
+    if r.rank == 0:
+        jobclock.event(r.args.out, "committed")
     if os.environ.get(PROBE_LOGITS):
         # Every rank joins the forward (ZeRO-3 gathers each layer's shards as it runs).
         probe = {
