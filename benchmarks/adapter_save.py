@@ -10,8 +10,8 @@ shortest arm, R220. PEFT walks the model's whole state dict and safetensors move
 adapter tensors to the host alone, a synchronised copy apiece. This builds SmolLM2-135M's shape
 (random weights, bf16, LoRA r 64 on all seven projections, train/lora_fused's modules as a job
 has them), gives the adapter random weights, and times both saves, alternating which goes first,
-into fresh directories in one temporary directory; the two directories must hold the same bytes. Prints
-the median seconds of each and their ratio. On CPU (--cpu) the one copy only adds work (the
+into fresh directories in one temporary directory; the two must hold the same bytes. Prints the
+median seconds of each and their ratio. On CPU (--cpu) the one copy only adds work (the
 tensors are on the host already), which is why train/model.save leaves CPU saves to PEFT.
 """
 
