@@ -1,6 +1,5 @@
 """What a training's final save of SmolLM2's LoRA adapter costs: PEFT's save_pretrained as it is,
-against the same call handed the trainable tensors from one host copy (train/model.host_copy,
-which train/model.save uses on a GPU).
+against the same call handed the trainable tensors from one host copy (`host_copy` below).
 
     python benchmarks/adapter_save.py [--layers 30 --reps 7 --cpu --out results.json]
 
@@ -11,8 +10,11 @@ adapter tensors to the host alone, a synchronised copy apiece. This builds SmolL
 (random weights, bf16, LoRA r 64 on all seven projections, train/lora_fused's modules as a job
 has them), gives the adapter random weights, and times both saves, alternating which goes first,
 into fresh directories in one temporary directory; the two must hold the same bytes. Prints the
-median seconds of each and their ratio. On CPU (--cpu) the one copy only adds work (the
-tensors are on the host already), which is why train/model.save leaves CPU saves to PEFT.
+median seconds of each and their ratio.
+
+Measured (BENCHMARKS.md, session 29): the one copy is slower, on the H200 (x0.75-0.76: PEFT's
+111 / 92 ms against 146 / 124 ms) as on CPU: the per-tensor copies were not what the save
+spends, so train/model.save keeps PEFT's own way. Kept as the record and for the next idea.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import torch
 from overflow_check_cpu import smollm2_lora  # sibling scripts
 
 from arenaflow.train import lora_fused
-from arenaflow.train import model as tmodel
 
 
 def build(layers: int, device: str):
@@ -41,6 +42,19 @@ def build(layers: int, device: str):
             if p.requires_grad:
                 p.copy_(torch.randn(p.shape, generator=g))
     return net
+
+
+def host_copy(model) -> dict:
+    """save_pretrained's `state_dict`: the trainable tensors moved to the host in one transfer
+    per dtype (PEFT's own save walks the whole state dict, then moves each tensor alone)."""
+    named = [(n, p.detach()) for n, p in model.named_parameters() if p.requires_grad]
+    host = {}
+    for dtype in dict.fromkeys(t.dtype for _, t in named):
+        group = [(n, t) for n, t in named if t.dtype == dtype]
+        flat = torch.cat([t.reshape(-1) for _, t in group]).cpu()
+        parts = flat.split([t.numel() for _, t in group])
+        host.update((n, part.view(t.shape)) for (n, t), part in zip(group, parts))
+    return {"state_dict": host}
 
 
 def sync(device: str) -> None:
@@ -68,7 +82,7 @@ def main() -> None:
     ways = {
         "peft": lambda d: net.save_pretrained(str(d), safe_serialization=True),
         "one_copy": lambda d: net.save_pretrained(
-            str(d), safe_serialization=True, **tmodel.host_copy(net)
+            str(d), safe_serialization=True, **host_copy(net)
         ),
     }
     times: dict[str, list[float]] = {k: [] for k in ways}

@@ -146,9 +146,7 @@ def save(engine, model, out_dir: Path, rank: int, hyper: dict, stage: int) -> No
 
     if stage < 3:
         if rank == 0:
-            # on CPU the tensors are on the host already: one more copy would only cost
-            one_copy = host_copy(model) if next(model.parameters()).is_cuda else {}
-            model.save_pretrained(str(out_dir), safe_serialization=True, **one_copy)
+            model.save_pretrained(str(out_dir), safe_serialization=True)
         return
     if hyper["method"] == "full":
         # Gathers one layer at a time onto rank 0, never the whole model on every rank.
@@ -160,27 +158,3 @@ def save(engine, model, out_dir: Path, rank: int, hyper: dict, stage: int) -> No
     with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None):
         if rank == 0:
             model.save_pretrained(str(out_dir), safe_serialization=True)
-
-
-def host_copy(model) -> dict:
-    """save_pretrained's `state_dict` for a one-adapter LoRA model: its trainable tensors moved to
-    the host in one transfer per dtype. PEFT's own save walks the whole state dict and moves each
-    tensor alone, a synchronised copy apiece (420 for SmolLM2's adapter) while the GPU idles
-    (benchmarks/adapter_save.py); the files are the same byte for byte
-    (tests/unit/test_adapter_save.py). {} (PEFT's own way) for anything else: a full model,
-    several adapters, or an adapter weight that is frozen and so would be left out here."""
-    import torch
-    from peft import PeftModel
-
-    if not isinstance(model, PeftModel) or len(model.peft_config) != 1:
-        return {}
-    if any("lora_" in n and not p.requires_grad for n, p in model.named_parameters()):
-        return {}
-    named = [(n, p.detach()) for n, p in model.named_parameters() if p.requires_grad]
-    host = {}
-    for dtype in dict.fromkeys(t.dtype for _, t in named):
-        group = [(n, t) for n, t in named if t.dtype == dtype]
-        flat = torch.cat([t.reshape(-1) for _, t in group]).cpu()
-        parts = flat.split([t.numel() for _, t in group])
-        host.update((n, part.view(t.shape)) for (n, t), part in zip(group, parts))
-    return {"state_dict": host}
