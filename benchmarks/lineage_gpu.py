@@ -59,6 +59,7 @@ import threading
 import time
 from pathlib import Path
 
+from arenaflow import manifest
 from arenaflow import paths as afpaths
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1001,6 +1002,8 @@ def import_model(configfiles: list[Path], run_meta: dict) -> None:
 
 def job_env(args, bench: Path) -> dict:
     env = {**os.environ, "ARENAFLOW_EVENTS": str(bench / "events.jsonl"), "PYTHONUNBUFFERED": "1"}
+    if args.commit:  # every manifest then names it, beside whatever this copy's git says
+        env[manifest.SOURCE_COMMIT] = args.commit
     if args.shared_cache:  # the workflow's default is the results directory's: cold, shared
         cache = Path.home() / ".cache/arenaflow-compile"
         env.update({var: str(cache / Path(d).name) for var, d in afpaths.COMPILE_CACHE.items()})

@@ -59,6 +59,9 @@ def digest_of(files: dict[str, dict]) -> str:
     return sha256_text("".join(f"{k}\t{files[k]['sha256']}\n" for k in sorted(files)))
 
 
+SOURCE_COMMIT = "ARENAFLOW_SOURCE_COMMIT"
+
+
 def code_version() -> dict:
     """The package version and, when run from a git checkout, its commit and dirtiness, as this
     process found them first: the code it imported then is the code it runs."""
@@ -79,6 +82,11 @@ def _code_version() -> dict:
         info["git_dirty"] = bool(run("status", "--porcelain", "--", str(here)))
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
+    # A copy of the tree without its own history (a `git archive`, the GPU machine's copy, whose
+    # .git is another commit's): the commit its runner says it is, recorded as said, not checked
+    declared = os.environ.get(SOURCE_COMMIT)
+    if declared:
+        info["declared_commit"] = declared
     return info
 
 

@@ -4,6 +4,7 @@ log; and the whole script once on CPU (--smoke: the tiny model at the mini DAG's
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -474,3 +475,14 @@ def test_a_run_stopped_at_its_deadline_finishes_with_resume(tmp_path):
     assert legs["jobs_done_sum"] == legs["jobs_total"] == s1["jobs_done"] + s2["jobs_total"]
     assert f"all 2 legs: {legs['dag_wall_s_sum']:,.1f} s of DAG wall" in proc2.stdout
     assert rep1["all_legs"] is None
+
+
+def test_jobs_are_told_the_commit_a_copy_without_its_history_runs(tmp_path, monkeypatch):
+    """--commit (the GPU machine's copy carries another commit's .git) reaches every job, whose
+    manifests record it beside git's own answer (manifest.code_version)."""
+    monkeypatch.delenv("ARENAFLOW_SOURCE_COMMIT", raising=False)
+    args = argparse.Namespace(shared_cache=False, env=[], commit="0123abc")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()  # each may get its own python wrapper
+    assert lg.job_env(args, tmp_path / "a")["ARENAFLOW_SOURCE_COMMIT"] == "0123abc"
+    args.commit = None
+    assert "ARENAFLOW_SOURCE_COMMIT" not in lg.job_env(args, tmp_path / "b")

@@ -161,3 +161,18 @@ def test_code_version_asks_git_once_per_process(monkeypatch):
     first["git_commit"] = "edited by a caller"
     again = manifest.code_version()
     assert again["git_commit"] != "edited by a caller" and again["python"] == first["python"]
+
+
+def test_a_copy_without_its_history_records_the_commit_its_runner_declares(monkeypatch):
+    """The GPU machine's copy carries another commit's .git; a `git archive` none. The runner's
+    word is recorded apart from git's own answer, never in its place."""
+    manifest._code_version.cache_clear()
+    monkeypatch.setenv(manifest.SOURCE_COMMIT, "0123abc")
+    try:
+        info = manifest.code_version()
+        assert info["declared_commit"] == "0123abc" and "git_commit" in info
+        monkeypatch.delenv(manifest.SOURCE_COMMIT)
+        manifest._code_version.cache_clear()
+        assert "declared_commit" not in manifest.code_version()
+    finally:
+        manifest._code_version.cache_clear()
