@@ -523,7 +523,7 @@ def startup_phases(ev: dict) -> dict[str, float]:
 def save_phases(ev: dict) -> dict[str, float] | None:
     """A training's save by parts (events from 2026-12-04 on): the weights (PEFT's or the
     consolidated model's files), the evidence, metrics and manifest with the directory's commit,
-    and the rest (checkpoints dropped, the process group left) to the end event."""
+    and the rest to the end event (checkpoints dropped, the summary logged)."""
     if not all(ev.get(k) for k in ("trained", "weights_saved", "committed", "end")):
         return None
     names, keys = (
