@@ -23,6 +23,8 @@ and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
   layer) in place of train/rope's one node, as the job ran until 2026-12-04;
 - deepspeed-job-reduce: deepspeed-job with DeepSpeed's own all-reduce of one rank (the identity,
   a copy back per gradient tensor) in place of train/one_rank's skip, as until 2026-12-04;
+- deepspeed-job-grouped: deepspeed-job with each layer's q/k/v and gate/up LoRA linears as one
+  function each (train/lora_grouped; not arenaflow's job yet: its A/B on the H200 decides);
 - deepspeed-before: the same as deepspeed without those (transformers' RMSNorm, DeepSpeed's
   per-tensor gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step
   until 2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);
@@ -63,7 +65,7 @@ from transformers.models.llama import modeling_llama
 from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
-from arenaflow.train import grad_norm, lora_fused, objective, one_rank, rope
+from arenaflow.train import grad_norm, lora_fused, lora_grouped, objective, one_rank, rope
 from arenaflow.train import model as tmodel
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env, expandable_segments
 
@@ -72,10 +74,17 @@ PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
 
 
 def build(
-    layers: int, device: str, dtype: torch.dtype, native_norms: bool = True, job_rope: bool = True
+    layers: int,
+    device: str,
+    dtype: torch.dtype,
+    native_norms: bool = True,
+    job_rope: bool = True,
+    grouped: bool = False,
 ):
     net = smollm2_lora(layers).to(device, dtype)
     lora_fused.fuse(net)
+    if grouped:  # q/k/v and gate/up through one function each (train/lora_grouped)
+        lora_grouped.group(net)
     if native_norms:
         fused.install_native_norms(net)
     if job_rope:  # as train/loop.setup_engine: the rotary embedding as one autograd node
@@ -102,6 +111,7 @@ def deepspeed_step(
     job_objective: bool = False,
     job_rope: bool = True,
     skip_reduce: bool = True,
+    grouped: bool = False,
 ):
     """arenaflow's one-rank engine (`before`: as it was until 2026-12-03; `job_rope` False:
     transformers' rotary embedding, `skip_reduce` False: DeepSpeed's identity all-reduce, each as
@@ -116,6 +126,7 @@ def deepspeed_step(
         torch.float32,
         native_norms=not before,
         job_rope=job_rope and not before,
+        grouped=grouped,
     )
     params = [p for p in net.parameters() if p.requires_grad]
     hyper = {
@@ -262,6 +273,9 @@ SETUPS = {
     ),
     "deepspeed-job-reduce": lambda args, device: deepspeed_step(
         args, device, job_objective=True, skip_reduce=False
+    ),
+    "deepspeed-job-grouped": lambda args, device: deepspeed_step(
+        args, device, job_objective=True, grouped=True
     ),
     "deepspeed-before": lambda args, device: deepspeed_step(args, device, before=True),
     "torch": torch_step,

@@ -20,7 +20,7 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     out = tmp_path / "floor.json"
     cmd = [sys.executable, "train_step_floor_gpu.py", "--cpu", "--layers", "2", "--rows", "4"]
     setups = "deepspeed,deepspeed-before,torch,deepspeed-job,deepspeed-job-hf-rope"
-    setups += ",deepspeed-job-reduce"
+    setups += ",deepspeed-job-reduce,deepspeed-job-grouped"
     cmd += ["--seq", "32", "--steps", "4", "--setups", setups]
     cmd += ["--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
@@ -41,6 +41,9 @@ def test_the_plain_torch_step_takes_deepspeeds_steps(tmp_path):
     assert job[-1] < job[0] - 0.1 and job == hf_rope
     # and train/one_rank's skip against DeepSpeed's identity all-reduce: bitwise too
     assert job == setups["deepspeed-job-reduce"]["losses"]
+    # train/lora_grouped's q/k/v and gate/up: the same steps, to float32's rounding (not bitwise)
+    for step, (a, b) in enumerate(zip(job, setups["deepspeed-job-grouped"]["losses"]), 1):
+        assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: job {a} vs grouped {b}"
 
 
 def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch):

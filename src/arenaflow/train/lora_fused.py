@@ -58,13 +58,13 @@ class LoraLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_bias, grad_a, grad_b, None
 
 
-def _forward(self, x, *args, **kwargs):
-    """PEFT lora.Linear.forward, through LoraLinearFunction when nothing needs PEFT's own path."""
+def fusable(self, x) -> bool:
+    """Whether PEFT's lora.Linear `self` computes nothing on `x` that LoraLinearFunction leaves
+    out: one active adapter, plain (no DoRA or other variant, no dropout, no B bias), unmerged,
+    on a plain Linear, in the input's dtype."""
     name = self.active_adapters[0] if len(self.active_adapters) == 1 else None
-    if (
-        args
-        or kwargs
-        or self.disable_adapters
+    return not (
+        self.disable_adapters
         or self.merged
         or name not in self.lora_A
         or name in self.lora_variant  # DoRA and other variants
@@ -73,8 +73,14 @@ def _forward(self, x, *args, **kwargs):
         or not isinstance(self.lora_dropout[name], nn.Identity)
         or self.lora_B[name].bias is not None
         or x.dtype != self.lora_A[name].weight.dtype
-    ):
+    )
+
+
+def _forward(self, x, *args, **kwargs):
+    """PEFT lora.Linear.forward, through LoraLinearFunction when nothing needs PEFT's own path."""
+    if args or kwargs or not fusable(self, x):
         return type(self).forward(self, x, *args, **kwargs)
+    name = self.active_adapters[0]
     base = self.base_layer
     return LoraLinearFunction.apply(
         x,
