@@ -24,7 +24,7 @@ and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
 - deepspeed-job-reduce: deepspeed-job with DeepSpeed's own all-reduce of one rank (the identity,
   a copy back per gradient tensor) in place of train/one_rank's skip, as until 2026-12-04;
 - deepspeed-job-grouped: deepspeed-job with each layer's q/k/v and gate/up LoRA linears as one
-  function each (train/lora_grouped; not arenaflow's job yet: its A/B on the H200 decides);
+  function each (train/lora_grouped: the job's `grouped_lora`, default off until this A/B decides);
 - deepspeed-before: the same as deepspeed without those (transformers' RMSNorm, DeepSpeed's
   per-tensor gradient norm, gradients copied to a contiguous reduce bucket): arenaflow's step
   until 2026-12-03, but for the LoRA scaling (lora_fused, the same code in both);

@@ -129,6 +129,7 @@ CODE_DEFAULTS = {
     "length_bucketing": True,
     "zero3_leaf_modules": "auto",
     "fused_lora": True,
+    "grouped_lora": False,
     "fused_kernels": "auto",  # compiled when the steps pay it back (arenaflow.fused)
     "precision": "auto",  # bf16 on GPUs, fp32 on CPU (train/loop.py bf16)
     "nproc": 1,

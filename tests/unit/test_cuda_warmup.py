@@ -257,3 +257,31 @@ def test_the_warm_up_layer_carries_the_jobs_adapters(method, dtype, repo_root, m
     cuda_warmup.step(layer, rows=2, length=8)
     assert calls == [True] * len(hyper["lora"]["target_modules"])
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_warm_up_layer_groups_the_adapters_as_a_grouped_job_does(repo_root, monkeypatch):
+    """With grouped_lora, the job's q/k/v and gate/up run through train/lora_grouped's function
+    (kernels of their own shapes: a rank-3r product); the warm-up's layer runs them so too, and
+    o_proj and down_proj through lora_fused's."""
+    from arenaflow import config
+    from arenaflow.train import lora_fused, lora_grouped
+
+    base = str(repo_root / "models/tiny-arith")
+    defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
+    hyper = config.with_hyper_defaults({**defaults, "grouped_lora": True})
+    assert len(hyper["lora"]["target_modules"]) == 7  # all seven: both groups whole
+    layer = cuda_warmup.materialize(
+        cuda_warmup.one_layer(base, torch.device("cpu"), cuda_warmup.job_lora(hyper)),
+        torch.device("cpu"),
+    )
+    calls = []
+    for fn in (lora_fused.LoraLinearFunction, lora_grouped.LoraGroupFunction):
+        real = fn.backward
+
+        def backward(ctx, *grads, fn=fn, real=real):
+            calls.append(fn.__name__)
+            return real(ctx, *grads)
+
+        monkeypatch.setattr(fn, "backward", staticmethod(backward))
+    cuda_warmup.step(layer, rows=2, length=8)
+    assert sorted(calls) == ["LoraGroupFunction"] * 2 + ["LoraLinearFunction"] * 2

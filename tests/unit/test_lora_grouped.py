@@ -16,10 +16,10 @@ from arenaflow.train import lora_fused, lora_grouped
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def model(dtype, grouped: bool, **lora):
+def model(dtype, grouped: bool, targets=PROJECTIONS, n_groups: int = 2, **lora):
     torch.manual_seed(0)
     net = LlamaForCausalLM(LlamaConfig(**TINY))
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=PROJECTIONS, **lora)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=targets, **lora)
     net = get_peft_model(net, config).to(dtype)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a fresh lora_B is zeros, which would hide half the products
@@ -28,7 +28,7 @@ def model(dtype, grouped: bool, **lora):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
     lora_fused.fuse(net)
     if grouped:
-        assert lora_grouped.group(net) == 2 * TINY["num_hidden_layers"]
+        assert lora_grouped.group(net) == n_groups * TINY["num_hidden_layers"]
     return net
 
 
@@ -110,3 +110,16 @@ def test_members_go_alone_where_the_group_does_not_fit(lora):
     ids = torch.arange(10).reshape(1, 10)
     torch.testing.assert_close(net(input_ids=ids).logits, want(input_ids=ids).logits)
     assert all(g.x is None and not g.pending for g in groups(net))
+
+
+def test_two_members_of_a_group_group_and_one_goes_alone():
+    """An adapter on q, v and up only (the reference lineages' tiny arms): q and v form a group,
+    up_proj, alone of its group, keeps lora_fused's function; the step is the ungrouped one."""
+    targets = ["q_proj", "v_proj", "up_proj"]
+    want_loss, want = loss_and_grads(model(torch.float64, grouped=False, targets=targets))
+    net = model(torch.float64, grouped=True, targets=targets, n_groups=1)
+    assert not hasattr(net.base_model.model.model.layers[0].mlp.up_proj, "arenaflow_lora_group")
+    loss, got = loss_and_grads(net)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-12, atol=0)
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-10, atol=1e-12)

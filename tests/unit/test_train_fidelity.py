@@ -218,6 +218,25 @@ def test_zero3_leaf_blocks_and_fused_lora_change_no_number(
         torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
 
 
+def test_grouped_lora_trains_as_the_ungrouped_to_rounding(one_rank, corpus, tmp_path):
+    """grouped_lora (train/lora_grouped: q and v of each layer as one function here, up_proj
+    alone) does the same arithmetic in another order: the losses and weights of the default run,
+    to float32's rounding carried through the updates; a wrong gradient is off by far more."""
+    out = tmp_path / "G" / "final"
+    proc = train(out, corpus, {**HYPER, "grouped_lora": True})
+    assert "grouped LoRA linears (q/k/v, gate/up): 2" in proc.stderr  # one per layer
+    assert [m["loss"] for m in metrics(out)] == pytest.approx(
+        [m["loss"] for m in metrics(one_rank)], abs=1e-5
+    )
+    wa, wb = (
+        load_file(one_rank / "adapter_model.safetensors"),
+        load_file(out / "adapter_model.safetensors"),
+    )
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_path, method):
     """The compiled norm and SwiGLU graphs (traced with aot_eager: CPU has no inductor kernels

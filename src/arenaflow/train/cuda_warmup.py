@@ -57,7 +57,8 @@ def start(
 ) -> threading.Thread | None:
     """A started warm-up thread on the current CUDA device; None without CUDA or when off.
     `shape`: (rows, tokens a row) of the job's largest micro-batch (data.largest_micro_batch);
-    `lora`: the job's LoRA settings (hyper["lora"] plus "fused"), None for full fine-tuning."""
+    `lora`: the job's LoRA settings (hyper["lora"] plus "fused" and "grouped"), None for full
+    fine-tuning."""
     if os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
         return None
     return launch(base_model, torch.device("cuda", torch.cuda.current_device()), shape, lora)
@@ -65,7 +66,9 @@ def start(
 
 def job_lora(hyper: dict) -> dict | None:
     """What `start` takes as `lora` for a job with these (default-filled) settings."""
-    return {**hyper["lora"], "fused": hyper["fused_lora"]} if hyper["method"] == "lora" else None
+    if hyper["method"] != "lora":
+        return None
+    return {**hyper["lora"], "fused": hyper["fused_lora"], "grouped": hyper["grouped_lora"]}
 
 
 def launch(
@@ -192,7 +195,7 @@ def adapted(model, lora: dict):
     """`model` with PEFT LoRA adapters as train/model.build puts them, fused as the job's are."""
     from peft import get_peft_model
 
-    from arenaflow.train import lora_fused
+    from arenaflow.train import lora_fused, lora_grouped
     from arenaflow.train import model as tmodel
 
     dtype = next(model.parameters()).dtype
@@ -203,6 +206,8 @@ def adapted(model, lora: dict):
     model = get_peft_model(model, cfg).to(dtype)
     if lora.get("fused", True):
         lora_fused.fuse(model)
+        if lora.get("grouped", False):  # the job's grouped products are kernels of their own too
+            lora_grouped.group(model)
     return model
 
 

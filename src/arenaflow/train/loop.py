@@ -39,6 +39,7 @@ from arenaflow.train import (
     grad_norm,
     heldout,
     lora_fused,
+    lora_grouped,
     objective,
     one_rank,
     rope,
@@ -437,6 +438,8 @@ def setup_engine(r: Run) -> None:
     # The fused function reads the weights directly: whole blocks gathered, or none partitioned
     if (leaf or r.stage < 3) and hyper["method"] == "lora" and hyper["fused_lora"]:
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
+        if hyper["grouped_lora"]:
+            log.info("grouped LoRA linears (q/k/v, gate/up): %d", lora_grouped.group(net))
     backend = os.environ.get(FUSED_BACKEND)
     setting = hyper["fused_kernels"]
     if (r.cuda or backend) and fused.wanted(setting, r.n_steps):  # inductor: gains seen on GPUs

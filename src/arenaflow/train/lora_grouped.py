@@ -130,15 +130,16 @@ def _forward(self, x, *args, **kwargs):
 
 
 def group(model) -> int:
-    """Routes each parent's q/k/v and gate/up PEFT lora.Linear siblings through one
-    LoraGroupFunction (the rest keep their own forward); how many groups."""
+    """Routes each parent's q/k/v and gate/up PEFT lora.Linear siblings (two or more of a
+    group: an adapter on q and v alone groups those two) through one LoraGroupFunction (the
+    rest keep their own forward); how many groups."""
     from peft.tuners.lora import Linear
 
     n = 0
     for parent in model.modules():
         for names in GROUPS:
-            mods = [getattr(parent, k, None) for k in names]
-            if all(type(m) is Linear for m in mods):
+            mods = [m for m in (getattr(parent, k, None) for k in names) if type(m) is Linear]
+            if len(mods) >= 2:
                 g = Group(mods)
                 for m in mods:
                     m.arenaflow_lora_group = g
