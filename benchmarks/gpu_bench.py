@@ -490,7 +490,6 @@ def generation(
     """tokens/s per batch size on one GEN_PATHS entry; for the static engine also its decode
     step (decode_step; `profile`: kernels per step), at `equal_batches` its greedy ids against
     generate()'s (greedy_vs_generate) and (`host`) a third call under cProfile (host_profile)."""
-    from transformers import AutoModelForCausalLM
 
     os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
     os.environ[decode.STEP_ENV] = STEP_OF_PATH.get(path, "auto")
@@ -498,7 +497,7 @@ def generation(
     if path.endswith(("-flex", "-matmul")):  # ... or the one named
         os.environ[llamastep.ATTENTION_ENV] = path.rsplit("-", 1)[1]
     os.environ[llamastep.KERNELS_ENV] = "off" if path.endswith("-cublas") else "auto"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    model = models.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()
     cfg = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -189,11 +189,12 @@ def child_loadall(root: Path, pair: list[str], out: Path) -> dict:
 
 def child_peft(root: Path, pair: list[str], out: Path) -> dict:
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+
+    from arenaflow import models
 
     start = hwm()["VmRSS"]
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(root / "base"), dtype=torch.bfloat16)
+    model = models.from_pretrained(root / "base", dtype=torch.bfloat16)
     model = PeftModel.from_pretrained(model, str(root / pair[0]), adapter_name=pair[0])
     model.load_adapter(str(root / pair[1]), adapter_name=pair[1])
     t_load = time.perf_counter() - t

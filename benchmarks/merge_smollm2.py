@@ -9,9 +9,8 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM
 
-from arenaflow import hfimport, manifest, merge
+from arenaflow import hfimport, manifest, merge, models
 
 root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/smolmerge")
 base = root / "smollm2"
@@ -22,7 +21,7 @@ if not base.exists():
 def adapter(name, r, targets, save=None, seed=0):
     torch.manual_seed(seed)
     m = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32),
+        models.from_pretrained(base, dtype=torch.float32),
         LoraConfig(
             r=r,
             lora_alpha=2 * r,
@@ -54,9 +53,7 @@ print(
 
 
 def merged(d):
-    m = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(base, torch_dtype=torch.float32), d
-    )
+    m = PeftModel.from_pretrained(models.from_pretrained(base, dtype=torch.float32), d)
     return {k: v.clone() for k, v in m.merge_and_unload().state_dict().items()}
 
 

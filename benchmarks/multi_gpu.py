@@ -112,10 +112,11 @@ def weights_rel_diff(got: Path, want: Path) -> float:
 @torch.no_grad()
 def reload_check(model_dir: Path, adapter: Path, probe: Path, device: str) -> float:
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
+
+    from arenaflow import models
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # as arenaflow.models loads it
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    base = models.from_pretrained(model_dir, dtype=dtype).to(device)
     served = PeftModel.from_pretrained(base, adapter).eval()
     p = torch.load(probe)
     got = served(input_ids=p["input_ids"].to(device)).logits.float().cpu()

@@ -15,7 +15,7 @@ import argparse
 import importlib.metadata
 from pathlib import Path
 
-from arenaflow import io, manifest
+from arenaflow import io, manifest, models
 
 
 def find_gguf(package: str) -> Path:
@@ -32,14 +32,14 @@ def find_gguf(package: str) -> Path:
 
 
 def convert(gguf: Path, out: Path) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     # a BPE's spaces before punctuation are text: said in the saved config, since releases
     # differ on the default (transformers 5.17 warns on every load of a config without it)
     tok = AutoTokenizer.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, clean_up_tokenization_spaces=False
     )
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = models.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # save_pretrained refuses a GGUF-loaded model until the quantizer is detached.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -40,12 +40,24 @@ def pad_id(tokenizer) -> int:
     )
 
 
-def load_base(path: str | Path, dev: torch.device | None = None):
+def from_pretrained(path: str | Path, **kwargs):
+    """AutoModelForCausalLM.from_pretrained without the Hugging Face Hub's kernels.
+
+    transformers 5.25 requires the `kernels` package and turns it on by default: on load, and on
+    every train()/eval() after, it swaps the forward of hub-decorated layers (RMSNorm, ...) for a
+    kernel it fetches from the Hub, or else for the class's own forward. That fetches code at run
+    time (none of the GPU hosts here reach the Hub), and the swap undoes arenaflow's own norm and
+    SwiGLU forwards (arenaflow.fused) whenever a mode changes: a DPO reference taken in eval mode
+    then ran other kernels than the policy's first step (tests/unit/test_models.py). Off, the
+    model runs the code of its transformers release, as up to 5.24 by default."""
     from transformers import AutoModelForCausalLM
 
+    return AutoModelForCausalLM.from_pretrained(str(path), use_kernels=False, **kwargs)
+
+
+def load_base(path: str | Path, dev: torch.device | None = None):
     dev = dev or device()
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype_for(dev))
-    return model.to(dev)
+    return from_pretrained(path, dtype=dtype_for(dev)).to(dev)
 
 
 def load_policy(
