@@ -520,17 +520,18 @@ def startup_phases(ev: dict) -> dict[str, float]:
     return {n: round(b - a, 3) for n, a, b in zip(names, times, times[1:])}
 
 
+SAVE_PHASES = ("weights", "evidence_manifest", "rest")
+SAVE_EVENTS = ("trained", "weights_saved", "committed", "end")  # each phase between two
+
+
 def save_phases(ev: dict) -> dict[str, float] | None:
     """A training's save by parts (events from 2026-12-04 on): the weights (PEFT's or the
     consolidated model's files), the evidence, metrics and manifest with the directory's commit,
     and the rest to the end event (checkpoints dropped, the summary logged)."""
-    if not all(ev.get(k) for k in ("trained", "weights_saved", "committed", "end")):
+    if not all(ev.get(k) for k in SAVE_EVENTS):
         return None
-    names, keys = (
-        ("weights", "evidence_manifest", "rest"),
-        ("trained", "weights_saved", "committed", "end"),
-    )
-    return {n: round(ev[b] - ev[a], 3) for n, a, b in zip(names, keys, keys[1:])}
+    pairs = zip(SAVE_PHASES, SAVE_EVENTS, SAVE_EVENTS[1:])
+    return {n: round(ev[b] - ev[a], 3) for n, a, b in pairs}
 
 
 def _median(xs):
@@ -590,7 +591,7 @@ def stage_records(jobs: list[dict]) -> dict[str, dict]:
                 save_s_median=_median([r.get("save_s") for r in gpu]),
                 save_phases_median={
                     n: _median([(r.get("save_phases") or {}).get(n) for r in gpu])
-                    for n in ("weights", "evidence_manifest", "rest")
+                    for n in SAVE_PHASES
                 },
             )
         stages[rule] = s
