@@ -495,7 +495,13 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
                 f"{where} 'hyper/objective': {objective!r} cannot train on corpus {cid!r} "
                 f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
             )
-    if with_hyper_defaults(hyper)["heldout_rows"] and objective != "sft":
+    filled = with_hyper_defaults(hyper)
+    if filled["grouped_lora"] and not filled["fused_lora"]:  # its members fall back to fused's
+        raise ConfigError(
+            f"{where} 'hyper/grouped_lora': true needs fused_lora true (train/lora_grouped "
+            "groups lora_fused's linears)"
+        )
+    if filled["heldout_rows"] and objective != "sft":
         raise ConfigError(
             f"{where} 'hyper/heldout_rows': a held-out loss needs objective 'sft', "
             f"not {objective!r}"

@@ -278,6 +278,13 @@ def test_negative_lr_names_file_and_key(cfg, arms_copy, repo_root):
     assert_names(e.value, path, "hyper/lr")
 
 
+def test_grouped_lora_without_fused_lora_names_file_and_key(cfg, arms_copy, repo_root):
+    path = edit_arm(arms_copy, "B2", hyper={"grouped_lora": True, "fused_lora": False})
+    with pytest.raises(ConfigError, match="needs fused_lora") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "hyper/grouped_lora")
+
+
 def test_unknown_key_in_arm_file_names_file_and_key(cfg, arms_copy, repo_root):
     path = edit_arm(arms_copy, "B4", learning_rate=0.1)
     with pytest.raises(ConfigError, match="Additional properties") as e:
