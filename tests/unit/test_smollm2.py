@@ -200,3 +200,48 @@ def test_smollm2s_training_losses_without_the_padding_mask_equal_the_masked_ones
         lp, n = objective.token_logprobs(model, batch)
         assert n.tolist() == [int((m[1:] == 1).sum()) for _, m in rows]
         assert lp.sum().item() == pytest.approx(-loss.item(), rel=1e-5)
+
+
+def test_smollm2s_lora_step_through_grouped_linears_is_the_fused_one(smol):
+    """train/lora_grouped on the real base (grouped-query attention: k/v narrower than q, gate/up
+    wider than the hidden size), LoRA on all seven projections as train_defaults puts it: the
+    loss and every adapter gradient of one SFT micro-batch equal lora_fused's, to float32's
+    rounding (the sums run in another order)."""
+    import torch
+    from peft import get_peft_model
+    from test_lora_grouped import PROJECTIONS
+
+    from arenaflow.train import lora_fused, lora_grouped, objective
+    from arenaflow.train import model as tmodel
+
+    lora = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": PROJECTIONS}
+    batch = data.collate(
+        [(np.arange(5, 5 + n) * 7 % 4000, (np.arange(n) >= 4).astype(np.int8)) for n in (9, 21)],
+        [0, 1],
+        seq_len=32,
+        pad_id=models.pad_id(models.load_tokenizer(smol)),
+    )
+    runs = []
+    for grouped in (False, True):
+        torch.manual_seed(0)  # PEFT draws lora_A from the global generator
+        net = get_peft_model(
+            models.from_pretrained(smol, dtype=torch.float32), tmodel.lora_config(lora)
+        )
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():  # a fresh lora_B is zeros: every product would be 0
+            for n, p in net.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(0.02 * torch.randn(p.shape, generator=g))
+        lora_fused.fuse(net)
+        if grouped:
+            assert lora_grouped.group(net) == 2 * net.config.num_hidden_layers
+        loss, _ = objective.sft_sum(net, batch)
+        loss.backward()
+        runs.append(
+            (loss.item(), {n: p.grad for n, p in net.named_parameters() if p.grad is not None})
+        )
+    (want_loss, want), (got_loss, got) = runs
+    assert got_loss == pytest.approx(want_loss, rel=1e-6)
+    assert got.keys() == want.keys() and len(want) == 2 * 7 * 30
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6)
