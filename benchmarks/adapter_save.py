@@ -1,20 +1,26 @@
 """What a training's final save of SmolLM2's LoRA adapter costs: PEFT's save_pretrained as it is,
-against the same call handed the trainable tensors from one host copy (`host_copy` below).
+the same call handed the trainable tensors from one host copy (`host_copy` below), and
+arenaflow's own (train/model.save_adapter: the entries matched to their parameters once, at
+set-up, then written by safetensors with PEFT's config file).
 
     python benchmarks/adapter_save.py [--layers 30 --reps 7 --cpu --out results.json]
 
 Issue 15: a SmolLM2-135M training on the H200 spends 0.09-0.16 s in PEFT's save with the GPU idle
 (BENCHMARKS.md, runs 60-62: the save's `weights` part), against 0.6-0.9 s of steps for the
-shortest arm, R220. PEFT walks the model's whole state dict and safetensors moves each of the 420
-adapter tensors to the host alone, a synchronised copy apiece. This builds SmolLM2-135M's shape
-(random weights, bf16, LoRA r 64 on all seven projections, train/lora_fused's modules as a job
-has them), gives the adapter random weights, and times both saves, alternating which goes first,
-into fresh directories in one temporary directory; the two must hold the same bytes. Prints the
-median seconds of each and their ratio.
+shortest arm, R220. PEFT walks the whole model (its state dict, the tuner's key prefixes, the
+tensor-parallel check), clones every tensor that shares storage with another (under ZeRO-1/2 all
+of them: views of one flat buffer), and writes a model card from a Jinja template compiled each
+time; safetensors then moves each of the 420 adapter tensors to the host alone. This builds
+SmolLM2-135M's shape (random weights, LoRA r 64 on all seven projections as train/model's
+LoraConfig makes it, through train/lora_fused as a job has them, random adapter weights) held by a
+one-rank ZeRO-2 bf16 DeepSpeed engine, as a job's are, and times the saves, alternating their
+order, into fresh directories of one temporary directory; all must hold the same adapter bytes.
+Prints the median seconds of each and PEFT's over each other's.
 
-Measured (BENCHMARKS.md, session 29): the one copy is slower, on the H200 (x0.75-0.76: PEFT's
-111 / 92 ms against 146 / 124 ms) as on CPU: the per-tensor copies were not what the save
-spends, so train/model.save keeps PEFT's own way. Kept as the record and for the next idea.
+Measured (BENCHMARKS.md): session 29, before the engine held the weights here, the one copy was
+slower than PEFT's own on the H200 (x0.75-0.76) as on CPU: the per-tensor copies are not what the
+save spends. Session 31, CPU, the weights held by the engine: PEFT's 51-54 ms, arenaflow's
+20-21 ms (x2.5-2.6), the same bytes.
 """
 
 from __future__ import annotations
@@ -28,20 +34,43 @@ import time
 from pathlib import Path
 
 import torch
-from overflow_check_cpu import smollm2_lora  # sibling scripts
+from gpu_bench import LORA  # sibling scripts
+from zero_stage_cpu import SHAPES
 
+from arenaflow import models
 from arenaflow.train import lora_fused
+from arenaflow.train import model as tmodel
+from arenaflow.train.loop import ensure_dist_env
+
+FILES = (models.ADAPTER_WEIGHTS, models.ADAPTER_CONFIG)
 
 
 def build(layers: int, device: str):
-    net = smollm2_lora(layers).to(device, torch.bfloat16)
+    """(the PEFT model, its adapter plan): the model held by a one-rank ZeRO-2 bf16 engine."""
+    import deepspeed
+    from peft import get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(**{**SHAPES["smollm2"], "num_hidden_layers": layers}))
+    net = get_peft_model(base, tmodel.lora_config(LORA))
     lora_fused.fuse(net)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a fresh lora_B is zeros: give the file real content
         for p in net.parameters():
             if p.requires_grad:
                 p.copy_(torch.randn(p.shape, generator=g))
-    return net
+    plan = tmodel.adapter_plan(net)
+    ensure_dist_env()
+    params = [p for p in net.parameters() if p.requires_grad]
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 2, "contiguous_gradients": False},
+        "zero_allow_untested_optimizer": True,
+        "bf16": {"enabled": True},
+    }
+    deepspeed.initialize(model=net.to(device), optimizer=torch.optim.AdamW(params), config=config)
+    return net, plan
 
 
 def host_copy(model) -> dict:
@@ -70,6 +99,12 @@ def timed(save, out: Path, device: str) -> float:
     return time.perf_counter() - t
 
 
+def same_bytes(tmp: Path, ways) -> bool:
+    return all(
+        (tmp / w / f).read_bytes() == (tmp / "peft" / f).read_bytes() for w in ways for f in FILES
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=30)
@@ -78,24 +113,20 @@ def main() -> None:
     ap.add_argument("--out", help="results JSON")
     args = ap.parse_args()
     device = "cpu" if args.cpu or not torch.cuda.is_available() else "cuda"
-    net = build(args.layers, device)
+    net, plan = build(args.layers, device)
     ways = {
         "peft": lambda d: net.save_pretrained(str(d), safe_serialization=True),
         "one_copy": lambda d: net.save_pretrained(
             str(d), safe_serialization=True, **host_copy(net)
         ),
+        "arenaflow": lambda d: tmodel.save_adapter(net, plan, d),
     }
     times: dict[str, list[float]] = {k: [] for k in ways}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.reps):
             for name in list(ways)[:: 1 if rep % 2 else -1]:
                 times[name].append(timed(ways[name], Path(tmp) / name, device))
-        same = all(
-            (Path(tmp) / "peft" / f.name).read_bytes() == f.read_bytes()
-            for f in (Path(tmp) / "one_copy").iterdir()
-        ) and len(list((Path(tmp) / "peft").iterdir())) == len(
-            list((Path(tmp) / "one_copy").iterdir())
-        )
+        same = same_bytes(Path(tmp), ways)
     tensors = sum(p.requires_grad for p in net.parameters())
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
@@ -104,18 +135,20 @@ def main() -> None:
         "adapter_tensors": tensors,
         "seconds": times,
         "median_s": med,
-        "peft_over_one_copy": med["peft"] / med["one_copy"],
+        "peft_over": {k: med["peft"] / v for k, v in med.items() if k != "peft"},
         "same_bytes": same,
     }
     print(
-        f"{result['device']}: {tensors} adapter tensors; PEFT's save {med['peft'] * 1e3:.1f} ms, "
-        f"from one host copy {med['one_copy'] * 1e3:.1f} ms (median of {args.reps}): "
-        f"x{result['peft_over_one_copy']:.2f}; same bytes: {same}"
+        f"{result['device']}: {tensors} adapter tensors, median of {args.reps} saves: "
+        + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
+        + "; PEFT's over "
+        + ", ".join(f"{k}'s x{v:.2f}" for k, v in result["peft_over"].items())
+        + f"; same bytes: {same}"
     )
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if not same:
-        raise SystemExit("the two saves differ")
+        raise SystemExit("the saves differ")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import jinja2
 
 from arenaflow import chat, io, manifest, models, nominate, roundreport, sampling
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+ADAPTER_FILES = (models.ADAPTER_WEIGHTS, models.ADAPTER_CONFIG)
 TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
 NOMINEE = "nominee.json"  # a round's nominee's run: which arm it copied (arenaflow.continual)
 
@@ -48,7 +48,7 @@ def evidence_file(run_dir: Path) -> str:
 
 def weight_files(run_dir: Path) -> list[str]:
     """The files that carry an arm's weights: its adapter, or a full fine-tune's model files."""
-    if (run_dir / "adapter_config.json").exists():
+    if models.is_adapter(run_dir):
         return list(ADAPTER_FILES)
     names = sorted(p.name for p in run_dir.glob("*.safetensors")) + ["config.json"]
     # not generation_config.json: the bundle writes its own from `serving:` (a full fine-tune's
@@ -141,7 +141,7 @@ def check_reload(
     from peft import PeftModel
 
     tok = models.load_tokenizer(bundle_dir)
-    if (bundle_dir / "adapter_config.json").exists():
+    if models.is_adapter(bundle_dir):
         model = PeftModel.from_pretrained(models.load_base(base_model), str(bundle_dir)).eval()
     else:  # full weights: the bundle is the model
         model = models.load_base(bundle_dir).eval()
@@ -416,7 +416,7 @@ def served_evidence(run_dir: Path, runs: Path) -> dict:
     trained = io.read_json(parent / TRAINING)
     hyper = {"method": "lora" if ev["output"] == "adapter" else "full", "objective": "merge"}
     if ev["output"] == "adapter":
-        cfg = io.read_json(run_dir / "adapter_config.json")
+        cfg = io.read_json(run_dir / models.ADAPTER_CONFIG)
         hyper["lora"] = {
             "r": cfg["r"],
             "alpha": cfg["lora_alpha"],

@@ -73,9 +73,8 @@ import torch
 from safetensors import safe_open
 
 from arenaflow import io, manifest
+from arenaflow.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FULL_INDEX = "model.safetensors.index.json"
 EVIDENCE = "merge_evidence.json"
 PREFIX = "base_model.model."  # PEFT's prefix on every key of a LoRA adapter file

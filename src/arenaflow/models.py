@@ -8,6 +8,10 @@ import torch
 
 from arenaflow import manifest
 
+# The files of a PEFT LoRA adapter (what PeftModel.from_pretrained reads)
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
 
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -16,6 +20,11 @@ def device() -> torch.device:
 def dtype_for(dev: torch.device) -> torch.dtype:
     # CPUs here have no native bf16: batched CPU generation and training stay in float32.
     return torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
+def is_adapter(path: str | Path) -> bool:
+    """Whether a run's directory holds a LoRA adapter (else full weights)."""
+    return (Path(path) / ADAPTER_CONFIG).exists()
 
 
 def load_tokenizer(path: str | Path):
@@ -86,7 +95,7 @@ def load_policy(
     if adapter_dir is not None:
         manifest.require(adapter_dir, consumer)
         mark("verify")
-    if adapter_dir is not None and not (Path(adapter_dir) / "adapter_config.json").exists():
+    if adapter_dir is not None and not is_adapter(adapter_dir):
         # a full fine-tune: the arm's directory holds the whole model
         model = load_base(adapter_dir)
         model.eval()

@@ -245,3 +245,24 @@ def test_smollm2s_lora_step_through_grouped_linears_is_the_fused_one(smol):
     assert got.keys() == want.keys() and len(want) == 2 * 7 * 30
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6)
+
+
+def test_smollm2s_adapter_is_saved_as_peft_saves_it(smol, tmp_path):
+    """train/model.save_adapter on the real base, LoRA on all seven projections through
+    lora_fused as a job has them, each weight a view of one flat buffer as under ZeRO-2: the
+    same two files as PEFT's save_pretrained, byte for byte."""
+    import torch
+    from peft import get_peft_model
+    from test_adapter_save import assert_same_files, saved_both_ways
+    from test_lora_grouped import PROJECTIONS
+
+    from arenaflow.train import lora_fused
+    from arenaflow.train import model as tmodel
+
+    lora = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": PROJECTIONS}
+    net = get_peft_model(
+        models.from_pretrained(smol, dtype=torch.bfloat16), tmodel.lora_config(lora)
+    )
+    lora_fused.fuse(net)
+    assert_same_files(*saved_both_ways(net, tmp_path))
+    assert len(tmodel.adapter_plan(net)) == 2 * 7 * net.config.num_hidden_layers

@@ -61,6 +61,8 @@ def test_saved_adapter_is_gathered_not_empty_zero3_shards(first):
         assert t.numel() > 0 and t.dim() == 2, f"{name} saved with shape {tuple(t.shape)}"
     # lora_B starts at zero; after training it must have moved
     assert any(t.abs().sum() > 0 for n, t in weights.items() if "lora_B" in n)
+    # written by train/model.save_adapter inside the gather, not by PEFT (whose model card it is)
+    assert not (first / "README.md").exists()
 
 
 def test_evidence_records_corpus_digest_steps_and_base(first, corpus):

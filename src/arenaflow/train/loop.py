@@ -268,6 +268,7 @@ class Run:
     plan: Any = None
     engine: Any = None
     optimizer: Any = None
+    adapter_plan: list | None = None  # the final save's tensors (train/model.adapter_plan)
     start: int = 0
     metrics: list = field(default_factory=list)
     tokens_seen: int = 0
@@ -453,6 +454,9 @@ def setup_engine(r: Run) -> None:
     warmed = cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing runs beside it
     # after the warm-up's thread: the function is a module global it calls too
     log.info("rotary embedding as one autograd node: %d modeling modules", rope.install(net))
+    r.adapter_plan = tmodel.adapter_plan(net)  # once, here: the final save walks nothing
+    if r.adapter_plan is not None:
+        log.info("adapter save: %d tensors, matched to their parameters", len(r.adapter_plan))
     jobclock.mark(r.args.out, "setup")  # data plan, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
@@ -613,7 +617,7 @@ def save(r: Run) -> None:
     """The final weights, evidence, metrics and manifest; the probe's logits when asked."""
     # Every rank joins the gather inside save(); only rank 0 writes.
     with io.atomic_dir(r.out) if r.rank == 0 else contextlib.nullcontext(r.out) as tmp:
-        tmodel.save(r.engine, r.net, tmp, r.rank, r.hyper, r.stage)
+        tmodel.save(r.engine, r.net, tmp, r.rank, r.hyper, r.stage, r.adapter_plan)
         if r.rank == 0:  # the save's parts, for BENCHMARKS.md: the GPU idles through them
             jobclock.event(r.args.out, "weights_saved")
             io.write_json(tmp / "training_evidence.json", training_evidence(r))

@@ -9,13 +9,12 @@ weights. modules_to_save (e.g. lm_head) may have its own learning rate, as in li
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import torch
+
 from arenaflow import manifest, models
-
-
-def is_adapter(path: str | Path) -> bool:
-    return (Path(path) / "adapter_config.json").exists()
 
 
 def build(base_model: str, init: str, hyper: dict):
@@ -25,7 +24,7 @@ def build(base_model: str, init: str, hyper: dict):
     if init != "base":  # before anything of it is loaded: a changed adapter fails here, by name
         manifest.require(init, "training (init arm)")
     if hyper["method"] == "full":
-        if init != "base" and is_adapter(init):
+        if init != "base" and models.is_adapter(init):
             raise SystemExit(f"full fine-tuning cannot continue the LoRA adapter in {init}")
         model = models.load_base(base_model if init == "base" else init)
         model.config.use_cache = False
@@ -33,7 +32,7 @@ def build(base_model: str, init: str, hyper: dict):
     from peft import PeftModel, get_peft_model
 
     if init != "base":
-        if not is_adapter(init):
+        if not models.is_adapter(init):
             raise SystemExit(
                 f"a LoRA arm cannot continue {init}: it holds full weights, not an adapter"
             )
@@ -138,15 +137,59 @@ def param_groups(model, hyper: dict) -> list[dict]:
     return groups
 
 
-def save(engine, model, out_dir: Path, rank: int, hyper: dict, stage: int) -> None:
-    """Gather ZeRO-3 shards, then save on rank 0. Saving without the gather writes
-    shape-(0,) tensors (docs/notes.md#zero-3-save-gathers-first). Below stage 3 every rank
-    holds every weight whole (ZeRO 1/2 partition only optimizer state and gradients)."""
+def adapter_plan(model) -> list | None:
+    """The adapter file's entries, each key with the parameter it holds, matched once at set-up:
+    PEFT's own selection (get_peft_model_state_dict over the parameters themselves). None for
+    full weights, or where an entry is not a parameter as it stands: the save then goes through
+    PEFT's save_pretrained."""
+    if not hasattr(model, "peft_config"):
+        return None
+    from peft.utils import get_peft_model_state_dict
+
+    if model.peft_config[model.active_adapter].task_type is None:
+        return None  # PEFT would write the base's class beside it (auto_mapping)
+    entries = get_peft_model_state_dict(model, state_dict=model.state_dict(keep_vars=True))
+    if not all(isinstance(p, torch.nn.Parameter) for p in entries.values()):
+        return None
+    return list(entries.items())
+
+
+def save_adapter(model, plan: list, out_dir: Path) -> None:
+    """PEFT's save_pretrained of a LoRA adapter: the same two files, byte for byte
+    (tests/unit/test_adapter_save.py), without PEFT's walks of the whole model, its clone of
+    every tensor that shares a buffer (all of them under ZeRO-1/2) and its model card, which
+    cost most of PEFT's save, the GPU idle through it (benchmarks/adapter_save.py)."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # ZeRO-1/2 keep each weight as a view of one flat buffer: views that do not overlap save
+    # as they are (safetensors copies each to the host)
+    weights = {key: p.detach() for key, p in plan}
+    save_file(weights, str(out_dir / models.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config = copy.copy(model.peft_config[model.active_adapter])
+    config.inference_mode = True  # as PEFT writes it: a saved adapter loads for inference
+    if config.base_model_name_or_path is None:  # as PEFT fills it in
+        config.base_model_name_or_path = unwrapped(model).__dict__.get("name_or_path") or None
+    config.save_pretrained(str(out_dir))
+
+
+def save_weights(model, plan: list | None, out_dir: Path) -> None:
+    if plan is None:
+        model.save_pretrained(str(out_dir), safe_serialization=True)
+    else:
+        save_adapter(model, plan, out_dir)
+
+
+def save(engine, model, out_dir: Path, rank: int, hyper: dict, stage: int, plan=None) -> None:
+    """Gather ZeRO-3 shards, then save on rank 0 (an adapter by `plan`, adapter_plan's, when
+    given). Saving without the gather writes shape-(0,) tensors
+    (docs/notes.md#zero-3-save-gathers-first). Below stage 3 every rank holds every weight whole
+    (ZeRO 1/2 partition only optimizer state and gradients)."""
     import deepspeed
 
     if stage < 3:
         if rank == 0:
-            model.save_pretrained(str(out_dir), safe_serialization=True)
+            save_weights(model, plan, out_dir)
         return
     if hyper["method"] == "full":
         # Gathers one layer at a time onto rank 0, never the whole model on every rank.
@@ -157,4 +200,4 @@ def save(engine, model, out_dir: Path, rank: int, hyper: dict, stage: int) -> No
     trainable = [p for p in model.parameters() if p.requires_grad]
     with deepspeed.zero.GatheredParameters(trainable, modifier_rank=None):
         if rank == 0:
-            model.save_pretrained(str(out_dir), safe_serialization=True)
+            save_weights(model, plan, out_dir)
