@@ -142,10 +142,11 @@ def adapter_plan(model) -> list | None:
     PEFT's own selection (get_peft_model_state_dict over the parameters themselves). None for
     full weights, or where an entry is not a parameter as it stands: the save then goes through
     PEFT's save_pretrained."""
-    if not hasattr(model, "peft_config"):
-        return None
+    from peft import PeftModel
     from peft.utils import get_peft_model_state_dict
 
+    if not isinstance(model, PeftModel):
+        return None
     if model.peft_config[model.active_adapter].task_type is None:
         return None  # PEFT would write the base's class beside it (auto_mapping)
     entries = get_peft_model_state_dict(model, state_dict=model.state_dict(keep_vars=True))
