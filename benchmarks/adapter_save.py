@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 from gpu_bench import LORA  # sibling scripts
-from zero_stage_cpu import SHAPES
+from overflow_check_cpu import smollm2_lora
 
 from arenaflow import models
 from arenaflow.train import lora_fused
@@ -48,12 +48,8 @@ FILES = (models.ADAPTER_WEIGHTS, models.ADAPTER_CONFIG)
 def build(layers: int, device: str):
     """(the PEFT model, its adapter plan): the model held by a one-rank ZeRO-2 bf16 engine."""
     import deepspeed
-    from peft import get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(LlamaConfig(**{**SHAPES["smollm2"], "num_hidden_layers": layers}))
-    net = get_peft_model(base, tmodel.lora_config(LORA))
+    net = smollm2_lora(layers, tmodel.lora_config(LORA))  # the job's task type: CAUSAL_LM
     lora_fused.fuse(net)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # a fresh lora_B is zeros: give the file real content

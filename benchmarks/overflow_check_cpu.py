@@ -31,15 +31,18 @@ from arenaflow.train.loop import ensure_dist_env
 SMOLLM2 = SHAPES["smollm2"]
 
 
-def smollm2_lora(layers: int):
+def smollm2_lora(layers: int, lora=None):
     """SmolLM2-135M's shape `layers` deep, random weights (seed 0), PEFT LoRA r 64 on all seven
-    projections (gpu_bench.LORA), float32 on CPU."""
+    projections (gpu_bench.LORA; `lora`, a LoraConfig, in its place), float32 on CPU."""
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     net = LlamaForCausalLM(LlamaConfig(**{**SMOLLM2, "num_hidden_layers": layers}))
-    lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"])
+    if lora is None:
+        lora = LoraConfig(
+            r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["target_modules"]
+        )
     return get_peft_model(net, lora)
 
 
