@@ -1,9 +1,7 @@
 """What a training's final save of SmolLM2's LoRA adapter costs: PEFT's save_pretrained as it is,
 the same call handed the trainable tensors from one host copy (`host_copy` below), and
 arenaflow's own (train/model.save_adapter: the entries matched to their parameters once, at
-set-up, moved to the host in one copy of the flat buffer they are views of, then written by
-safetensors with PEFT's config file), and arenaflow's as session 31 made it (`per_tensor`:
-safetensors copies each device tensor to the host alone).
+set-up, then written by safetensors with PEFT's config file).
 
     python benchmarks/adapter_save.py [--layers 30 --reps 7 --cpu --out results.json]
 
@@ -34,7 +32,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 from gpu_bench import LORA  # sibling scripts
@@ -85,12 +82,6 @@ def host_copy(model) -> dict:
     return {"state_dict": host}
 
 
-def per_tensor(net, plan, out: Path) -> None:
-    """arenaflow's save as session 31 made it: safetensors copies each device tensor alone."""
-    with mock.patch.object(tmodel, "on_host", lambda weights: weights):
-        tmodel.save_adapter(net, plan, out)
-
-
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -124,7 +115,6 @@ def main() -> None:
         "one_copy": lambda d: net.save_pretrained(
             str(d), safe_serialization=True, **host_copy(net)
         ),
-        "per_tensor": lambda d: per_tensor(net, plan, d),
         "arenaflow": lambda d: tmodel.save_adapter(net, plan, d),
     }
     times: dict[str, list[float]] = {k: [] for k in ways}

@@ -243,8 +243,10 @@ def test_smollm2s_lora_step_through_grouped_linears_is_the_fused_one(smol):
     (want_loss, want), (got_loss, got) = runs
     assert got_loss == pytest.approx(want_loss, rel=1e-6)
     assert got.keys() == want.keys() and len(want) == 2 * 7 * 30
-    for n in want:
-        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-6)
+    for n in want:  # at the tensor's scale: an entry summed with cancellation carries the
+        # rounding of its terms, not of itself (1e-5 of the scale on some CPUs' kernels)
+        scale = want[n].abs().max().item()
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-4 * scale)
 
 
 def test_smollm2s_adapter_is_saved_as_peft_saves_it(smol, tmp_path):

@@ -163,38 +163,15 @@ def save_adapter(model, plan: list, out_dir: Path) -> None:
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    weights = on_host({key: p.detach() for key, p in plan})
+    # ZeRO-1/2 keep each weight as a view of one flat buffer: views that do not overlap save
+    # as they are (safetensors copies each to the host)
+    weights = {key: p.detach() for key, p in plan}
     save_file(weights, str(out_dir / models.ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.copy(model.peft_config[model.active_adapter])
     config.inference_mode = True  # as PEFT writes it: a saved adapter loads for inference
     if config.base_model_name_or_path is None:  # as PEFT fills it in
         config.base_model_name_or_path = unwrapped(model).__dict__.get("name_or_path") or None
     config.save_pretrained(str(out_dir))
-
-
-def on_host(weights: dict) -> dict:
-    """`weights` on the host. ZeRO-1/2 keep each weight as a view of one flat device buffer:
-    views that fill most of their buffer cross in one copy of it, not in one synchronised copy
-    each (420 for SmolLM2's adapter), as safetensors would make them. Views that do not overlap
-    save as they are."""
-    shared: dict[int, list[str]] = {}
-    for key, t in weights.items():
-        if t.device.type != "cpu":
-            shared.setdefault(t.untyped_storage().data_ptr(), []).append(key)
-    out = dict(weights)
-    for keys in shared.values():
-        storage = weights[keys[0]].untyped_storage()
-        if 2 * sum(weights[k].nbytes for k in keys) < storage.nbytes():  # a small part of it
-            out.update((k, weights[k].cpu()) for k in keys)
-            continue
-        host = torch.UntypedStorage(storage.nbytes())
-        host.copy_(storage)
-        for k in keys:
-            t = weights[k]
-            out[k] = torch.empty(0, dtype=t.dtype).set_(
-                host, t.storage_offset(), t.size(), t.stride()
-            )
-    return out
 
 
 def save_weights(model, plan: list | None, out_dir: Path) -> None:
