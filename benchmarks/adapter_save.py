@@ -20,7 +20,9 @@ Prints the median seconds of each and PEFT's over each other's.
 Measured (BENCHMARKS.md): session 29, before the engine held the weights here, the one copy was
 slower than PEFT's own on the H200 (x0.75-0.76) as on CPU: the per-tensor copies are not what the
 save spends. Session 31, CPU, the weights held by the engine: PEFT's 51-54 ms, arenaflow's
-20-21 ms (x2.5-2.6), the same bytes.
+20-21 ms (x2.5-2.6), the same bytes. Session 32, H200: PEFT's 63-97 ms, arenaflow's 32-43 ms
+(x2.0-2.2); the adapter's views moved to the host in one copy of their flat buffer first were
+slower (48-61 ms), so safetensors still copies each.
 """
 
 from __future__ import annotations
