@@ -44,7 +44,7 @@ from arenaflow.train import lora_fused
 from arenaflow.train import model as tmodel
 from arenaflow.train.loop import ensure_dist_env
 
-FILES = (models.ADAPTER_WEIGHTS, models.ADAPTER_CONFIG)
+FILES = models.ADAPTER_FILES
 
 
 def build(layers: int, device: str):

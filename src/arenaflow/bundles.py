@@ -36,7 +36,6 @@ import jinja2
 
 from arenaflow import chat, io, manifest, models, nominate, roundreport, sampling
 
-ADAPTER_FILES = (models.ADAPTER_WEIGHTS, models.ADAPTER_CONFIG)
 TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
 NOMINEE = "nominee.json"  # a round's nominee's run: which arm it copied (arenaflow.continual)
 
@@ -49,7 +48,7 @@ def evidence_file(run_dir: Path) -> str:
 def weight_files(run_dir: Path) -> list[str]:
     """The files that carry an arm's weights: its adapter, or a full fine-tune's model files."""
     if models.is_adapter(run_dir):
-        return list(ADAPTER_FILES)
+        return list(models.ADAPTER_FILES)
     names = sorted(p.name for p in run_dir.glob("*.safetensors")) + ["config.json"]
     # not generation_config.json: the bundle writes its own from `serving:` (a full fine-tune's
     # run saves the base's, which the weights check then found "different")

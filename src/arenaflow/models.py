@@ -11,6 +11,7 @@ from arenaflow import manifest
 # The files of a PEFT LoRA adapter (what PeftModel.from_pretrained reads)
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
 
 
 def device() -> torch.device:

@@ -22,7 +22,7 @@ from arenaflow.train import model as tmodel
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
-FILES = (models.ADAPTER_WEIGHTS, models.ADAPTER_CONFIG)
+FILES = models.ADAPTER_FILES
 LORA = {"r": 4, "alpha": 8, "dropout": 0.0}
 
 
