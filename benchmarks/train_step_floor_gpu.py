@@ -481,6 +481,12 @@ def parse_args() -> argparse.Namespace:
     args.shape_list = [
         tuple(int(x) for x in sh.split("x")) for sh in (args.shapes or "").split(",") if sh
     ] or [(args.rows, args.seq)]
+    short = [f"{r}x{q}" for r, q in args.shape_list if q <= PROMPT]
+    if short:  # every label of such a row is masked: the loss would be 0/0, NaN
+        ap.error(
+            f"a step's rows must be longer than the {PROMPT} prompt tokens left out of the "
+            f"loss; got {', '.join(short)}"
+        )
     args.rows = max(r for r, _ in args.shape_list)
     args.seq = max(s for _, s in args.shape_list)
     args.tokens_per_step = statistics.mean(r * s for r, s in args.shape_list)

@@ -86,3 +86,23 @@ def test_the_jobs_objective_over_bucketed_shapes_takes_transformers_steps(tmp_pa
     assert len(set(job)) == 4  # four steps on three shapes: not one batch repeated
     for step, (a, b) in enumerate(zip(job, hf), 1):
         assert abs(a - b) <= 1e-6 * abs(a), f"step {step}: sft_sum {a} vs transformers {b}"
+
+
+def test_a_step_whose_rows_hold_only_prompt_tokens_is_refused(monkeypatch, capsys):
+    """Rows no longer than the prompt that the loss leaves out have no supervised token: the
+    loss would be NaN, every step, and the timing of nothing. The options are refused, naming
+    the shape."""
+    import pytest
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import train_step_floor_gpu as floor
+
+    shapes = f"4x{floor.PROMPT + 1},2x{floor.PROMPT}"
+    monkeypatch.setattr(sys, "argv", ["train_step_floor_gpu.py", "--cpu", "--shapes", shapes])
+    with pytest.raises(SystemExit):
+        floor.parse_args()
+    err = capsys.readouterr().err
+    assert f"got 2x{floor.PROMPT}" in err and f"4x{floor.PROMPT + 1}" not in err
+    argv = ["train_step_floor_gpu.py", "--cpu", "--rows", "3", "--seq", str(floor.PROMPT + 1)]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert floor.parse_args().shape_list == [(3, floor.PROMPT + 1)]
