@@ -14,7 +14,12 @@ has_torch() { python -c "import torch" 2>/dev/null; }
 if [ "${ARENAFLOW_UNLOCKED:-0}" = 1 ]; then
   # The CPU wheel first: a bare `torch` requirement can pull a multi-GB CUDA build.
   has_torch || "${pip[@]}" "$(grep '^torch==' requirements/lock-cpu.txt)"
-  "${pip[@]}" --upgrade --upgrade-strategy eager -e ".[test]"
+  # ...and held there: an eager upgrade would otherwise replace it with that CUDA build (it did,
+  # torch 2.14.1 with ~3 GB of nvidia-* wheels, 2026-12-05). A newer torch: install it first.
+  keep=$(mktemp)
+  trap 'rm -f "$keep"' EXIT
+  python -c "import torch; print('torch==' + torch.__version__)" > "$keep"
+  "${pip[@]}" --upgrade --upgrade-strategy eager -c "$keep" -e ".[test]"
 else
   lock=requirements/lock-cpu.txt
   if has_torch; then
