@@ -12,6 +12,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = (REPO / "config/config.yaml", REPO / "tests/e2e/config.yaml")
 MINI = (*CONFIG, REPO / "tests/e2e/mini.yaml")
+# Every rule that bundles/B3f runs on the smallest DAG (mini.yaml)
+STAGES = {
+    "build_pool",
+    "sample_candidates",
+    "verify_candidates",
+    "build_corpus",
+    "train_arm",
+    "merge_arm",
+    "readout_math",
+    "compare",
+    "register_bar",
+    "nominate",
+    "build_bundle",
+}
 
 
 def command(
@@ -105,3 +119,29 @@ def build(
         "run": run,
         "configfiles": configfiles,
     }
+
+
+def serve_greedy(bundle: Path, base: Path, messages: list[dict], max_new_tokens: int):
+    """Bundle `bundle` loaded as a server would (its tokenizer and chat template, its adapter on
+    `base` through PEFT, its generation config's stop and pad ids) and `messages` answered
+    greedily: (the tokenizer, the generation config, the answer's token ids)."""
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bundle)
+    assert tok.chat_template == (bundle / "chat_template.jinja").read_text()
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), bundle)
+    assert any("lora_" in n for n, _ in model.named_parameters()), "no LoRA weights reloaded"
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    gen = json.loads((bundle / "generation_config.json").read_text())
+    out = model.generate(
+        ids,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=gen["eos_token_id"],
+        pad_token_id=gen["pad_token_id"],
+    )
+    return tok, gen, out[0, ids.shape[1] :]

@@ -13,21 +13,7 @@ import os
 import shutil
 
 import pytest
-from dagrun import MINI, REPO, build, planned_jobs, snakemake
-
-STAGES = {
-    "build_pool",
-    "sample_candidates",
-    "verify_candidates",
-    "build_corpus",
-    "train_arm",
-    "merge_arm",
-    "readout_math",
-    "compare",
-    "register_bar",
-    "nominate",
-    "build_bundle",
-}
+from dagrun import MINI, REPO, STAGES, build, planned_jobs, serve_greedy, snakemake
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +35,6 @@ def served(built) -> tuple[str, str]:
 
 
 def test_bundle_reloads_as_a_server_would(built):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     bundle = built["results"] / "bundles/B3f"
     for f in (
         "adapter_model.safetensors",
@@ -69,28 +52,11 @@ def test_bundle_reloads_as_a_server_would(built):
     ):
         assert (bundle / f).is_file(), f
     assert json.loads((bundle / "reload_check.json").read_text())["verdict"] == "RELOAD_CHECK_PASS"
-    tok = AutoTokenizer.from_pretrained(bundle)
-    assert tok.chat_template == (bundle / "chat_template.jinja").read_text()
-    model = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle
+    question = "Ann has 12 pens and gets 30 more. How many pens now?"
+    _, gen, answer = serve_greedy(
+        bundle, REPO / "models/tiny-arith", [{"role": "user", "content": question}], 48
     )
-    lora = [n for n, _ in model.named_parameters() if "lora_" in n]
-    assert lora, "the reloaded model carries no LoRA weights"
-    ids = tok.apply_chat_template(
-        [{"role": "user", "content": "Ann has 12 pens and gets 30 more. How many pens now?"}],
-        add_generation_prompt=True,
-        return_tensors="pt",
-    )
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    gen = json.loads((bundle / "generation_config.json").read_text())
-    out = model.generate(
-        ids,
-        max_new_tokens=48,
-        do_sample=False,
-        eos_token_id=gen["eos_token_id"],
-        pad_token_id=gen["pad_token_id"],
-    )
-    assert out[0, -1].item() in gen["eos_token_id"], (
+    assert answer[-1].item() in gen["eos_token_id"], (
         "greedy generation did not stop on a stop token"
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dagrun import CONFIG, REPO, build, planned_jobs
+from dagrun import CONFIG, REPO, STAGES, build, planned_jobs, serve_greedy
 from realmodel import import_smollm2, strip_pad_token
 
 pytestmark = pytest.mark.dag
@@ -19,19 +19,6 @@ OVERLAYS = (
     REPO / "config/smollm2.yaml",
     REPO / "tests/e2e/smollm2.yaml",
 )
-STAGES = {
-    "build_pool",
-    "sample_candidates",
-    "verify_candidates",
-    "build_corpus",
-    "train_arm",
-    "merge_arm",
-    "readout_math",
-    "compare",
-    "register_bar",
-    "nominate",
-    "build_bundle",
-}
 
 
 @pytest.fixture(scope="module")
@@ -83,29 +70,12 @@ def test_the_bundle_passes_every_check_and_keeps_the_bases_tokenizer(built):
 
 
 def test_the_bundle_reloads_on_the_pad_less_base_and_stops_as_served(built):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     bundle = built["results"] / "bundles/B3f"
-    tok = AutoTokenizer.from_pretrained(bundle)
-    assert tok.pad_token is None
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(built["base"]), bundle)
-    assert any("lora_" in n for n, _ in model.named_parameters())
-    ids = tok.apply_chat_template(
-        [
-            {"role": "system", "content": (bundle / "system_prompt.txt").read_text()},
-            {"role": "user", "content": "What is 12 + 30? Reply with just the number."},
-        ],
-        add_generation_prompt=True,
-        return_tensors="pt",
-    )
-    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    messages = [
+        {"role": "system", "content": (bundle / "system_prompt.txt").read_text()},
+        {"role": "user", "content": "What is 12 + 30? Reply with just the number."},
+    ]
     gen = json.loads((bundle / "generation_config.json").read_text())
-    out = model.generate(
-        ids,
-        max_new_tokens=gen["max_new_tokens"],
-        do_sample=False,
-        eos_token_id=gen["eos_token_id"],
-        pad_token_id=gen["pad_token_id"],
-    )
-    assert out[0, -1].item() in gen["eos_token_id"], tok.decode(out[0, ids.shape[1] :])
+    tok, gen, answer = serve_greedy(bundle, built["base"], messages, gen["max_new_tokens"])
+    assert tok.pad_token is None
+    assert answer[-1].item() in gen["eos_token_id"], tok.decode(answer)
