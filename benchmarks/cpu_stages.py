@@ -22,7 +22,10 @@ import tempfile
 import timeit
 from pathlib import Path
 
-from arenaflow import chat, corpora, hfimport, manifest, models, pools, tinymodel
+from arenaflow import chat, manifest, models
+from arenaflow.bases import hfimport, tinymodel
+from arenaflow.corpora import build as corpora
+from arenaflow.pools import build as pools
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@
 
 The 1.2 B Llama shape (24 x 2048, random bf16 weights), batches 1 and 256, 128 greedy new
 tokens: for each path (gpu_bench.GEN_PATHS; "static" = the compiled Llama step, with
-arenaflow.decode_kernels at batch 1, "static-cublas" = the same without them, "static-matmul" =
+arenaflow.decode.kernels at batch 1, "static-cublas" = the same without them, "static-matmul" =
 with the kernels' GEMVs but the grouped-product attention, "static-flex" =
 the same with FlexAttention's decode attention (ARENAFLOW_DECODE_ATTENTION=flex), "static-hf" =
 the path before it) tokens/s, ms per decode step and the share of the bandwidth bound, which

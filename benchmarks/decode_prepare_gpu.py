@@ -13,7 +13,7 @@ only), the first sampled batch through the same decoder (decode.decoder_for keep
 one more graph, the token choice's), and the first sampled batch of a decoder of its own (what
 each decoding cost until 2026-12-04, when decoders were kept per decoding). Prints seconds and
 each first batch's overhead over a replayed one. The first row also pays the process's first
-use of each kernel, unless --decode-warmup ran arenaflow.decode_warmup (a greedy prompt pass
+use of each kernel, unless --decode-warmup ran arenaflow.decode.warmup (a greedy prompt pass
 and step of a one-layer copy, on a side thread) while the model was built and moved to the GPU,
 as a readout's load does: run the script in fresh processes with and without it to see what it
 takes off a job's first batch.
@@ -30,7 +30,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from zero_stage_cpu import SHAPES  # sibling script
 
-from arenaflow import decode, decode_warmup, sampling
+from arenaflow.decode import sampling
+from arenaflow.decode import static as decode
+from arenaflow.decode import warmup as decode_warmup
 
 GREEDY = sampling.Decoding(temperature=0.0, max_new_tokens=160)
 SERVED = sampling.Decoding(temperature=0.7, top_p=0.95, max_new_tokens=160)
@@ -76,7 +78,7 @@ def main() -> None:
     # the first row also pays the process's first use of each kernel
     ap.add_argument("--warmups", default="2,2,1,2,1")
     ap.add_argument(
-        "--decode-warmup", action="store_true", help="arenaflow.decode_warmup beside the load"
+        "--decode-warmup", action="store_true", help="arenaflow.decode.warmup beside the load"
     )
     ap.add_argument("--out")
     args = ap.parse_args()

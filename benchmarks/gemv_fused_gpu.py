@@ -1,4 +1,4 @@
-"""arenaflow.decode_kernels' GEMVs on one GPU, each kind of product alone (issue 23).
+"""arenaflow.decode.kernels' GEMVs on one GPU, each kind of product alone (issue 23).
 
     python benchmarks/gemv_fused_gpu.py
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from gemv_gpu import HIDDEN, INTER, LAYERS, PRODUCTS, VOCAB, replay_us
 
-from arenaflow import decode_kernels
+from arenaflow.decode import kernels as decode_kernels
 
 CASES = {  # name: (weight rows, in features, what is folded in, calls a step)
     "qkv + norm": (PRODUCTS["qkv"][0], HIDDEN, ("norm",), LAYERS),

@@ -16,7 +16,7 @@ measures, in one run:
   MFU = model FLOPs per token x tokens/s / matmul peak, with model FLOPs per token 6 N (full)
   or 4 N (LoRA: no weight gradients) over the N weights that multiply (all but the input
   embedding), plus 12 x layers x hidden x seq for attention (the PaLM convention);
-- generation tokens/s through arenaflow.sampling.generate at batch sizes 1..256 on each
+- generation tokens/s through arenaflow.decode.sampling.generate at batch sizes 1..256 on each
   --gen-paths entry (GEN_PATHS: generate() with its dynamic or static cache, arenaflow's
   static engine with the compiled Llama step or with transformers' modelling code), each timed
   on its second identical call (the first pays allocation, and compilation or graph capture),
@@ -42,8 +42,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import chat, decode, llamastep, manifest, models, sampling, tinymodel
+from arenaflow import chat, manifest, models
 from arenaflow import train as train_cli
+from arenaflow.bases import tinymodel
+from arenaflow.decode import llamastep, sampling
+from arenaflow.decode import static as decode
 
 TRAIN_DEFAULT = [
     "method=lora,micro=16",
@@ -353,10 +356,11 @@ def kernel_kind(name: str) -> str:
 GEN_PATHS = {  # name: sampling.generate keyword arguments
     "hf": {},  # transformers' generate(), dynamic cache
     "hf-static": {"cache_implementation": "static"},  # generate() with its static cache (compiled)
-    # arenaflow.decode, CUDA-graph steps per key-length bucket: the packed Llama step compiled
+    # arenaflow.decode.static, CUDA-graph steps per key-length bucket: the packed Llama step
+    # compiled
     # whole (issue 23) ...
     "static": {"engine": "static"},
-    # ... at batch 1 without arenaflow.decode_kernels' GEMVs and attention (inductor + cuBLAS) ...
+    # ... at batch 1 without arenaflow.decode.kernels' GEMVs and attention (inductor + cuBLAS) ...
     "static-cublas": {"engine": "static"},
     "static-matmul": {"engine": "static"},  # ... at batch 1 with the GEMVs, not the attention ...
     "static-flex": {"engine": "static"},  # ... its decode attention through FlexAttention ...
@@ -430,7 +434,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def float_copy(model):
-    """A float32 copy of `model`, without the decoders and packed weights arenaflow.decode
+    """A float32 copy of `model`, without the decoders and packed weights arenaflow.decode.static
     keeps on it (CUDA graphs do not copy)."""
     kept = {k: model.__dict__.pop(k) for k in list(model.__dict__) if k.startswith("_arenaflow")}
     try:

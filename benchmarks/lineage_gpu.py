@@ -995,7 +995,9 @@ def import_model(configfiles: list[Path], run_meta: dict) -> None:
     if base is not None and not base.exists():
         t = time.time()
         subprocess.run(
-            [sys.executable, "-m", "arenaflow.hfimport", "--out", str(base)], cwd=REPO, check=True
+            [sys.executable, "-m", "arenaflow.bases.hfimport", "--out", str(base)],
+            cwd=REPO,
+            check=True,
         )
         run_meta["import_s"] = round(time.time() - t, 1)
         print(f"imported the model into {base} in {run_meta['import_s']} s", flush=True)

@@ -1,4 +1,5 @@
-"""Weight-space merges (issue 19): arenaflow.merge's streamed merge against loading everything.
+"""Weight-space merges (issue 19): arenaflow.merge.build's streamed merge against loading
+everything.
 
     python benchmarks/merge_bench.py [--dir /tmp/merge_bench] [--out-root DIR] [--repeats 3]
                                      [--no-peft] [--out merge.json]
@@ -14,7 +15,7 @@ heads of 64, vocab 128,256, tied embeddings; 1.24 B parameters) once under --dir
     add_weighted_adapter accepts (it refuses two adapters with the same modules_to_save).
 Then, each in a fresh subprocess (peak RSS = the child's VmHWM), best of --repeats by wall time,
 the methods taking turns:
-  - streamed: arenaflow.merge.merge, the 0.5/0.5 soup, timed whole (sha256 of both parents,
+  - streamed: arenaflow.merge.build.merge, the 0.5/0.5 soup, timed whole (sha256 of both parents,
     the merge, the output's manifest) and by phase (from its evidence);
   - load-all: safetensors.torch.load_file of both adapters, the same concatenation and float32
     sum on whole tensors, one save_file (no manifest checks);
@@ -64,10 +65,10 @@ def base_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def build_base(d: Path) -> None:
-    """bf16 random weights, streamed to disk by arenaflow.merge's writer (2.47 GB)."""
+    """bf16 random weights, streamed to disk by arenaflow.merge.build's writer (2.47 GB)."""
     from transformers import LlamaConfig
 
-    from arenaflow import merge
+    from arenaflow.merge import build as merge
 
     LlamaConfig(
         vocab_size=SHAPE["vocab"],
@@ -147,7 +148,7 @@ def hwm() -> dict:
 
 
 def child_streamed(root: Path, pair: list[str], out: Path) -> dict:
-    from arenaflow import merge
+    from arenaflow.merge import build as merge
 
     start = hwm()["VmRSS"]
     t = time.perf_counter()

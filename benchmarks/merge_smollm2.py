@@ -1,6 +1,6 @@
 """python benchmarks/merge_smollm2.py [DIR]
 
-Real-model check of arenaflow.merge: two LoRA adapters on SmolLM2-135M (different ranks and
+Real-model check of arenaflow.merge.build: two LoRA adapters on SmolLM2-135M (different ranks and
 targets, one carrying lm_head), merged as a soup and a dose; compared with PEFT merge_and_unload."""
 
 import sys
@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from arenaflow import hfimport, manifest, merge, models
+from arenaflow import manifest, models
+from arenaflow.bases import hfimport
+from arenaflow.merge import build as merge
 
 root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/smolmerge")
 base = root / "smollm2"

@@ -2,7 +2,7 @@
 
     python benchmarks/sampling_cpu.py [--prompts 200 --k 4 --batch-sizes 16,64,256]
 
-Samples k answers per prompt at T=0.8 from models/tiny-arith with arenaflow.sampling.generate
+Samples k answers per prompt at T=0.8 from models/tiny-arith with arenaflow.decode.sampling.generate
 (the same call `python -m arenaflow.candidates sample` makes), once per batch size, and prints
 samples/s and tokens/s for each, and the ratio to the smallest batch, measured in this one run.
 """
@@ -14,7 +14,10 @@ import json
 import time
 from pathlib import Path
 
-from arenaflow import chat, models, pools, sampling, tinymodel
+from arenaflow import chat, models
+from arenaflow.bases import tinymodel
+from arenaflow.decode import sampling
+from arenaflow.pools import build as pools
 
 REPO = Path(__file__).resolve().parents[1]
 

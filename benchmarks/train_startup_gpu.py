@@ -12,7 +12,8 @@ first one pays CUDA's lazy initialisation; with `profile`, the first two under t
 with its table of operators by self CPU time, to show where the first step's extra second goes).
 The attention kernels are training's (arenaflow.train.model.attention_kernels: no cuDNN) unless
 `cudnn` is given, which leaves PyTorch's own choice, cuDNN's attention on Hopper: run both to see
-what that choice costs a first step. The CUDA warm-up of `arenaflow.train.cuda_warmup` runs beside
+what that choice costs a first step. The CUDA warm-up of `arenaflow.train.speed.cuda_warmup` runs
+beside
 the model's construction, as in a training job, unless `nowarm` is given.
 """
 
@@ -55,7 +56,7 @@ def main() -> None:
     cfg = LlamaConfig(**SHAPES["smollm2"])
     warm = None
     if "nowarm" not in sys.argv[1:]:
-        from arenaflow.train import cuda_warmup
+        from arenaflow.train.speed import cuda_warmup
 
         cfg.save_pretrained("/tmp/train_startup_gpu")  # what the warm-up reads of the base
         warm = cuda_warmup.start("/tmp/train_startup_gpu")

@@ -65,9 +65,10 @@ from transformers.models.llama import modeling_llama
 from zero_stage_cpu import SHAPES
 
 from arenaflow import fused
-from arenaflow.train import grad_norm, lora_fused, lora_grouped, objective, one_rank, rope
 from arenaflow.train import model as tmodel
+from arenaflow.train import objective
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env, expandable_segments
+from arenaflow.train.speed import grad_norm, lora_fused, lora_grouped, one_rank, rope
 
 LR, CLIP = 1e-4, 1.0
 PROMPT = 20  # leading tokens of a row left out of the loss, as a chat prompt is
@@ -149,7 +150,7 @@ def deepspeed_step(
         if skip_reduce:
             one_rank.install(engine.optimizer)
     if cuda and not args.warmup_no_refill:  # as train/loop does
-        from arenaflow.train import cuda_warmup
+        from arenaflow.train.speed import cuda_warmup
 
         cuda_warmup.refill(getattr(args, "warmup_outcome", None))
     # --shapes: one micro-batch shape a step in turn, as a length-bucketed job's
@@ -396,7 +397,7 @@ def before_first_step(args) -> dict:
 
         from transformers import LlamaConfig
 
-        from arenaflow.train import cuda_warmup
+        from arenaflow.train.speed import cuda_warmup
 
         with tempfile.TemporaryDirectory() as base:
             LlamaConfig(**SHAPES["smollm2"]).save_pretrained(base)

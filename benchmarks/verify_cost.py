@@ -25,7 +25,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from arenaflow import bundles, evals, io, manifest
+from arenaflow import io, manifest
+from arenaflow.bundles import build as bundles
+from arenaflow.evals import readout as evals
 
 
 def best(fn, repeats: int) -> float:

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import manifest, tinymodel
+from arenaflow import manifest
+from arenaflow.bases import tinymodel
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_bench  # noqa: E402  (a sibling script: the benchmarks' shared builders)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from snakemake.logging import logger
 
-from arenaflow import bar as afbar
+from arenaflow.rounds import bar as afbar
 from arenaflow import config as afconfig
-from arenaflow import continual as afcontinual
-from arenaflow import nominate as afnominate
+from arenaflow.rounds import continual as afcontinual
+from arenaflow.rounds import nominate as afnominate
 from arenaflow import paths as afpaths
 
 REPO = Path(workflow.basedir)
@@ -105,28 +105,28 @@ def lineage_comparisons(arm):
     return out
 
 
-# The GPU-minute budget (config `budget:`, arenaflow.budget). The train rule's input function
+# The GPU-minute budget (config `budget:`, arenaflow.budget.ledger). The train rule's input function
 # calls budget_gate for every arm the DAG holds, while the DAG is built, before any job is
 # submitted. Stateless: an input function cannot see which targets were asked for, so each arm
 # is costed with what any DAG holding it must also run (its pending lineage) and with the other
 # pending arms of every round that names it, with their lineages (Budget.gate_arms); a run that
 # would overrun the budget is refused there, naming the arm, its estimate and the budget left.
 # Unlike the set it replaces (arms seen so far in this DAG), it does not add up independent
-# lineages asked for together (two targets in no common round): run `python -m arenaflow.plan`
+# lineages asked for together (two targets in no common round): run `python -m arenaflow.budget.plan`
 # for those. Not re-checked inside a submitted job (the decision was made before sbatch), nor by
 # --touch or --report (no executor).
-from arenaflow import budget as afbudget
+from arenaflow.budget import ledger as afbudget
 
 BUDGET = afbudget.Budget(CFG, results=REPO / CFG["results_dir"]) if "budget" in CFG else None
 
-# Admission arm by arm, as Slurm's GrpTRESMins (arenaflow.admission): before the DAG is built,
+# Admission arm by arm, as Slurm's GrpTRESMins (arenaflow.budget.admission): before the DAG is built,
 # pending arms are admitted in priority order while they fit under the cap; a refused one (and
 # any that requires it) is dropped from its rounds' candidates, the rest of the lineage runs, and
 # budget/table.json records the refusal. The main process decides from the results on disk when
 # it starts and passes the arms it did not admit to its jobs (a registered envvar): a job process
 # (Slurm) re-parses this file later, when a finished arm's measured cost may let a refused one
 # fit, and would otherwise judge a round on other candidates than the main process planned.
-from arenaflow import admission as afadmission
+from arenaflow.budget import admission as afadmission
 
 ADMISSION = {}
 if BUDGET is not None:
@@ -154,7 +154,7 @@ def budget_gate(wc):
         BUDGET.check(BUDGET.gate_arms(wc.arm), wc.arm)
     except afbudget.BudgetError as e:
         raise WorkflowError(str(e)) from None
-    # it fits alone, but arms of higher priority were admitted first (arenaflow.admission)
+    # it fits alone, but arms of higher priority were admitted first (arenaflow.budget.admission)
     decision = ADMISSION.get(wc.arm, {})
     if decision.get("status") in (afadmission.REFUSED, afadmission.BLOCKED):
         raise WorkflowError(
@@ -252,13 +252,13 @@ def as_json_ordered(section):
 def launcher(wc):
     # One task that starts its own ranks: the Slurm plugin's gpu=N can start a script twice.
     # Several nodes: srun starts one task per node, each a torchrun whose rendezvous comes from
-    # the Slurm environment (arenaflow.launch: first host of SLURM_JOB_NODELIST, SLURM_NNODES,
+    # the Slurm environment (arenaflow.train.launch: first host of SLURM_JOB_NODELIST, SLURM_NNODES,
     # SLURM_NODEID).
     n, k = arm_hyper(wc)["nproc"], arm_nodes(wc)
     if k > 1:
         return (
             f"srun --nodes {k} --ntasks-per-node 1 --kill-on-bad-exit=1 "
-            f"python -m arenaflow.launch --nproc-per-node {n}"
+            f"python -m arenaflow.train.launch --nproc-per-node {n}"
         )
     return "python" if n == 1 else f"torchrun --standalone --nproc_per_node {n}"
 
@@ -284,7 +284,7 @@ def merge_flags(wc, input):
 
 def continual_walk(wc):
     """The nominations rounds/{rnd}.json waits on: the template's rounds up to rnd, in order,
-    each asked for only once the stop rules let it run (arenaflow.continual.stop_reason), so a
+    each asked for only once the stop rules let it run (arenaflow.rounds.continual.stop_reason), so a
     stopped round's jobs are never built. A declared round: its own nomination."""
     rounds = afcontinual.template_rounds(CFG)
     if wc.rnd not in rounds:

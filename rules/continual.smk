@@ -1,4 +1,4 @@
-# Continual rounds (arenaflow.continual; config `continual:` and {nominee: <round>} references).
+# Continual rounds (arenaflow.rounds.continual; config `continual:` and {nominee: <round>} references).
 # A round's nominee as an arm: runs/{round}-nominee/final holds the weights the round's sealed
 # nomination promotes (its incumbent when none cleared). Whatever names the nominee waits on the
 # nomination, and `snakemake -n` shows it waiting.
@@ -18,7 +18,7 @@ rule nominee_run:
     params:
         rnd=lambda wc: arm(wc)["round"],
     shell:
-        "python -m arenaflow.continual nominee --round {params.rnd} --nomination {input.nomination} "
+        "python -m arenaflow.rounds.continual nominee --round {params.rnd} --nomination {input.nomination} "
         "--runs runs --out {output} > {log} 2>&1"
 
 
@@ -45,6 +45,6 @@ rule round_status:
         stop=as_json(CFG.get("continual", {}).get("stop", {})),
         note=lambda wc: continual_walk(wc)["note"],
     shell:
-        "python -m arenaflow.continual status --round {wildcards.rnd} --rounds-json {params.rounds:q} "
+        "python -m arenaflow.rounds.continual status --round {wildcards.rnd} --rounds-json {params.rounds:q} "
         "--stop-json {params.stop:q} --budget-note={params.note:q} --nominations {input} "
         "--out {output.json} --plot {output.plot} > {log} 2>&1"

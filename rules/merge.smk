@@ -1,5 +1,5 @@
 # A merge or dose arm (config/arms/<arm>.yaml with `merge:` or `dose:`): made in weight space from
-# its parents' runs, streamed tensor by tensor on CPU (arenaflow.merge), no GPU and no training.
+# its parents' runs, streamed tensor by tensor on CPU (arenaflow.merge.build), no GPU and no training.
 # Its output is a run like a trained arm's (runs/{arm}/final), so readouts, comparisons,
 # nominations and bundles take it as they take any arm.
 rule merge_arm:
@@ -23,5 +23,5 @@ rule merge_arm:
         parents=merge_flags,
         base=base_dir,
     shell:
-        "python -m arenaflow.merge --arm {wildcards.arm} {params.parents} "
+        "python -m arenaflow.merge.build --arm {wildcards.arm} {params.parents} "
         "--base-model {params.base:q} --out {output} > {log} 2>&1"

@@ -1,4 +1,4 @@
-# A round's registered bar never changes (arenaflow.nominate). Checked here, while the DAG is
+# A round's registered bar never changes (arenaflow.rounds.nominate). Checked here, while the DAG is
 # built, so an edited bar stops even `snakemake -n` before any job starts: Snakemake records the
 # params a job ran with even when it fails, so a refused job would leave the edit looking current.
 for _rid, _rnd in CFG["rounds"].items():
@@ -27,7 +27,7 @@ rule register_bar:
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     shell:
-        "python -m arenaflow.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "python -m arenaflow.rounds.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registry nominations/registry/{wildcards.rnd}.jsonl --out {output} > {log} 2>&1"
 
 
@@ -49,6 +49,6 @@ checkpoint nominate:
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     shell:
-        "python -m arenaflow.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registration {input.registration} --registry nominations/registry/{wildcards.rnd}.jsonl "
         "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} > {log} 2>&1"

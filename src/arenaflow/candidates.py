@@ -19,7 +19,7 @@ docs/lineages.md#003-scaffolded-generation): the policy samples under the scaffo
 message (draft, count, revise, then the answer after the marker), and a verdict judges only the
 final answer, the text after the last marker (stripped), which it records as `final`; a sample
 without the marker, or with nothing after it, is rejected with that reason. The corpus trains on
-`final` under the serving system prompt (arenaflow.corpora), never on the draft.
+`final` under the serving system prompt (arenaflow.corpora.build), never on the draft.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from arenaflow import chat, degeneracy, ifcheck, io, jobclock, verify
+from arenaflow import chat, io, jobclock, verify
 from arenaflow import config as afconfig
+from arenaflow.evals import degeneracy
+from arenaflow.instruct import check as ifcheck
 
 # torch, transformers and the decode loop (seconds of imports) are imported where a sample is
 # drawn, so that verifying, a CPU job, does without them.
@@ -45,7 +47,7 @@ def full_params(params: dict) -> dict:
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
     """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
     a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
-    from arenaflow import sampling
+    from arenaflow.decode import sampling
 
     params = full_params(params)
     if params.get("scaffold"):  # sampled under the scaffold; trained under the serving prompt
@@ -191,7 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     pool = io.read_jsonl(args.pool)
     if args.cmd == "sample":
-        from arenaflow import decode_warmup, models, sampling
+        from arenaflow import models
+        from arenaflow.decode import sampling
+        from arenaflow.decode import warmup as decode_warmup
 
         params = full_params(json.loads(args.params_json))
         batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])

@@ -1,7 +1,7 @@
 """The one chat renderer (ChatML) used for training rows, eval prompts and bundle template checks.
 
 `render` is the reference; `CHATML_TEMPLATE` is the Jinja template shipped in bundles, which must
-render byte-identically to it (arenaflow.bundles checks that before a bundle exists).
+render byte-identically to it (arenaflow.bundles.build checks that before a bundle exists).
 Format per turn: `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
 """
 
@@ -43,7 +43,7 @@ def prompt_messages(system_prompt: str | None, user: str) -> list[dict]:
 
 def row_messages(system_prompt: str | None, row: dict) -> list[dict]:
     """A pool row's conversation up to its prompt: the system turn, the earlier turns a
-    multi-turn row carries as `context` (arenaflow.pools, kind chat), then the prompt."""
+    multi-turn row carries as `context` (arenaflow.pools.build, kind chat), then the prompt."""
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return system + list(row.get("context") or []) + [{"role": "user", "content": row["prompt"]}]
 

@@ -25,15 +25,15 @@ import yaml
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from arenaflow import bar as afbar
-from arenaflow import continual
-from arenaflow import pools as afpools
+from arenaflow.pools import build as afpools
+from arenaflow.rounds import bar as afbar
+from arenaflow.rounds import continual
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = REPO_ROOT / "workflow" / "schemas"
 BASE, REFERENCE = "base", "reference"
 TRAINED, MERGE, DOSE = "trained", "merge", "dose"  # the kinds of arm (arm.schema.yaml)
-NOMINEE = continual.NOMINEE  # a round's nominee, as an arm (arenaflow.continual)
+NOMINEE = continual.NOMINEE  # a round's nominee, as an arm (arenaflow.rounds.continual)
 RESERVED = {BASE, REFERENCE}
 # objectives that train on pairs (format: pairs): each row runs its chosen and rejected sides
 PREFERENCE_OBJECTIVES = ("dpo", "simpo")
@@ -131,7 +131,8 @@ def _hyper_defaults(schema_dir: Path) -> dict:
 def hyper_defaults(schema_dir: Path = SCHEMA_DIR) -> dict:
     """The `default` of every hyper key in arm.schema.yaml: the one place a hyperparameter's
     default lives. Config resolution, the trainer (arenaflow.train.loop) and the GPU-minute
-    estimate (arenaflow.budget) read a key missing from an arm's hyper here. Resolution does not
+    estimate (arenaflow.budget.ledger) read a key missing from an arm's hyper here. Resolution does
+    not
     write them into the resolved hyper: that hyper is the train rule's param, and adding keys
     to it would rerun every trained arm."""
     return copy.deepcopy(_hyper_defaults(Path(schema_dir)))
@@ -203,7 +204,7 @@ def template_arms(
 
 def arm_kind(data: dict) -> str:
     """TRAINED, MERGE or DOSE: what an arm file (already checked by _check_kind) declares;
-    NOMINEE for a round's nominee (arenaflow.continual)."""
+    NOMINEE for a round's nominee (arenaflow.rounds.continual)."""
     return (
         NOMINEE
         if NOMINEE in data
@@ -439,7 +440,8 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
         if cfg["pools"][c["pool"]].get("turns", 1) > 1:  # a readout instrument only
             raise ConfigError(
                 f"{where}/pool': pool {c['pool']!r} holds multi-turn conversations (turns > 1), "
-                "which only readouts decode (arenaflow.multiturn); a corpus needs single prompts"
+                "which only readouts decode (arenaflow.instruct.multiturn); a corpus needs single "
+                "prompts"
             )
         if c["policy"] not in RESERVED and c["policy"] not in raw:
             raise ConfigError(
@@ -550,7 +552,7 @@ def _mixture(cfg: dict, corpus, where: str) -> dict:
 
 
 def _merged_arm(data: dict, file: Path, raw: dict, arms_dir: Path) -> dict:
-    """A merge or dose arm: its parents with their weights (arenaflow.merge's one formula,
+    """A merge or dose arm: its parents with their weights (arenaflow.merge.build's one formula,
     base + sum_i w_i (arm_i - base)). Its `init`, the arm it is compared against in its lineage,
     is a dose's `from` or a merge's first arm. 'base' as a parent adds nothing and is dropped."""
     if arm_kind(data) == DOSE:
@@ -761,7 +763,7 @@ def _resolve_judged(cfg: dict, schema: dict, known_arms: set, root: Path, config
 
 
 def _resolve_budget(cfg: dict, schema: dict) -> None:
-    """The budget's defaults and its estimate's are filled (arenaflow.budget reads them)."""
+    """The budget's defaults and its estimate's are filled (arenaflow.budget.ledger reads them)."""
     if "budget" in cfg:
         b = cfg["budget"] = _defaults(_part(schema, "budget"), cfg["budget"])
         b["estimate"] = _defaults(_part(schema, "estimate"), b.get("estimate", {}))

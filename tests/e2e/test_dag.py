@@ -96,7 +96,7 @@ def test_the_b3_template_defect_fails_the_bundle_and_leaves_no_directory(built):
 
 
 def test_a_bundle_differing_only_in_serving_files_retrains_nothing(built):
-    from arenaflow import bundles
+    from arenaflow.bundles import build as bundles
 
     res = built["results"]
     snakemake("bundles/B3g", results=res, arms=built["arms"])

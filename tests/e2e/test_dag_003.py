@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from dagrun import REPO, build, planned_jobs
 
-from arenaflow import budget as afbudget
-from arenaflow import evals
+from arenaflow.budget import ledger as afbudget
+from arenaflow.evals import readout as evals
 
 pytestmark = pytest.mark.dag
 

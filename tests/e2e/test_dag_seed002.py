@@ -98,7 +98,7 @@ def test_repair_keeps_one_checker_verified_sample_per_prompt(built):
     kept = rows(built, "corpora/repair/rows.jsonl")
     verdicts = {v["id"]: v for v in rows(built, "candidates/repair/verdicts.jsonl")}
     pool = {r["id"]: r for r in rows(built, "pools/if_repair.jsonl")}
-    from arenaflow import ifcheck
+    from arenaflow.instruct import check as ifcheck
 
     assert kept and len({r["id"] for r in kept}) == len(kept)
     for r in kept:
@@ -127,7 +127,8 @@ def test_the_per_family_table_matches_a_recount_of_the_readouts(built):
         assert row["delta"] == pytest.approx(100.0 * (w - l_) / n)
     assert comp["family_delta_min"] == min(r["delta"] for r in table.values())
     md = subprocess.run(
-        [sys.executable, "-m", "arenaflow.families", str(res / "compare/h6/greedy/SD__R3.json")],
+        [sys.executable, "-m", "arenaflow.instruct.families",
+         str(res / "compare/h6/greedy/SD__R3.json")],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert len(md.strip().splitlines()) == 2 + 12

@@ -21,7 +21,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def tokenizer():
     """The tiny model's byte-level ChatML tokenizer, built in-process (no files, no network)."""
-    from arenaflow.tinymodel import build_tokenizer
+    from arenaflow.bases.tinymodel import build_tokenizer
 
     return build_tokenizer()
 
@@ -29,7 +29,7 @@ def tokenizer():
 @pytest.fixture
 def nopad_tokenizer():
     """The tiny model's tokenizer without a pad token, as Llama 3 and some GGUF imports ship."""
-    from arenaflow.tinymodel import build_tokenizer
+    from arenaflow.bases.tinymodel import build_tokenizer
 
     tok = build_tokenizer()
     tok.pad_token = None
@@ -59,7 +59,8 @@ def train_arm_cli(
     tokenizer, the run goes to root/runs/A/final with TINY_LORA updated by `hyper`, on `nproc`
     ranks (torchrun for several). A failed run fails the test with its log's tail; the finished
     process is returned (its log is stderr)."""
-    from arenaflow import corpora, models
+    from arenaflow import models
+    from arenaflow.corpora import build as corpora
     from arenaflow.train import argv as train_argv
 
     corpus = root / "corpora" / corpus_id

@@ -17,8 +17,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from arenaflow import models
 from arenaflow.config import hyper_defaults
-from arenaflow.train import lora_fused, lora_grouped
 from arenaflow.train import model as tmodel
+from arenaflow.train.speed import lora_fused, lora_grouped
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"

@@ -1,4 +1,5 @@
-"""Admission under the GPU-minute cap as Slurm's GrpTRESMins (arenaflow.admission): arms start
+"""Admission under the GPU-minute cap as Slurm's GrpTRESMins (arenaflow.budget.admission): arms
+start
 in priority order while they fit, cumulatively with what earlier runs spent; a refused arm is
 recorded and dropped from its round, the rest of the lineage runs; the budget table."""
 
@@ -13,10 +14,12 @@ import pandas as pd
 import pytest
 from test_budget import e2e_config, evidence, snakemake_dry
 
-from arenaflow import admission, evals, paths
-from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
-from arenaflow import plan as afplan
+from arenaflow import paths
+from arenaflow.budget import admission
+from arenaflow.budget import ledger as afbudget
+from arenaflow.budget import plan as afplan
+from arenaflow.evals import readout as evals
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/e2e"))
@@ -116,7 +119,7 @@ def test_the_workflow_runs_the_lineage_without_the_refused_arms(tmp_path):
 
 
 def test_plan_says_which_arms_the_workflow_starts_and_which_it_does_not(tmp_path):
-    from arenaflow import plan as afplan
+    from arenaflow.budget import plan as afplan
 
     cap = cap_for(tmp_path / "a", [*R2D_LINE, "B1", "B2"])
     b = afbudget.Budget(e2e_config(tmp_path, {"gpu_minutes": cap}))
@@ -192,7 +195,7 @@ def test_an_arms_estimate_holds_the_search_readouts_and_guard_runs_it_causes(tmp
     assert b.cost(["LA2b200"]) - b.cost(["LA2b100"]) == pytest.approx(
         e.own - b.estimate("LA2b100").own
     )
-    # and in their own columns of `python -m arenaflow.plan`'s listing
+    # and in their own columns of `python -m arenaflow.budget.plan`'s listing
     head, *rows = afplan.render(afplan.plan(b)).split("\n\n")[1].splitlines()
     cols = head.split()
     la = dict(zip(cols, next(r for r in rows if r.startswith("LA2b200")).split()))

@@ -12,7 +12,9 @@ import pytest
 import yaml
 from scipy import stats as sps
 
-from arenaflow import bar, evals, io, nominate
+from arenaflow import io
+from arenaflow.evals import readout as evals
+from arenaflow.rounds import bar, nominate
 
 FAMILIES = (
     "para", "word_times", "no_char", "highlights", "word_max", "sent",

@@ -17,7 +17,9 @@ from test_config_seed002 import TOY, resolved
 from test_multiturn import turn_rows
 
 from arenaflow import config as afconfig
-from arenaflow import evals, io, nominate
+from arenaflow import io
+from arenaflow.evals import readout as evals
+from arenaflow.rounds import nominate
 
 N = 40  # conversations of 4 turns; nobody passes turn 4
 CAND = {f"c{i}": [i < 30, i < 10, i < 3, False] for i in range(N)}

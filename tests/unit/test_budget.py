@@ -1,5 +1,6 @@
 """The GPU-minute budget: the estimator, the integer program (against known optima and brute
-force), and the refusal before anything is submitted (arenaflow.budget, arenaflow.plan)."""
+force), and the refusal before anything is submitted (arenaflow.budget.ledger,
+arenaflow.budget.plan)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import pytest
 import yaml
 from dagrun import CONFIG, dry_run
 
-from arenaflow import budget as afbudget
 from arenaflow import config as afconfig
-from arenaflow import plan as afplan
+from arenaflow.budget import ledger as afbudget
+from arenaflow.budget import plan as afplan
 from arenaflow.train import data
 
 REPO = Path(__file__).resolve().parents[2]

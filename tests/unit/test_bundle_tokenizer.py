@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from arenaflow import bundles, chat, io, models
+from arenaflow import chat, io, models
+from arenaflow.bundles import build as bundles
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 # A base template as Llama 3's and SmolLM2's differ from ChatML: a default system prompt when

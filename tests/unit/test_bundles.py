@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from arenaflow import bundles, chat, manifest, tinymodel
+from arenaflow import chat, manifest
+from arenaflow.bases import tinymodel
+from arenaflow.bundles import build as bundles
 
 # docs/lineages.md#000-the-b3-to-b3f-template-fix: B3 used raise_exception as a statement on
 # line 2 and as an expression later.

@@ -196,7 +196,7 @@ def test_batched_masks_across_batch_boundaries_cover_exactly_each_assistant_turn
 
 
 def test_a_multi_turn_row_renders_its_context_and_trains_on_every_assistant_turn(tokenizer):
-    from arenaflow import corpora
+    from arenaflow.corpora import build as corpora
 
     row = {
         "prompt": "q2",

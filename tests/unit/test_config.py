@@ -179,7 +179,7 @@ def test_every_hyper_default_the_code_reads_is_the_schemas():
 
 
 def test_the_trainer_and_the_budget_fill_a_missing_key_from_the_schema():
-    from arenaflow import budget
+    from arenaflow.budget import ledger as budget
     from arenaflow.train import loop
 
     assert not hasattr(loop, "DEFAULTS")
@@ -666,7 +666,7 @@ def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
     cfg["pools"]["gsm"] = {"file": "data/x.jsonl"}
     pool = config.resolve(cfg, repo_root=root)["pools"]["gsm"]
     assert pool == {"file": "data/x.jsonl", "root": str(root)}
-    from arenaflow import pools
+    from arenaflow.pools import build as pools
 
     assert pools.build("gsm", pool)[0]["source"] == "data/x.jsonl:1"  # not the install's root
     cfg["pools"]["gsm"] = {"file": "data/y.jsonl"}

@@ -16,7 +16,7 @@ GPU = [*TOY, REPO / "config/seeds/002-gpu.yaml"]
 
 def resolved(files, base=None):
     raw, sources = afconfig.load_configs(files)
-    if base:  # the GPU model is imported on the GPU host (arenaflow.hfimport), not shipped
+    if base:  # the GPU model is imported on the GPU host (arenaflow.bases.hfimport), not shipped
         raw["base"]["path"] = base
     return afconfig.resolve(raw, config_file=" + ".join(map(str, files)), sources=sources)
 

@@ -1,4 +1,4 @@
-"""arenaflow.continual: round templates and nominee references resolve before any job, every
+"""arenaflow.rounds.continual: round templates and nominee references resolve before any job, every
 template typo is refused naming the key, a round that keeps its incumbent hands the incumbent's
 weights to the next round, and the stop rules (issue 20)."""
 
@@ -11,8 +11,9 @@ import shutil
 import pytest
 import yaml
 
-from arenaflow import config, continual, io, manifest, nominate
+from arenaflow import config, io, manifest
 from arenaflow.config import ConfigError
+from arenaflow.rounds import continual, nominate
 
 CONFIG_FILE = "config/config.yaml"
 

@@ -1,4 +1,5 @@
-"""arenaflow.corpora: pass@k, picking a verified sample, rejection sampling and tokenisation."""
+"""arenaflow.corpora.build: pass@k, picking a verified sample, rejection sampling and
+tokenisation."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from math import comb
 import numpy as np
 import pytest
 
-from arenaflow import candidates, chat, corpora, io, manifest, verify
+from arenaflow import candidates, chat, io, manifest, verify
+from arenaflow.corpora import build as corpora
 
 SYSTEM = "You are a careful math tutor."
 

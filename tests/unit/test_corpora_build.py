@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from arenaflow import corpora, manifest, pools, tinymodel
+from arenaflow import manifest
+from arenaflow.bases import tinymodel
+from arenaflow.corpora import build as corpora
+from arenaflow.pools import build as pools
 
 
 @pytest.fixture(scope="module")

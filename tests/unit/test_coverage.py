@@ -1,4 +1,4 @@
-"""arenaflow.coverage: the coverage ILP against optima worked out by hand."""
+"""arenaflow.corpora.coverage: the coverage ILP against optima worked out by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from arenaflow import coverage
-from arenaflow.coverage import CoverageError
+from arenaflow.corpora import coverage
+from arenaflow.corpora.coverage import CoverageError
 
 
 def row(i, group, tokens, prompt=None):

@@ -1,4 +1,4 @@
-"""The training's CUDA warm-up (arenaflow.train.cuda_warmup): one step of a one-layer copy of
+"""The training's CUDA warm-up (arenaflow.train.speed.cuda_warmup): one step of a one-layer copy of
 the base's architecture, beside the model load, that draws nothing from the run's generators."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from arenaflow.train import cuda_warmup
+from arenaflow.train.speed import cuda_warmup
 
 pytest.importorskip("transformers")
 
@@ -105,7 +105,7 @@ def test_the_side_thread_imports_nothing(repo_root):
     interpreter, so that no other test has imported the model's modules already."""
     script = f"""
 import json, sys, torch
-from arenaflow.train import cuda_warmup
+from arenaflow.train.speed import cuda_warmup
 fresh, seen, real_run = set(sys.modules), {{}}, cuda_warmup.run
 def run_and_look(model, dev, outcome, shape):
     seen["before"] = set(sys.modules)
@@ -216,8 +216,8 @@ def test_the_warm_up_layer_carries_the_jobs_adapters(method, dtype, repo_root, m
     has the adapters the job's model has (same modules, same shapes, the only trainable weights),
     runs them through the fused function, and builds them without drawing from the generators."""
     from arenaflow import config, models
-    from arenaflow.train import lora_fused
     from arenaflow.train import model as tmodel
+    from arenaflow.train.speed import lora_fused
 
     base = str(repo_root / "models/tiny-arith")
     defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
@@ -264,7 +264,7 @@ def test_the_warm_up_layer_groups_the_adapters_as_a_grouped_job_does(repo_root, 
     (kernels of their own shapes: a rank-3r product); the warm-up's layer runs them so too, and
     o_proj and down_proj through lora_fused's."""
     from arenaflow import config
-    from arenaflow.train import lora_fused, lora_grouped
+    from arenaflow.train.speed import lora_fused, lora_grouped
 
     base = str(repo_root / "models/tiny-arith")
     defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]

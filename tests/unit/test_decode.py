@@ -1,4 +1,4 @@
-"""The static decode loop (arenaflow.decode, sampling's engine="static").
+"""The static decode loop (arenaflow.decode.static, sampling's engine="static").
 
 Its greedy output is held to transformers' generate(), its sampler to transformers' own logits
 warpers (an independent implementation) by a chi-square test, and its random stream to "each
@@ -19,7 +19,10 @@ from scipy import stats
 from transformers import GenerationMixin, LlamaConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
-from arenaflow import chat, decode, models, sampling, tinymodel
+from arenaflow import chat, models
+from arenaflow.bases import tinymodel
+from arenaflow.decode import sampling
+from arenaflow.decode import static as decode
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 VOCAB = 384

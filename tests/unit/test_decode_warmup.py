@@ -1,4 +1,4 @@
-"""The decoding jobs' warm-up (arenaflow.decode_warmup): a greedy prompt pass and one step of the
+"""The decoding jobs' warm-up (arenaflow.decode.warmup): a greedy prompt pass and one step of the
 static decode loop through a one-layer copy of the base's architecture, beside the model load,
 that draws nothing from the run's generators and compiles or captures nothing."""
 
@@ -7,8 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arenaflow import decode, decode_warmup, fused, jobclock, sampling
-from arenaflow.train import cuda_warmup
+from arenaflow import fused, jobclock
+from arenaflow.decode import sampling
+from arenaflow.decode import static as decode
+from arenaflow.decode import warmup as decode_warmup
+from arenaflow.train.speed import cuda_warmup
 
 pytest.importorskip("transformers")
 

@@ -1,10 +1,11 @@
-"""arenaflow.decontam: 30-token shingle overlap between training prompts and evaluation items."""
+"""arenaflow.corpora.decontam: 30-token shingle overlap between training prompts and evaluation
+items."""
 
 from __future__ import annotations
 
 import json
 
-from arenaflow import decontam
+from arenaflow.corpora import decontam
 
 
 def text(prefix: str, n: int) -> str:

@@ -1,4 +1,4 @@
-"""arenaflow.degeneracy: rep_ratio, the 8-gram uniqueness filter and the per-sample flags."""
+"""arenaflow.evals.degeneracy: rep_ratio, the 8-gram uniqueness filter and the per-sample flags."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from arenaflow import degeneracy as dg
+from arenaflow.evals import degeneracy as dg
 
 
 def words(n: int, prefix: str = "w") -> str:

@@ -12,7 +12,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from arenaflow import degeneracy, evals, io, verify
+from arenaflow import io, verify
+from arenaflow.evals import degeneracy
+from arenaflow.evals import readout as evals
 
 
 def frame(correct, prompts=None, cats=None):
@@ -159,7 +161,7 @@ def test_compare_refuses_replicates_read_out_on_one_side_only():
 
 
 def test_noise_is_the_arm_against_itself_paired_by_item():
-    from arenaflow import stats
+    from arenaflow.evals import stats
 
     reps = [[1, 1, 0, 1, 0, 1], [1, 0, 0, 1, 1, 1], [0, 1, 0, 1, 0, 1]]
     df = pd.concat([battery(c, r) for r, c in enumerate(reps)], ignore_index=True)
@@ -358,7 +360,7 @@ def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdi
     # instruction following: the tiny model answers with digits, which the constraint forbids
     assert any(c.isdigit() for c in text["if-1"])
     assert not df.loc["if-1", "correct"] and "no_digits" in df.loc["if-1", "reasons"]
-    # and its per-constraint verdicts, for the per-family table (arenaflow.families)
+    # and its per-constraint verdicts, for the per-family table (arenaflow.instruct.families)
     assert json.loads(df.loc["if-1", "checks"]) == [{"type": "no_digits", "passed": False}]
     assert df.loc[["math-38", "open-1"], "checks"].isna().all()
     # lineage 002's structural reads, on every row (degeneracy.answer_usable, toolleak.leak)

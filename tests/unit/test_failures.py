@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from arenaflow import candidates, evals, failures, io, manifest
+from arenaflow import candidates, io, manifest
+from arenaflow.evals import failures
+from arenaflow.evals import readout as evals
 
 POOL = [
     {

@@ -1,4 +1,5 @@
-"""arenaflow.families: per-constraint-family pass rates, deltas, W/L and exact sign tests of a
+"""arenaflow.instruct.families: per-constraint-family pass rates, deltas, W/L and exact sign tests
+of a
 candidate's ifeval readout against a reference's, in the compare JSON a report reads."""
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from arenaflow import evals, families, ifcheck, ifpool, manifest
+from arenaflow import manifest
+from arenaflow.evals import readout as evals
+from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import families
+from arenaflow.instruct import pool as ifpool
 
 # answers whose verdicts differ by constraint: each satisfies some constraints, not others
 ANSWERS = [

@@ -31,18 +31,13 @@ from hypers import TINY_ARM
 from safetensors.torch import load_file
 from test_nominate import write_readout  # the same readout rows the nomination tests judge
 
-from arenaflow import (
-    bundles,
-    candidates,
-    corpora,
-    evals,
-    io,
-    manifest,
-    models,
-    nominate,
-    pools,
-    tinymodel,
-)
+from arenaflow import candidates, io, manifest, models
+from arenaflow.bases import tinymodel
+from arenaflow.bundles import build as bundles
+from arenaflow.corpora import build as corpora
+from arenaflow.evals import readout as evals
+from arenaflow.pools import build as pools
+from arenaflow.rounds import nominate
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data
 
@@ -443,7 +438,10 @@ def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
     # the rebuild stops where its files are written but not yet renamed into place
     proc = start(f"""
         import time
-        from arenaflow import corpora, manifest, pools, tinymodel
+        from arenaflow import manifest
+        from arenaflow.bases import tinymodel
+        from arenaflow.corpora import build as corpora
+        from arenaflow.pools import build as pools
         def stall(*a, **k):
             print("written", flush=True)
             time.sleep(600)
@@ -515,7 +513,9 @@ def test_concurrent_writers_leave_one_whole_output(tmp_path):
     }  # what each writer alone writes
     writer = """
         import sys
-        from arenaflow import corpora, pools, tinymodel
+        from arenaflow.bases import tinymodel
+        from arenaflow.corpora import build as corpora
+        from arenaflow.pools import build as pools
         rows = pools.generate(20, int(sys.argv[1]), "train", {"add": 1}, "w")
         for _ in range(4):
             try:
@@ -572,7 +572,11 @@ def in_namespace(disk: Path, *scripts: str) -> dict:
 
 WRITERS = """
     import pandas as pd
-    from arenaflow import corpora, evals, manifest, pools, tinymodel
+    from arenaflow import manifest
+    from arenaflow.bases import tinymodel
+    from arenaflow.corpora import build as corpora
+    from arenaflow.evals import readout as evals
+    from arenaflow.pools import build as pools
     def readout(path, n):
         df = pd.DataFrame({"arm": "A", "item_id": [f"i{j}" for j in range(n)], "category": "add",
                            "prompt_sha256": "p", "target_sha256": "t", "n_tokens": 9,

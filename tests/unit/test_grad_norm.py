@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import copy, json, sys
 import deepspeed, torch
-from arenaflow.train import grad_norm
+from arenaflow.train.speed import grad_norm
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env
 
 ensure_dist_env()
@@ -68,7 +68,7 @@ def test_zero2_clips_by_torchs_norm_and_steps_as_plain_adamw():
 def test_other_optimizers_are_left_alone():
     import torch
 
-    from arenaflow.train import grad_norm
+    from arenaflow.train.speed import grad_norm
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
     assert not grad_norm.install(opt)
@@ -78,7 +78,7 @@ def test_other_optimizers_are_left_alone():
 def test_sum_of_squares_is_the_squared_norm_of_all_tensors():
     import torch
 
-    from arenaflow.train import grad_norm
+    from arenaflow.train.speed import grad_norm
 
     gen = torch.Generator().manual_seed(0)
     grads = [torch.randn(n, generator=gen).to(torch.bfloat16) for n in (3, 70, 1000)]

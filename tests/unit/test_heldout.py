@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arenaflow import models, pools
+from arenaflow import models
+from arenaflow.pools import build as pools
 from arenaflow.train import data, heldout
 
 

@@ -1,4 +1,4 @@
-"""arenaflow.ifcheck: every constraint family, hand-computed, plus IFEval's checkers as an
+"""arenaflow.instruct.check: every constraint family, hand-computed, plus IFEval's checkers as an
 oracle."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from arenaflow import ifcheck
+from arenaflow.instruct import check as ifcheck
 
 
 def one(text: str, **constraint) -> tuple[bool, str]:

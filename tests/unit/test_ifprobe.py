@@ -1,4 +1,4 @@
-"""ifpool's `probe` split (arenaflow.ifprobe): disjoint from train and eval in subjects, task
+"""ifpool's `probe` split (arenaflow.instruct.probe): disjoint from train and eval in subjects, task
 templates, constraint phrasings and constraint values, for every family; train/eval unchanged."""
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ import re
 import pytest
 import yaml
 
-from arenaflow import config, ifcheck, ifpool, ifprobe, pools
+from arenaflow import config
 from arenaflow.config import ConfigError
+from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import pool as ifpool
+from arenaflow.instruct import probe as ifprobe
+from arenaflow.pools import build as pools
 
 
 @pytest.fixture(scope="module")

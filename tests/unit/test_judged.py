@@ -1,4 +1,4 @@
-"""arenaflow.judged: the blinded packet hides the arms and unblinds to the readouts; the score
+"""arenaflow.evals.judged: the blinded packet hides the arms and unblinds to the readouts; the score
 reproduces lineage 002's judged read and safety probe (docs/lineages.md#002-the-blinded-judged-read,
 docs/lineages.md#002-the-safety-probe) with scipy's binomial test as the oracle."""
 
@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 from scipy.stats import binomtest
 
-from arenaflow import evals, io, judged
+from arenaflow import io
+from arenaflow.evals import judged
+from arenaflow.evals import readout as evals
 
 CATS = {"c1": 30, "c2": 20, "c3": 10}
 DISCORDANT = [f"c1-{i}" for i in range(5)]  # arm X answers these with nothing

@@ -1,4 +1,4 @@
-"""Multi-node training as far as one machine allows (arenaflow.launch, rules/train.smk).
+"""Multi-node training as far as one machine allows (arenaflow.train.launch, rules/train.smk).
 
 Not covered here: two real hosts (NCCL across a network, srun placing one task per node). What is
 covered: Slurm's host list, the torchrun command each node's task runs, the train rule's launcher
@@ -21,8 +21,8 @@ import pytest
 from dagrun import dry_run
 from hypers import TINY_LORA
 
-from arenaflow import launch
 from arenaflow.train import argv as train_argv
+from arenaflow.train import launch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -110,7 +110,7 @@ def test_a_two_node_arm_is_one_srun_of_torchruns_and_one_task_per_node(tmp_path)
     assert proc.returncode == 0, out[-3000:]
     block = out[out.index("wildcards: arm=B1") :]
     assert (
-        "srun --nodes 2 --ntasks-per-node 1 --kill-on-bad-exit=1 python -m arenaflow.launch "
+        "srun --nodes 2 --ntasks-per-node 1 --kill-on-bad-exit=1 python -m arenaflow.train.launch "
         "--nproc-per-node 4 -m arenaflow.train --arm B1"
     ) in block
     res = block[block.index("resources:") :].splitlines()[0]
@@ -163,7 +163,9 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from arenaflow import corpora, pools, tinymodel
+    from arenaflow.bases import tinymodel
+    from arenaflow.corpora import build as corpora
+    from arenaflow.pools import build as pools
 
     corpus = tmp_path / "c"
     rows = pools.generate(32, 5, "train", {"add": 1, "sub": 1}, "m")
@@ -187,7 +189,7 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "arenaflow.launch",
+                "arenaflow.train.launch",
                 "--nproc-per-node",
                 "1",
                 *train_args(two, {**hyper, "nproc": 1, "nodes": 2}),

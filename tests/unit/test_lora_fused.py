@@ -1,4 +1,4 @@
-"""LoRA linears as one autograd function (arenaflow.train.lora_fused): gradients against
+"""LoRA linears as one autograd function (arenaflow.train.speed.lora_fused): gradients against
 finite differences, and a fused PEFT model against PEFT's own forward and backward."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from arenaflow.train.lora_fused import LoraLinearFunction, fuse
+from arenaflow.train.speed.lora_fused import LoraLinearFunction, fuse
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from test_fused import TINY
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from arenaflow.train import lora_fused, lora_grouped
+from arenaflow.train.speed import lora_fused, lora_grouped
 
 PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from arenaflow import manifest, mcguard, models
+from arenaflow import manifest, models
+from arenaflow.evals import mcguard
 
 SET = "data/mc/arith_facts.jsonl"
 

@@ -1,4 +1,4 @@
-"""arenaflow.merge: weight-space merges of LoRA adapters and full weights (issue 19).
+"""arenaflow.merge.build: weight-space merges of LoRA adapters and full weights (issue 19).
 
 Every check is against an independent computation on the tiny Llama at models/tiny-arith:
 the parents loaded through PEFT / transformers and merged with merge_and_unload, or dense
@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from arenaflow import manifest
-from arenaflow import merge as M
+from arenaflow.merge import build as M
 
 pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402

@@ -1,5 +1,6 @@
 """A lineage config may stand alone (`merge_over: null`): Snakemake, `python -m arenaflow.config`
-and `python -m arenaflow.plan` then read it without config/config.yaml under it, so none of the
+and `python -m arenaflow.budget.plan` then read it without config/config.yaml under it, so none of
+the
 default lineage's pools, arms or rounds leak in. Without the key, files merge over config.yaml
 as Snakemake merges every --configfile over the Snakefile's."""
 

@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 import yaml
 
-from arenaflow import budget as afbudget
-from arenaflow import config, corpora, io, manifest, pools, tinymodel
+from arenaflow import config, io, manifest
+from arenaflow.bases import tinymodel
+from arenaflow.budget import ledger as afbudget
 from arenaflow.config import ConfigError
+from arenaflow.corpora import build as corpora
+from arenaflow.pools import build as pools
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data
 
@@ -180,7 +183,7 @@ def test_a_run_on_a_mixture_records_each_source_in_its_evidence(sources, tmp_pat
 
 
 def test_a_bundle_recomputes_the_mixture_digest_and_refuses_a_changed_source(sources, tmp_path):
-    from arenaflow import bundles
+    from arenaflow.bundles import build as bundles
 
     mix = {"a": 10, "b": "all"}
     _, record, stats = data.load_mixture([sources / "a", sources / "b"], mix, 981, "m")

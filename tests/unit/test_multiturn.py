@@ -1,6 +1,7 @@
 """Multi-turn instruction-following readouts: ifpool.conversations (constraints introduced
 across turns), the turn-by-turn readout with the model's own replies in context
-(arenaflow.multiturn, on the embedded tiny model), and compare's per-conversation outcome."""
+(arenaflow.instruct.multiturn, on the embedded tiny model), and compare's per-conversation
+outcome."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from arenaflow import chat, evals, ifcheck, ifpool, io, manifest, pools
+from arenaflow import chat, io, manifest
+from arenaflow.evals import readout as evals
+from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import pool as ifpool
+from arenaflow.pools import build as pools
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,12 @@ import pandas as pd
 import pytest
 import torch
 
-from arenaflow import bundles, chat, evals, io, models, pools, sampling, tinymodel
+from arenaflow import chat, io, models
+from arenaflow.bases import tinymodel
+from arenaflow.bundles import build as bundles
+from arenaflow.decode import sampling
+from arenaflow.evals import readout as evals
+from arenaflow.pools import build as pools
 from arenaflow.train import data, objective
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"

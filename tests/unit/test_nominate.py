@@ -1,4 +1,5 @@
-"""arenaflow.nominate and arenaflow.bar: registration, refusal, clauses, promotion and its
+"""arenaflow.rounds.nominate and arenaflow.rounds.bar: registration, refusal, clauses, promotion
+and its
 record."""
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ import re
 
 import pytest
 
-from arenaflow import bar, evals, io, nominate
+from arenaflow import io
+from arenaflow.evals import readout as evals
+from arenaflow.rounds import bar, nominate
 
 BAR = [
     {"metric": "delta", "op": ">", "value": 0.0},
@@ -670,7 +673,7 @@ def test_a_judged_file_changed_after_sealing_is_named(tmp_path):
 def test_a_bundle_is_not_built_from_a_hand_edited_nomination(tmp_path, capsys, repo_root):
     """The probe: `promoted` edited by hand. The bundle would serve that arm under the card of
     the real nominee's numbers; it is refused before anything is assembled."""
-    from arenaflow import bundles
+    from arenaflow.bundles import build as bundles
 
     r = Round(tmp_path)
     r.register()

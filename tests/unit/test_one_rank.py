@@ -16,7 +16,7 @@ SCRIPT = r"""
 import json, sys
 import deepspeed, torch
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-from arenaflow.train import one_rank
+from arenaflow.train.speed import one_rank
 from arenaflow.train.loop import deepspeed_config, ensure_dist_env
 
 ensure_dist_env()
@@ -68,7 +68,7 @@ def test_one_rank_steps_bitwise_as_deepspeed_without_the_copies():
 def test_other_optimizers_are_left_alone():
     import torch
 
-    from arenaflow.train import one_rank
+    from arenaflow.train.speed import one_rank
 
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
     assert not one_rank.install(opt)

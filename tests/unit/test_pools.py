@@ -1,4 +1,4 @@
-"""arenaflow.pools: seeded synthetic problems, the train/eval partition and row validation."""
+"""arenaflow.pools.build: seeded synthetic problems, the train/eval partition and row validation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from arenaflow import pools, verify
+from arenaflow import verify
+from arenaflow.pools import build as pools
 
 ALL = {c: 1.0 for c in pools.CATEGORIES}
 

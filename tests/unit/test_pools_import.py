@@ -1,5 +1,6 @@
-"""arenaflow.pools beyond the synthetic generator: GSM8K/MATH/open/ifeval imports, the
-instruction-following generator (arenaflow.ifpool), row validation with file:line, the CLI."""
+"""arenaflow.pools.build beyond the synthetic generator: GSM8K/MATH/open/ifeval imports, the
+instruction-following generator (arenaflow.instruct.pool), row validation with file:line, the
+CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from arenaflow import ifcheck, ifpool, pools, verify
+from arenaflow import verify
+from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import pool as ifpool
+from arenaflow.pools import build as pools
 
 GSM8K = [
     {
@@ -175,7 +179,7 @@ def test_relative_file_is_relative_to_the_repo_root(tmp_path):
         [
             sys.executable,
             "-m",
-            "arenaflow.pools",
+            "arenaflow.pools.build",
             "--pool",
             "imp",
             "--out",
@@ -500,7 +504,7 @@ def test_cli_runs_as_the_pools_rule_does(tmp_path, repo_root):
         [
             sys.executable,
             "-m",
-            "arenaflow.pools",
+            "arenaflow.pools.build",
             "--pool",
             "if_small",
             "--params-json",
@@ -600,7 +604,7 @@ def run_cli(tmp_path, pool, params, *exclude):
         [
             sys.executable,
             "-m",
-            "arenaflow.pools",
+            "arenaflow.pools.build",
             "--pool",
             pool,
             "--params-json",

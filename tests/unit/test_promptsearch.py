@@ -12,7 +12,10 @@ import pytest
 import yaml
 from scipy.stats import binomtest
 
-from arenaflow import bundles, config, evals, manifest, promptsearch
+from arenaflow import config, manifest
+from arenaflow.bundles import build as bundles
+from arenaflow.evals import promptsearch
+from arenaflow.evals import readout as evals
 
 # 8 items; k0 right on 6, k1 on 6 (other items), none on 2
 OUTCOMES = {

@@ -1,4 +1,5 @@
-"""arenaflow.train.rope: the rotary embedding as one autograd node computes transformers' losses
+"""arenaflow.train.speed.rope: the rotary embedding as one autograd node computes transformers'
+losses
 and gradients bitwise, replaces only a function that computes Llama's formula, and records one
 node where transformers records fourteen."""
 
@@ -14,7 +15,7 @@ from peft import LoraConfig, get_peft_model
 from test_fused import TINY
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from arenaflow.train import lora_fused, rope
+from arenaflow.train.speed import lora_fused, rope
 
 LORA = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

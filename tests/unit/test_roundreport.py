@@ -1,4 +1,4 @@
-"""arenaflow.roundreport: one page of files per round, from the round's JSONs and run metrics."""
+"""arenaflow.rounds.report: one page of files per round, from the round's JSONs and run metrics."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from arenaflow import io, nominate, roundreport
+from arenaflow import io
+from arenaflow.rounds import nominate
+from arenaflow.rounds import report as roundreport
 
 pytest.importorskip("matplotlib")
 
@@ -272,7 +274,7 @@ def test_the_page_tables_each_candidates_per_family_delta_and_fixed_lost():
 def test_the_bundle_card_reads_the_sweep_from_the_sealed_nomination():
     """bundles.card_sweep: the nominating round's candidates in LR order with their sealed
     numbers and the reading; the merges and the incumbent are no part of it."""
-    from arenaflow import bundles
+    from arenaflow.bundles import build as bundles
 
     nom = {
         "regime": "greedy",

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from arenaflow import chat, models, sampling, tinymodel
+from arenaflow import chat, models
+from arenaflow.bases import tinymodel
+from arenaflow.decode import sampling
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 PROMPTS = [
@@ -58,7 +60,7 @@ def test_a_static_batch_reports_where_its_time_went(policy, capsys):
     prompt pass chooses the first token), and at most SYNC_EVERY - 1 past the last row's stop."""
     import re
 
-    from arenaflow.decode import SYNC_EVERY as SYNC
+    from arenaflow.decode.static import SYNC_EVERY as SYNC
 
     model, tok = policy
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=40)

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import yaml
 
-from arenaflow import candidates, chat, config, corpora, manifest, sampling, tinymodel
+from arenaflow import candidates, chat, config, manifest
+from arenaflow.bases import tinymodel
+from arenaflow.corpora import build as corpora
+from arenaflow.decode import sampling
 
 SERVING = "You follow instructions precisely."
 SCAFFOLD = {

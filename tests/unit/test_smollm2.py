@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from realmodel import import_smollm2
 
-from arenaflow import bundles, chat, manifest, models, pools
+from arenaflow import chat, manifest, models
+from arenaflow.bundles import build as bundles
+from arenaflow.pools import build as pools
 from arenaflow.train import data
 
 SYSTEM = "You are a helpful assistant."
@@ -204,8 +206,9 @@ def test_smollm2s_lora_step_through_grouped_linears_is_the_fused_one(smol):
     from peft import get_peft_model
     from test_lora_grouped import PROJECTIONS
 
-    from arenaflow.train import lora_fused, lora_grouped, objective
     from arenaflow.train import model as tmodel
+    from arenaflow.train import objective
+    from arenaflow.train.speed import lora_fused, lora_grouped
 
     lora = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": PROJECTIONS}
     batch = data.collate(
@@ -251,8 +254,8 @@ def test_smollm2s_adapter_is_saved_as_peft_saves_it(smol, tmp_path):
     from test_adapter_save import assert_same_files, saved_both_ways
     from test_lora_grouped import PROJECTIONS
 
-    from arenaflow.train import lora_fused
     from arenaflow.train import model as tmodel
+    from arenaflow.train.speed import lora_fused
 
     lora = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": PROJECTIONS}
     net = get_peft_model(

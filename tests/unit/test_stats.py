@@ -1,4 +1,4 @@
-"""arenaflow.stats against scipy/statsmodels, exact arithmetic and the reference lineages'
+"""arenaflow.evals.stats against scipy/statsmodels, exact arithmetic and the reference lineages'
 published numbers (docs/lineages.md)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from arenaflow import stats
+from arenaflow.evals import stats
 
 
 def binomial_two_sided(wins: int, losses: int) -> float:

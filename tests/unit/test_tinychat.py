@@ -1,5 +1,6 @@
-"""arenaflow.tinychat: lineage 002's toy base and chat corpus. Its answers satisfy their
-constraints by arenaflow.ifcheck (an independent checker), unconstrained answers break each ban
+"""arenaflow.bases.tinychat: lineage 002's toy base and chat corpus. Its answers satisfy their
+constraints by arenaflow.instruct.check (an independent checker), unconstrained answers break each
+ban
 now and then (so obeying one is learnt), the shipped files are what the generator writes, and
 the shipped model is the one its BUILD.json names."""
 
@@ -10,7 +11,11 @@ import random
 
 import pytest
 
-from arenaflow import chat, ifcheck, ifpool, io, manifest, pools, tinychat
+from arenaflow import chat, io, manifest
+from arenaflow.bases import tinychat
+from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import pool as ifpool
+from arenaflow.pools import build as pools
 
 REPO_DATA = {
     "train": ("data/synthchat.jsonl", 600, 5),
@@ -78,7 +83,7 @@ def test_the_shipped_base_is_the_one_its_build_record_names(repo_root):
     d = repo_root / "models/tiny-ifchat"
     build = json.loads((d / "BUILD.json").read_text())
     assert build["weights_sha256"] == manifest.sha256_file(d / "model.safetensors")
-    assert build["command"].startswith("python -m arenaflow.tinychat model")
+    assert build["command"].startswith("python -m arenaflow.bases.tinychat model")
     lo, hi = build["args"]["min_pass"], build["args"]["max_pass"]
     assert lo <= build["chosen"]["pass_at_1"] <= hi
     assert chat.CHATML_TEMPLATE == (d / "chat_template.jinja").read_text()

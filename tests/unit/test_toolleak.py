@@ -1,4 +1,4 @@
-"""Lineage 002's decoded tool-leak audit and answer-usable read: arenaflow.toolleak,
+"""Lineage 002's decoded tool-leak audit and answer-usable read: arenaflow.instruct.toolleak,
 degeneracy.answer_usable, their readout columns and compare's paired W/L on answer_usable."""
 
 from __future__ import annotations
@@ -9,7 +9,11 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from arenaflow import bar, degeneracy, evals, ifcheck, toolleak
+from arenaflow.evals import degeneracy
+from arenaflow.evals import readout as evals
+from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import toolleak
+from arenaflow.rounds import bar
 
 CALL = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
 

@@ -11,7 +11,10 @@ import torch
 from hypers import TINY_ARM
 from safetensors.torch import load_file
 
-from arenaflow import corpora, manifest, pools, tinymodel
+from arenaflow import manifest
+from arenaflow.bases import tinymodel
+from arenaflow.corpora import build as corpora
+from arenaflow.pools import build as pools
 from arenaflow.train import argv as train_argv
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,11 @@ import torch
 from devices import CPU_AND_CUDA
 from safetensors.torch import load_file
 
-from arenaflow import corpora, fused, pools, tinymodel
+from arenaflow import fused
+from arenaflow.bases import tinymodel
 from arenaflow.config import hyper_defaults
+from arenaflow.corpora import build as corpora
+from arenaflow.pools import build as pools
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data, objective
 from arenaflow.train import model as tmodel

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from hypers import TINY_LORA
 
-from arenaflow import corpora, io, pools, tinymodel
+from arenaflow import io
+from arenaflow.bases import tinymodel
+from arenaflow.corpora import build as corpora
+from arenaflow.pools import build as pools
 from arenaflow.train import argv as train_argv
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"

@@ -29,7 +29,12 @@ def server(tmp_path_factory):
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "arenaflow.zygote", "serve", "--socket", str(sock)]
-            + ["--preload", "torch", "transformers:AutoModelForCausalLM", "arenaflow.evals"],
+            + [
+                "--preload",
+                "torch",
+                "transformers:AutoModelForCausalLM",
+                "arenaflow.evals.readout",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -86,7 +91,7 @@ def test_a_readout_through_the_server_writes_the_file_a_process_of_its_own_write
         outs[name] = tmp_path / f"{name}.parquet"
         t0 = time.time()
         proc = run(
-            ["arenaflow.evals", "readout", "--suite", "math", "--arm", "base", "--pool"]
+            ["arenaflow.evals.readout", "readout", "--suite", "math", "--arm", "base", "--pool"]
             + [str(pool), "--base-model", str(TINY), "--regime-json"]
             + ['{"temperature": 0.8, "max_new_tokens": 16}', "--out", str(outs[name])],
             sock,
@@ -105,7 +110,16 @@ def test_the_client_forwards_sigterm_and_a_killed_client_takes_its_job_along(ser
         {"id": f"q{i}", "category": "add", "prompt": f"{i}+{i}?", "gold": "0"} for i in range(400)
     ]
     pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cmd = [sys.executable, "-m", "arenaflow.evals", "readout", "--suite", "math", "--arm", "base"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arenaflow.evals.readout",
+        "readout",
+        "--suite",
+        "math",
+        "--arm",
+        "base",
+    ]
     cmd += ["--pool", str(pool), "--base-model", str(TINY), "--batch-size", "2", "--regime-json"]
     cmd += ['{"temperature": 0.8, "max_new_tokens": 48}', "--out", str(tmp_path / "x.parquet")]
     env = {**os.environ, zygote.ENV: str(sock)}
@@ -136,8 +150,8 @@ def test_without_a_server_the_command_runs_on_its_own(tmp_path):
     "argv, want",
     [
         (
-            ["python", "-m", "arenaflow.evals", "readout", "--x"],
-            ["arenaflow.evals", "readout", "--x"],
+            ["python", "-m", "arenaflow.evals.readout", "readout", "--x"],
+            ["arenaflow.evals.readout", "readout", "--x"],
         ),
         (
             ["python", "-u", "-m", "arenaflow.train", "--arm", "A"],
@@ -146,7 +160,7 @@ def test_without_a_server_the_command_runs_on_its_own(tmp_path):
         (["python", "-m", "arenaflow.zygote", "serve"], None),  # the server itself
         (["python", "-m", "snakemake", "-n"], None),  # Snakemake importing arenaflow.config
         (["python", "-c", "import arenaflow"], None),
-        (["python", "-X", "importtime", "-m", "arenaflow.evals"], None),  # flags: run here
+        (["python", "-X", "importtime", "-m", "arenaflow.evals.readout"], None),  # flags: run here
     ],
 )
 def test_only_python_dash_m_arenaflow_modules_are_sent(monkeypatch, argv, want):

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from arenaflow import budget, manifest
+from arenaflow import manifest
+from arenaflow.budget import ledger as budget
 
 ALL = "all"  # a mixture source's count: every row of the corpus
 

@@ -31,20 +31,9 @@ import torch
 
 from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
-from arenaflow.train import (
-    build_lock,
-    checkpoints,
-    cuda_warmup,
-    data,
-    grad_norm,
-    heldout,
-    lora_fused,
-    lora_grouped,
-    objective,
-    one_rank,
-    rope,
-)
+from arenaflow.train import build_lock, checkpoints, data, heldout, objective
 from arenaflow.train import model as tmodel
+from arenaflow.train.speed import cuda_warmup, grad_norm, lora_fused, lora_grouped, one_rank, rope
 
 log = logging.getLogger("arenaflow.train")
 # fault injection: exit right after this step's checkpoint

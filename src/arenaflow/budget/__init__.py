@@ -1,0 +1,1 @@
+"""The GPU-minute budget: estimates and spend (ledger), admission under the cap, the planner."""

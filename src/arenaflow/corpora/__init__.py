@@ -1,0 +1,1 @@
+"""Training corpora: rejection-sampled rows, decontamination, coverage selection, manifests."""

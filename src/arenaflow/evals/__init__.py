@@ -1,0 +1,1 @@
+"""Readouts, paired comparisons, noise floors and the analyses built on them."""

@@ -1,0 +1,558 @@
+"""Readouts, paired comparisons and noise floors.
+
+    python -m arenaflow.evals.readout readout --suite math --arm B3 --pool pools/math_eval.jsonl \
+        --base-model DIR [--adapter runs/B3/final] --regime greedy --regime-json '{...}' \
+        --replicate 0 --seed 0 --system-prompt S --out readouts/math/B3/greedy.r0.parquet
+    python -m arenaflow.evals.readout compare --suite math --regime served \
+        --cand B3.r0.parquet B3.r1.parquet --ref R2d.r0.parquet R2d.r1.parquet \
+        --out compare/math/served/B3__R2d.json
+    python -m arenaflow.evals.readout noise --suite math --regime served \
+        --readouts R2d.r0.parquet R2d.r1.parquet R2d.r2.parquet --out noise/math/served/R2d.json
+
+A readout is one parquet per (suite, arm, regime, replicate), one row per item (per
+conversation x turn for a multi-turn pool: arenaflow.instruct.multiturn), carrying the
+prompt and target hashes so a comparison can prove both sides saw the same items, and the
+structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
+words, tokens, tool_leak: arenaflow.instruct.toolleak, answer_usable: degeneracy.answer_usable),
+and on
+items with constraints each constraint's verdict (`checks`, arenaflow.instruct.families). Replicate
+r
+decodes with seed + 1000 * r; the same seed gives identical rows.
+The parquet's schema metadata (key "arenaflow") records when and how it was made (for a math
+suite, `verifier`: arenaflow.verify.verifier): nomination checks `created_utc` against the bar's
+registration time.
+
+A comparison pools every replicate (rows are (item, replicate) pairs) and also reports each
+replicate on its own and the paired t over replicates (arenaflow.evals.stats explains each t).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from arenaflow import config as afconfig
+from arenaflow import io, jobclock, manifest, verify
+from arenaflow.evals import degeneracy, stats
+from arenaflow.instruct import families, multiturn, toolleak
+from arenaflow.rounds import bar as afbar
+
+# Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition:
+# arenaflow.evals.degeneracy;
+# docs/lineages.md#000-two-repetition-measures)
+LOOP_AT = degeneracy.LOOP_THRESHOLD
+rep_ratio = degeneracy.rep_ratio
+# Per-side levels of a comparison (levels() below), in points for rates: the level metrics a
+# bar's clause may name, defined once in arenaflow.rounds.bar.
+LEVELS = afbar.LEVELS
+META_KEY = b"arenaflow"
+
+
+def structure(df: pd.DataFrame) -> pd.DataFrame:
+    """Add the structural battery columns from completion, n_tokens and stopped: the
+    per-sample flags are arenaflow.evals.degeneracy.flags (the readout keeps truncated, empty, loop
+    and
+    fffd; low_unique is the corpus builder's filter, not a readout column)."""
+    df = df.copy()
+    text = df["completion"].fillna("")
+    flags = pd.DataFrame(
+        [degeneracy.flags(t, bool(s)) for t, s in zip(text, df["stopped"])],
+        index=df.index,
+        columns=["truncated", "empty", "loop", "fffd"],
+        dtype=bool,
+    )
+    df["truncated"] = flags["truncated"]
+    df["empty"] = flags["empty"]
+    df["rep_ratio6"] = text.map(rep_ratio)
+    df["loop"] = flags["loop"]
+    df["fffd"] = flags["fffd"]
+    df["n_words"] = text.map(lambda s: len(s.split()))
+    # lineage 002's tool-leak audit and answer-usable read (arenaflow.instruct.toolleak, degeneracy)
+    df["tool_leak"] = text.map(lambda s: toolleak.leak(s) is not None).astype(bool)
+    df["answer_usable"] = pd.Series(
+        [degeneracy.answer_usable(t, bool(s)) for t, s in zip(text, df["stopped"])],
+        index=df.index,
+        dtype=bool,
+    )
+    return df
+
+
+def target_of(row: dict) -> str:
+    """What an item is scored against, as text: gold answer, constraint list, or the open-ended
+    length floor, so both sides of a comparison can prove they judged the same thing."""
+    if "gold" in row:
+        return row["gold"]
+    if "constraints" in row:
+        return json.dumps(row["constraints"], sort_keys=True)
+    return json.dumps({"open": True, "min_chars": row.get("min_chars", 0)})
+
+
+def readout(
+    pool: list[dict],
+    model,
+    tokenizer,
+    system_prompt: str,
+    regime: dict,
+    seed: int,
+    batch_size: int,
+    desc: str,
+    engine: str = "hf",
+) -> pd.DataFrame:
+    """One row per item. `correct` is the same verdict rejection sampling uses
+    (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
+    constraint checked; open-ended, stopped, non-degenerate and long enough."""
+    from arenaflow import candidates, chat
+    from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
+
+    dec = sampling.Decoding(**afconfig.decoding_of(regime))
+    if any(
+        "turns" in r for r in pool
+    ):  # conversations, read turn by turn (arenaflow.instruct.multiturn)
+        args = (system_prompt, dec, seed, batch_size, desc, engine)
+        return structure(
+            pd.DataFrame.from_records(multiturn.readout(pool, model, tokenizer, *args))
+        )
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]  # + context
+    # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
+    outs = sampling.generate(
+        model,
+        tokenizer,
+        prompts,
+        dec,
+        k=1,
+        seed=seed,
+        batch_size=batch_size,
+        desc=desc,
+        engine=engine,
+    )
+    recs = []
+    for r, p, (o,) in zip(pool, prompts, outs):
+        v = candidates.verdict({"id": r["id"], "prompt_id": r["id"], "sample": 0, **o}, r)
+        recs.append(
+            {
+                "item_id": r["id"],
+                "category": r["category"],
+                "prompt_sha256": manifest.sha256_text(p),
+                "target_sha256": manifest.sha256_text(target_of(r)),
+                "completion": o["text"],
+                "n_tokens": o["n_tokens"],
+                "stopped": o["stopped"],
+                "pred": v.get("pred"),
+                "strict": v.get("strict", v["correct"]),
+                "reasons": "; ".join(v.get("reasons", [])),
+                "correct": v["correct"],
+                # per-constraint verdicts, for the per-family table (arenaflow.instruct.families)
+                "checks": families.checks_of(o["text"], r["constraints"])
+                if "constraints" in r
+                else None,
+            }
+        )
+    return structure(pd.DataFrame.from_records(recs))
+
+
+def write_readout(df: pd.DataFrame, path: str | Path, meta: dict) -> None:
+    """Parquet with arenaflow's metadata (created_utc, ...) in the schema, not in the rows, so
+    two readouts of the same seed have identical rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+    record = {**meta, "created_utc": created, "code": manifest.code_version()}
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), META_KEY: json.dumps(record, sort_keys=True).encode()}
+    )
+    with io.atomic_path(path) as tmp:
+        # CRC32 per page: a reader that asks (load) refuses a flipped bit instead of scoring it
+        pq.write_table(table, tmp, write_page_checksum=True)
+
+
+def readout_meta(path: str | Path) -> dict:
+    """arenaflow's metadata of a readout parquet ({} for readouts written before it existed)."""
+    import pyarrow.parquet as pq
+
+    raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def outcomes(df: pd.DataFrame, col: str, name: str) -> np.ndarray:
+    """df[col] as bools; a value other than 0/1 (NaN included, which bool() would call correct)
+    raises ValueError naming `name` and the offending row's item and replicate."""
+    items = df["item_id"] if "item_id" in df else pd.Series(range(len(df)), index=df.index)
+    reps = df["replicate"] if "replicate" in df else [None] * len(df)
+    labels = [
+        f"item {i!r}" + ("" if r is None else f", replicate {r}") for i, r in zip(items, reps)
+    ]
+    return stats.binary(df[col].to_numpy(), f"{name} ({col!r})", labels=labels)
+
+
+def read_readout(path: str | Path) -> pd.DataFrame:
+    """A readout, its page checksums verified (readouts written before they had checksums are
+    read as they are); a bad page raises ManifestError naming the file."""
+    try:
+        return pd.read_parquet(path, page_checksum_verification=True)
+    except OSError as e:
+        raise manifest.ManifestError(f"{path}: unreadable readout: {e}") from None
+
+
+def structured(df: pd.DataFrame) -> pd.DataFrame:
+    """A readout with its structural battery: as written, or, for a readout made before a column
+    of it existed (answer_usable), recomputed by structure()."""
+    return df if "answer_usable" in df.columns else structure(df)
+
+
+def load(paths: list[str]) -> pd.DataFrame:
+    frames = []
+    for p in paths:
+        df = read_readout(p)
+        outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
+        frames.append(structured(df))
+    return pd.concat(frames, ignore_index=True)
+
+
+def levels(df: pd.DataFrame) -> dict:
+    """One side's levels over all its rows: rates in points, means in words/tokens. A rate
+    whose column a hand-made frame lacks is None (a bar clause on it is then undefined)."""
+
+    def pct(col: str) -> float | None:
+        if col not in df:
+            return None
+        return float(df[col].astype(bool).mean() * 100) if len(df) else 0.0
+
+    return {
+        "accuracy": pct("correct"),
+        "truncation_rate": pct("truncated"),
+        "empty_rate": pct("empty"),
+        "loop_rate": pct("loop"),
+        "fffd_rate": pct("fffd"),
+        "tool_leak_rate": pct("tool_leak"),
+        "answer_usable_rate": pct("answer_usable"),
+        "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
+        "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0,
+    }
+
+
+def paired_rows(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
+    m = cand.merge(
+        ref, on=["item_id", "replicate"], suffixes=("", "_ref"), how="outer", indicator=True
+    )
+    unpaired = m[m["_merge"] != "both"]
+    if len(unpaired):
+        raise ValueError(
+            f"{where}: {len(unpaired)} (item, replicate) pairs are read out on one side "
+            f"only, e.g. {unpaired['item_id'].iloc[0]!r}"
+        )
+    bad = m[
+        (m["prompt_sha256"] != m["prompt_sha256_ref"])
+        | (m["target_sha256"] != m["target_sha256_ref"])
+    ]
+    if len(bad):
+        raise ValueError(
+            f"{where}: item {bad['item_id'].iloc[0]!r} has a different prompt or target "
+            "on the two sides; readouts of different suites cannot be paired"
+        )
+    return m
+
+
+def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
+    """Paired statistics pooled over replicates, per replicate, and per category; items (and
+    replicate indices) must match one to one."""
+    m = paired_rows(cand, ref, where)
+    m["correct"] = outcomes(m, "correct", f"{where}: candidate {_arms(cand)}")
+    m["correct_ref"] = outcomes(m, "correct_ref", f"{where}: reference {_arms(ref)}")
+    extra = {}
+    if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
+        by_family = families.table(m, where)  # at check level, turn by turn in conversations
+        if by_family:
+            extra = {"by_family": by_family, **families.summary(by_family)}
+    if "conversation" in m.columns:  # multi-turn: the outcome is "every turn passes"
+        extra["by_turn"] = multiturn.by_turn(m)
+        m = multiturn.conversations(m)
+    out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
+    out["by_category"] = {
+        c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
+        for c, g in m.groupby("category", sort=True)
+    }
+    per_rep = {
+        r: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
+        for r, g in m.groupby("replicate", sort=True)
+    }
+    out["by_replicate"] = [
+        {"replicate": int(r), **{k: p[k] for k in _PER_REPLICATE}} for r, p in per_rep.items()
+    ]
+    out.update(
+        stats.t_over_replicates(
+            [p["accuracy"] for p in per_rep.values()], [p["ref_accuracy"] for p in per_rep.values()]
+        )
+    )
+    if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
+        out.update(_battery(m, cand, ref, out["by_category"]))
+    out.update(extra)
+    out["replicates"] = int(m["replicate"].nunique())
+    return out
+
+
+_PER_REPLICATE = ("accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")
+_USABLE = ("n", "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value")
+
+
+def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict) -> dict:
+    """The structural battery's paired word counts and each side's levels, overall and per
+    category (written into `by_category`)."""
+    words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
+    out = {"words_delta": float(words.mean()) if len(words) else 0.0}
+    out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
+    out["words_sign_p"] = stats.sign_test(words)
+    out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
+    if "answer_usable" in m and "answer_usable_ref" in m:  # paired, as lineage 002 read it
+        usable = stats.paired(m["answer_usable"].to_numpy(), m["answer_usable_ref"].to_numpy())
+        out["answer_usable"] = {k: usable[k] for k in _USABLE}
+    for c in by_category:  # the battery's rates and lengths per category too
+        by_category[c]["levels"] = {
+            "cand": levels(cand[cand["category"] == c]),
+            "ref": levels(ref[ref["category"] == c]),
+        }
+    return out
+
+
+def _arms(df: pd.DataFrame) -> str:
+    return "/".join(map(str, df["arm"].unique())) + " readouts" if "arm" in df else "readouts"
+
+
+def noise(readouts: pd.DataFrame, where: str) -> dict:
+    """Self vs self: the K replicates of one arm, paired by item
+    (arenaflow.evals.stats.noise_floor)."""
+    outcomes(readouts, "correct", f"{where}: {_arms(readouts)}")  # before NaN or 2 become True
+    wide = readouts.pivot(index="item_id", columns="replicate", values="correct")
+    if wide.isna().any().any():
+        raise ValueError(f"{where}: replicates do not cover the same items")
+    hashes = readouts.groupby("item_id")["prompt_sha256"].nunique()
+    if (hashes > 1).any():
+        raise ValueError(
+            f"{where}: item {hashes[hashes > 1].index[0]!r} has different prompts across replicates"
+        )
+    out = stats.noise_floor(wide.to_numpy(dtype=bool).T)
+    out["replicate_ids"] = [int(c) for c in wide.columns]
+    return out
+
+
+def _sources(paths: list[str]) -> list[dict]:
+    # the sha256 of every pooled readout, so nomination can tell they are still what was pooled
+    return [
+        {
+            "path": p,
+            "created_utc": readout_meta(p).get("created_utc"),
+            "sha256": manifest.sha256_file(p),
+        }
+        for p in paths
+    ]
+
+
+def pooled(record: dict) -> list[dict]:
+    """The readout sources a compare or noise record pooled."""
+    r = record.get("readouts", [])
+    return [*r.get("cand", []), *r.get("ref", [])] if isinstance(r, dict) else list(r)
+
+
+def verify_pooled(path: str | Path) -> dict:
+    """A compare or noise JSON, once its seal holds and every readout it pooled still has the
+    sha256 recorded then; ManifestError names the file that changed. Returns the record."""
+    record = manifest.check_seal(io.read_json(path), path)
+    for src in pooled(record):
+        manifest.check_file(src["path"], src["sha256"], path)
+    return record
+
+
+def verify_judged(compare: list[str], noise: list[str], readouts: list[str]) -> None:
+    """What nomination reads: every compare and noise JSON (verify_pooled), and each readout it
+    judges must be one of those pooled, with the same sha256."""
+    known = {}
+    for path in [*compare, *noise]:
+        for src in pooled(verify_pooled(path)):
+            known[Path(src["path"])] = path
+    stray = [p for p in readouts if Path(p) not in known]
+    if stray:
+        raise manifest.ManifestError(
+            f"{stray[0]}: judged but pooled by none of the compare or noise "
+            "files given, so nothing records its sha256"
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser(
+        "readout", help="readouts of one (suite, arm): a --plan of regimes x replicates, or one"
+    )
+    r.add_argument("--suite", required=True)
+    r.add_argument("--arm", required=True, help="arm id, or 'base'")
+    r.add_argument("--pool", required=True, help="the suite's pools/{pool}.jsonl")
+    r.add_argument("--base-model", required=True)
+    r.add_argument("--adapter", default=None, help="runs/{arm}/final (omit for base)")
+    r.add_argument("--regime", default="", help="regime id, recorded in the metadata")
+    r.add_argument("--regime-json", default=None, help="decoding settings as JSON")
+    r.add_argument(
+        "--plan",
+        default=None,
+        help="JSON list of {regime, decoding, replicate, out}: every readout of this process "
+        "(instead of --regime, --regime-json, --replicate and --out)",
+    )
+    r.add_argument(
+        "--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate"
+    )
+    suite = afconfig.schema_defaults(
+        "suite"
+    )  # the rule passes the resolved suite's; by hand, its defaults
+    r.add_argument("--seed", type=int, default=suite["seed"])
+    r.add_argument("--batch-size", type=int, default=suite["batch_size"])
+    r.add_argument(
+        "--engine",
+        choices=["hf", "static"],
+        default=suite["engine"],
+        help="decode loop (arenaflow.decode.sampling)",
+    )
+    r.add_argument("--system-prompt", default="")
+    r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
+    c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")
+    c.add_argument("--suite", default=None)
+    c.add_argument("--regime", default=None)
+    c.add_argument("--cand", nargs="+", required=True, help="candidate readouts, one per replicate")
+    c.add_argument("--ref", nargs="+", required=True, help="reference readouts, one per replicate")
+    c.add_argument("--out", required=True, help="compare/{suite}/{regime}/{cand}__{ref}.json")
+    n = sub.add_parser("noise", help="noise floor: one arm's K replicates against each other")
+    n.add_argument("--suite", default=None)
+    n.add_argument("--regime", default=None)
+    n.add_argument(
+        "--readouts", nargs="+", required=True, help="the arm's K >= 2 replicate readouts"
+    )
+    n.add_argument("--out", required=True, help="noise/{suite}/{regime}/{arm}.json")
+    return ap
+
+
+def _reads(args) -> list[dict]:
+    """The readouts this process makes: --plan's, or the one --regime-json/--replicate/--out
+    name. Each: {regime, decoding, replicate, out}."""
+    if args.plan:
+        return json.loads(args.plan)
+    if not (args.regime_json and args.out):
+        raise SystemExit("readout: give --plan, or --regime-json and --out")
+    decoding = json.loads(args.regime_json)
+    return [dict(regime=args.regime, decoding=decoding, replicate=args.replicate, out=args.out)]
+
+
+def _readout_cmd(args) -> None:
+    """Loads the model once for every readout of the plan (an arm's regimes x replicates)."""
+    from arenaflow import models
+    from arenaflow.decode import sampling
+    from arenaflow.decode import warmup as decode_warmup
+
+    reads = _reads(args)
+    job = reads[0]["out"]  # the job's first output, as Snakemake lists it
+    pool = io.read_jsonl(args.pool)
+    batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
+    new_tokens = afconfig.decoding_of(reads[0]["decoding"])["max_new_tokens"]
+    warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, args.engine)
+    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
+    decode_warmup.finish(warm, job)
+    jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+    tokens, seconds = 0, 0.0
+    for read in reads:
+        n, s = _read_one(args, model, tok, pool, read)
+        tokens, seconds = tokens + n, seconds + s
+    jobclock.done(job, tokens=tokens, seconds=seconds)
+
+
+def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, float]:
+    """One (regime, replicate) readout written to read['out']: (tokens, seconds of work)."""
+    seed = args.seed + 1000 * read["replicate"]
+    t0 = time.perf_counter()
+    df = readout(
+        pool,
+        model,
+        tok,
+        read.get("system_prompt", args.system_prompt),  # the plan's, per regime
+        read["decoding"],
+        seed,
+        args.batch_size,
+        desc=f"readout {args.suite}/{args.arm}/{read['regime']}.r{read['replicate']}",
+        engine=args.engine,
+    )
+    seconds = time.perf_counter() - t0  # decoding and scoring
+    df.insert(0, "arm", args.arm)
+    df["replicate"] = read["replicate"]
+    tokens = int(df["n_tokens"].sum())
+    meta = {
+        "suite": args.suite,
+        "arm": args.arm,
+        "regime": read["regime"],
+        "decoding": read["decoding"],
+        "replicate": read["replicate"],
+        "seed": seed,
+        "batch_size": args.batch_size,
+        "engine": args.engine,
+        "pool": args.pool,
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+    }
+    write_readout(df, read["out"], {**meta, **verify.meta(pool)})
+    print(
+        f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
+        f"-> {read['out']}"
+    )
+    return tokens, seconds
+
+
+def _compare_cmd(args) -> None:
+    cand, ref = load(args.cand), load(args.ref)
+    res = compare(cand, ref, args.out)
+    res.update(
+        suite=args.suite,
+        regime=args.regime,
+        cand=str(cand["arm"].iloc[0]),
+        ref=str(ref["arm"].iloc[0]),
+        readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)},
+    )
+    io.write_json(args.out, manifest.seal(res))
+    t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
+    print(
+        f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, "
+        f"W/L {res['wins']}/{res['losses']}, "
+        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}"
+    )
+
+
+def _noise_cmd(args) -> None:
+    df = load(args.readouts)
+    arms = sorted(df["arm"].unique())
+    if len(arms) != 1:
+        raise SystemExit(f"{args.out}: a noise floor is one arm against itself; got arms {arms}")
+    if df["replicate"].nunique() < 2:
+        raise SystemExit(
+            f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
+            "replicates to K >= 2 in config evals"
+        )
+    res = noise(df, args.out)
+    res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
+    io.write_json(args.out, manifest.seal(res))
+    t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
+    print(
+        f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
+        f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, "
+        f"spread {res['spread']:.2f} pt, "
+        f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    {"readout": _readout_cmd, "compare": _compare_cmd, "noise": _noise_cmd}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,467 @@
+"""Instruction-constraint checker: does a response satisfy every checkable constraint of a prompt?
+
+A constraint is a dict {"type": family, **params}; `check(response, constraints)` returns
+{"passed": bool, "checks": [{"type", "passed", "reason"}]} with one check per constraint, in
+order, and a human reason for each failure ("word_eq: 37 words, expected 40"), so failures can
+be tallied by checker reason, as in docs/lineages.md#003-failure-analysis-by-checker-reason.
+A prompt passes only if every check passes.
+`describe(constraint)` is the instruction text a prompt carries for it.
+
+    python -m arenaflow.instruct.check --constraints-json '[{"type": "word_eq", "n": 40}]' \
+        < response.txt
+
+Definitions (all exact, so a test can hand-compute them):
+- words are `response.split()`; word_times / contains / no_word match case-insensitively on
+  whole words (not inside a longer word), phrases allowed;
+- a sentence ends in a run of . ! ? followed by whitespace or the end (closing quotes,
+  brackets or markdown emphasis * _ may sit between); a trailing fragment without a terminator
+  counts as one more. A single "." (not "..", "?!") does not end one after
+  * a title or Latin abbreviation that always has more after it (_NEVER_FINAL: Mr. Dr. Prof.
+    St. e.g. i.e. vs. P.S. ..., any case), or a single capital initial ("J. R. R. Tolkien");
+  * a list marker: a number or single letter alone at the start of a line ("1.", "a.");
+  * a dotted abbreviation ("U.S.", "a.m.", "Ph.D.") or etc. Inc. Ltd. Co. Jr. Sr., when the
+    next word on the same line starts with a lowercase letter or a digit ("the U.S. economy"
+    is one sentence, "moved to the U.S. Then it" two);
+  decimals never end one ("3.5": no whitespace after the point). Rule-based on purpose: nltk's
+  punkt needs trained data that is not shipped, and a fixed rule can be hand-computed;
+- paragraphs are separated by blank lines; bullets are lines starting "* " or "- ", numbered
+  items lines starting "N. " (leading spaces allowed);
+- startswith / endswith compare the whitespace-stripped response, case-sensitively;
+- highlights count *text* and **text** spans with non-blank text on one line (as IFEval does);
+- postscript wants a line that starts with the marker, after any blockquote > and markdown
+  emphasis (`> P.S.`, `**P.S.**`, `*P.S. ...*`, `__P.S.__`);
+- json_* accept the JSON alone, or wrapped in a ``` or ```json fence and nothing else around
+  it: the fences may share a line with the JSON (```json {"a": 1}```) and lines may end in CRLF;
+- table_rows counts the body rows (after the |---| separator) of every markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+# param kinds: "n" a non-negative int, "words" a non-empty list of non-empty strings (a single
+# string is accepted as a list of one), "text" a non-empty string
+_SPECS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
+    # family: ({required param: kind}, {optional param: default})
+    "word_eq": ({"n": "n"}, {}),
+    "word_min": ({"n": "n"}, {}),
+    "word_max": ({"n": "n"}, {}),
+    "word_times": ({"word": "text", "n": "n"}, {}),
+    "sent": ({"n": "n"}, {}),
+    "para": ({"n": "n"}, {}),
+    "bullet": ({"n": "n"}, {}),
+    "numbered": ({"n": "n"}, {}),
+    "contains": ({"words": "words"}, {}),
+    "no_word": ({"words": "words"}, {}),
+    "no_char": ({"chars": "text"}, {}),
+    "no_digits": ({}, {}),
+    "startswith": ({"phrase": "text"}, {}),
+    "endswith": ({"phrase": "text"}, {}),
+    "is_upper": ({}, {}),
+    "is_lower": ({}, {}),
+    "quoted": ({}, {}),
+    "postscript": ({}, {"marker": "P.S."}),
+    "placeholders": ({"n": "n"}, {}),
+    "highlights": ({"n": "n"}, {}),
+    "json_keys": ({"keys": "words"}, {}),
+    "json_array_len": ({"n": "n"}, {}),
+    "table_rows": ({"n": "n"}, {}),
+}
+FAMILIES = tuple(_SPECS)
+
+_SENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]*_]*(?=\s|$)")
+# abbreviations that are always followed by more of their sentence (matched lowercased)
+_NEVER_FINAL = frozenset(
+    "mr mrs ms dr prof st mt rev fr gen col capt lt sgt hon vs e.g i.e cf viz "
+    "approx fig p.s p.p.s".split()
+)
+# these end a sentence as often as not: the next word's case decides
+_FINAL_IF_CAPITAL = frozenset("etc inc ltd co jr sr".split())
+_DOTTED = re.compile(r"[A-Za-z]{1,2}(?:\.[A-Za-z]{1,2})+")  # U.S, a.m, Ph.D (without the last ".")
+_LIST_MARKER = re.compile(r"(?:^|\n)[ \t]*(?:>[ \t]*)*(?:\d+|[A-Za-z])\Z")
+_OPENERS = "\"'([*_`\u201c\u2018"
+_BULLET = re.compile(r"^[ \t]*[*-] ", re.MULTILINE)
+_NUMBERED = re.compile(r"^[ \t]*\d+\. ", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"\[[^\[\]\n]*\S[^\[\]\n]*\]")
+_HIGHLIGHT = re.compile(r"\*\*([^\n*]*)\*\*|\*([^\n*]*)\*")
+_TABLE_SEP = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?$")
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+# the body is everything between the fences; json.loads ignores the whitespace (CRLF too) around it
+_FENCE = re.compile(r"^```(?:json|JSON|Json)?(.*?)```$", re.DOTALL)
+
+
+def _name(c) -> str:
+    return json.dumps(c, sort_keys=True, ensure_ascii=False) if isinstance(c, dict) else repr(c)
+
+
+def validate(constraint) -> dict:
+    """Return a normalised copy (optional params filled, single words listed); raise ValueError
+    naming the constraint when its type is unknown or a param is missing, extra or malformed."""
+    if not isinstance(constraint, dict) or "type" not in constraint:
+        raise ValueError(f"constraint {_name(constraint)}: expected a dict with a 'type'")
+    family = constraint["type"]
+    if family not in _SPECS:
+        raise ValueError(
+            f"constraint {_name(constraint)}: unknown type {family!r}; known: {', '.join(FAMILIES)}"
+        )
+    required, optional = _SPECS[family]
+    extra = set(constraint) - {"type"} - set(required) - set(optional)
+    if extra:
+        raise ValueError(
+            f"constraint {_name(constraint)}: unexpected param(s) {sorted(extra)} for {family}"
+        )
+    out = {"type": family, **optional}
+    for key, kind in required.items():
+        if key not in constraint:
+            raise ValueError(f"constraint {_name(constraint)}: missing param {key!r} for {family}")
+        out[key] = _param(constraint, key, kind, constraint[key])
+    for key in optional:
+        if key in constraint:
+            out[key] = _param(constraint, key, "text", constraint[key])
+    return out
+
+
+def _param(constraint, key: str, kind: str, v):
+    bad = ValueError(
+        f"constraint {_name(constraint)}: param {key!r} must be "
+        + {
+            "n": "a non-negative integer",
+            "text": "a non-empty string",
+            "words": "a non-empty string or list of non-empty strings",
+        }[kind]
+    )
+    if kind == "n":
+        # bool is an int subclass; True as a count is a bug in whatever wrote the constraint
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad
+        return v
+    if kind == "words" and isinstance(v, list):
+        if not v or not all(isinstance(w, str) and w.strip() for w in v):
+            raise bad
+        return list(v)
+    if not isinstance(v, str) or not v.strip():
+        raise bad
+    return [v] if kind == "words" else v
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _quoted_list(words: list[str], conj: str) -> str:
+    q = [f'"{w}"' for w in words]
+    return q[0] if len(q) == 1 else f"{', '.join(q[:-1])} {conj} {q[-1]}"
+
+
+def _occurrences(text: str, phrase: str) -> int:
+    words = r"\s+".join(re.escape(w) for w in phrase.split())
+    return len(re.findall(rf"(?<!\w){words}(?!\w)", text, flags=re.IGNORECASE))
+
+
+def _ends_sentence(text: str, m: re.Match) -> bool:
+    """Whether terminator match `m` ends a sentence (the abbreviation rules of the docstring)."""
+    if re.match(r"[.!?]+", m.group()).group() != ".":
+        return True
+    before = text[: m.start()]
+    if _LIST_MARKER.search(before):
+        return False
+    word = re.search(r"\S*\Z", before).group().lstrip(_OPENERS)
+    if word.lower() in _NEVER_FINAL or re.fullmatch(r"[A-Z]", word):
+        return False
+    if word.lower() in _FINAL_IF_CAPITAL or _DOTTED.fullmatch(word):
+        nxt = re.match(r"[ \t]*(\S?)", text[m.end() :]).group(1)
+        return not (nxt.islower() or nxt.isdigit())
+    return True
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of `text`, stripped, by the rule in the module docstring."""
+    out, start = [], 0
+    for m in _SENT_END.finditer(text):
+        if _ends_sentence(text, m):
+            out.append(text[start : m.end()].strip())
+            start = m.end()
+    if re.search(r"\w", text[start:]):
+        out.append(text[start:].strip())
+    return out
+
+
+def count_sentences(text: str) -> int:
+    return len(split_sentences(text))
+
+
+def count_paragraphs(text: str) -> int:
+    return sum(1 for p in re.split(r"\n[ \t]*\n", text) if p.strip())
+
+
+def count_highlights(text: str) -> int:
+    return sum(1 for double, single in _HIGHLIGHT.findall(text) if (double or single).strip())
+
+
+def table_body_rows(text: str) -> tuple[int, int]:
+    """(tables, body rows over all tables): a table is a run of |-lines whose second line is a
+    |---| separator."""
+    tables = rows = 0
+    block: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        s = line.strip()
+        if s.startswith("|"):
+            block.append(s)
+            continue
+        if len(block) >= 2 and _TABLE_SEP.match(block[1]):
+            tables += 1
+            rows += len(block) - 2
+        block = []
+    return tables, rows
+
+
+def _json(text: str):
+    """(value, None) or (None, reason)."""
+    s = text.strip()
+    m = _FENCE.match(s)
+    try:
+        return json.loads(m.group(1) if m else s), None
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+
+
+def _count(family: str, have: int, want: int, unit: str, op: str) -> tuple[bool, str]:
+    ok = {"==": have == want, ">=": have >= want, "<=": have <= want}[op]
+    bound = {"==": "", ">=": "at least ", "<=": "at most "}[op]
+    return ok, "" if ok else f"{family}: {_plural(have, unit)}, expected {bound}{want}"
+
+
+# Families whose check is a count against c["n"]: (counter, unit, comparison).
+_COUNTED = {
+    "word_eq": (lambda text: len(text.split()), "word", "=="),
+    "word_min": (lambda text: len(text.split()), "word", ">="),
+    "word_max": (lambda text: len(text.split()), "word", "<="),
+    "sent": (count_sentences, "sentence", "=="),
+    "para": (count_paragraphs, "paragraph", "=="),
+    "bullet": (lambda text: len(_BULLET.findall(text)), "bullet", "=="),
+    "numbered": (lambda text: len(_NUMBERED.findall(text)), "numbered item", "=="),
+    "placeholders": (lambda text: len(_PLACEHOLDER.findall(text)), "placeholder", ">="),
+    "highlights": (count_highlights, "highlighted section", ">="),
+}
+
+
+def _check_word_times(t: str, text: str, c: dict) -> tuple[bool, str]:
+    k = _occurrences(text, c["word"])
+    ok = k == c["n"]
+    return (
+        ok,
+        "" if ok else f"word_times: {c['word']!r} appears {_plural(k, 'time')}, expected {c['n']}",
+    )
+
+
+def _check_contains(t: str, text: str, c: dict) -> tuple[bool, str]:
+    missing = [w for w in c["words"] if not _occurrences(text, w)]
+    return not missing, "" if not missing else f"contains: missing {_quoted_list(missing, 'and')}"
+
+
+def _check_no_word(t: str, text: str, c: dict) -> tuple[bool, str]:
+    found = [f"{w!r} x{k}" for w in c["words"] if (k := _occurrences(text, w))]
+    return not found, "" if not found else f"no_word: found {', '.join(found)}"
+
+
+def _check_no_chars(t: str, text: str, c: dict) -> tuple[bool, str]:
+    hits = re.findall(r"\d", text) if t == "no_digits" else [ch for ch in text if ch in c["chars"]]
+    what = "digit" if t == "no_digits" else "forbidden character"
+    return (
+        not hits,
+        "" if not hits else f"{t}: {_plural(len(hits), what)} ({''.join(sorted(set(hits)))!r})",
+    )
+
+
+def _check_affix(t: str, text: str, c: dict) -> tuple[bool, str]:
+    s = text.strip()
+    ok = s.startswith(c["phrase"]) if t == "startswith" else s.endswith(c["phrase"])
+    n = len(c["phrase"])
+    seen = s[:n] if t == "startswith" else s[-n:]
+    verb = "begins" if t == "startswith" else "ends"
+    return ok, "" if ok else f"{t}: {verb} with {seen!r}, expected {c['phrase']!r}"
+
+
+def _check_case(t: str, text: str, c: dict) -> tuple[bool, str]:
+    # str.isupper/islower: at least one cased letter and none of the other case
+    ok = text.isupper() if t == "is_upper" else text.islower()
+    other = sum(ch.islower() if t == "is_upper" else ch.isupper() for ch in text)
+    case = "lowercase" if t == "is_upper" else "uppercase"
+    return ok, "" if ok else f"{t}: {_plural(other, case + ' letter')}" + (
+        "" if other else " and no cased letter"
+    )
+
+
+def _check_quoted(t: str, text: str, c: dict) -> tuple[bool, str]:
+    s = text.strip()
+    ok = len(s) > 1 and s[0] == '"' and s[-1] == '"'
+    return (
+        ok,
+        "" if ok else f"quoted: starts with {s[:1]!r} and ends with {s[-1:]!r}, expected '\"'",
+    )
+
+
+def _check_postscript(t: str, text: str, c: dict) -> tuple[bool, str]:
+    # markdown dresses the marker up ("**P.S.**", "> P.S."); the line still starts with it
+    ok = bool(
+        re.search(
+            rf"^[ \t]*(?:>[ \t]*)*(?:\*{{1,3}}|_{{1,3}})?{re.escape(c['marker'])}",
+            text,
+            flags=re.MULTILINE,
+        )
+    )
+    return ok, "" if ok else f"postscript: no line starts with {c['marker']!r}"
+
+
+def _check_json(t: str, text: str, c: dict) -> tuple[bool, str]:
+    value, err = _json(text)
+    if err:
+        return False, f"{t}: {err}"
+    want = dict if t == "json_keys" else list
+    if not isinstance(value, want):
+        return False, f"{t}: top level is {_JSON_TYPES[type(value)]}, expected {_JSON_TYPES[want]}"
+    if t == "json_array_len":
+        return _count(t, len(value), c["n"], "item", "==")
+    missing = [k for k in c["keys"] if k not in value]
+    return (
+        not missing,
+        "" if not missing else f"json_keys: missing keys {_quoted_list(missing, 'and')}",
+    )
+
+
+def _check_table_rows(t: str, text: str, c: dict) -> tuple[bool, str]:
+    tables, rows = table_body_rows(text)
+    if not tables:
+        return False, "table_rows: no markdown table (a |-row followed by a |---| separator)"
+    return _count(t, rows, c["n"], "body row", "==")
+
+
+# The other families: family -> check(family, text, constraint) -> (passed, reason).
+_CHECKS = {
+    "word_times": _check_word_times,
+    "contains": _check_contains,
+    "no_word": _check_no_word,
+    "no_char": _check_no_chars,
+    "no_digits": _check_no_chars,
+    "startswith": _check_affix,
+    "endswith": _check_affix,
+    "is_upper": _check_case,
+    "is_lower": _check_case,
+    "quoted": _check_quoted,
+    "postscript": _check_postscript,
+    "json_keys": _check_json,
+    "json_array_len": _check_json,
+    "table_rows": _check_table_rows,
+}
+
+
+def _check_one(text: str, c: dict) -> tuple[bool, str]:
+    t = c["type"]
+    if t in _COUNTED:
+        counter, unit, op = _COUNTED[t]
+        return _count(t, counter(text), c["n"], unit, op)
+    if t in _CHECKS:
+        return _CHECKS[t](t, text, c)
+    raise AssertionError(f"family {t!r} has a spec but no check")  # pragma: no cover
+
+
+def check(response: str, constraints: list[dict]) -> dict:
+    """Check `response` against every constraint; unknown/malformed constraints raise ValueError."""
+    if not isinstance(constraints, list) or not constraints:
+        raise ValueError(f"constraints must be a non-empty list, got {_name(constraints)}")
+    checks = []
+    for c in constraints:
+        passed, reason = _check_one(response, validate(c))
+        checks.append({"type": c["type"], "passed": passed, "reason": reason})
+    return {"passed": all(x["passed"] for x in checks), "checks": checks}
+
+
+# The instruction sentences: families that only count something ({n}: "3 words"), families with
+# a fixed sentence, and families that quote one of their fields.
+_COUNTED_SENTENCES = {
+    "word_eq": ("Your answer must be exactly {n} long.", "word"),
+    "word_min": ("Answer with at least {n}.", "word"),
+    "word_max": ("Answer with at most {n}.", "word"),
+    "sent": ("Answer in exactly {n}.", "sentence"),
+    "para": ("Write exactly {n}, separated by blank lines.", "paragraph"),
+    "bullet": ('Include exactly {n}, each on its own line starting with "* ".', "bullet point"),
+    "numbered": ('Include a numbered list of exactly {n}, numbered "1.", "2.", and so on.', "item"),
+    "placeholders": ("Include at least {n} in square brackets, such as [name].", "placeholder"),
+    "highlights": ("Highlight at least {n} with markdown, i.e. *highlighted section*.", "section"),
+    "json_array_len": ("Answer with a JSON array of exactly {n}, and nothing outside it.", "item"),
+    "table_rows": ("Include a markdown table with exactly {n} below its header row.", "row"),
+}
+_FIXED_SENTENCES = {
+    "no_digits": "Do not use any digits; write every number out in words.",
+    "is_upper": "Write your entire answer in capital letters.",
+    "is_lower": "Write your entire answer in lowercase letters; no capital letters at all.",
+    "quoted": "Wrap your entire answer in double quotation marks.",
+}
+_QUOTING_SENTENCES = {
+    "startswith": 'Begin your answer with the exact words "{phrase}".',
+    "endswith": 'End your answer with the exact phrase "{phrase}", with nothing after it.',
+    "postscript": 'At the end, add a postscript on its own line starting with "{marker}".',
+}
+_CHAR_NAMES = {
+    ",": "commas",
+    ";": "semicolons",
+    "!": "exclamation marks",
+    "?": "question marks",
+    ":": "colons",
+    "-": "hyphens",
+}
+
+
+def describe(constraint: dict) -> str:
+    """The instruction sentence a prompt carries for `constraint`."""
+    c = validate(constraint)
+    t, n = c["type"], c.get("n")
+    if t in _COUNTED_SENTENCES:
+        sentence, unit = _COUNTED_SENTENCES[t]
+        return sentence.format(n=_plural(n, unit))
+    if t in _FIXED_SENTENCES:
+        return _FIXED_SENTENCES[t]
+    if t in _QUOTING_SENTENCES:
+        return _QUOTING_SENTENCES[t].format(**c)
+    if t == "word_times":
+        return f'Use the word "{c["word"]}" exactly {_plural(n, "time")}.'
+    if t in ("contains", "no_word"):
+        word = "word" if len(c["words"]) == 1 else "words"
+        if t == "contains":
+            return f"Include the {word} {_quoted_list(c['words'], 'and')}."
+        return f"Do not use the {word} {_quoted_list(c['words'], 'or')}."
+    if t == "no_char":
+        if c["chars"] in _CHAR_NAMES:
+            return f"Do not use any {_CHAR_NAMES[c['chars']]}."
+        return f"Do not use any of these characters: {_quoted_list(list(c['chars']), 'or')}."
+    if t == "json_keys":
+        keys = c["keys"]
+        return (
+            f"Answer with a single JSON object with the {'key' if len(keys) == 1 else 'keys'} "
+            f"{_quoted_list(keys, 'and')}, and nothing outside it."
+        )
+    raise AssertionError(f"family {t!r} has a spec but no description")  # pragma: no cover
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--constraints-json", required=True, help="a JSON list of constraint dicts")
+    args = ap.parse_args(argv)
+    result = check(sys.stdin.read(), json.loads(args.constraints_json))
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    sys.exit(0 if result["passed"] else 1)
+
+
+if __name__ == "__main__":
+    main()

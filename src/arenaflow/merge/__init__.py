@@ -1,0 +1,1 @@
+"""Weight-space merges as arms: model soups and dose lines."""

@@ -1,0 +1,1 @@
+"""Prompt pools: synthetic or imported prompts with gold answers or constraints."""
