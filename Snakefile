@@ -10,6 +10,7 @@ min_version("9.0")
 
 
 from arenaflow import config as afconfig
+from arenaflow import schema as afschema
 
 # Every --configfile is merged over config/config.yaml, unless the files name another file as
 # `merge_over`, or null: a standalone lineage config (config/seeds/*.yaml). `config` holds the
@@ -22,7 +23,7 @@ UNDER = Path(workflow.basedir) / MERGED_OVER if MERGED_OVER is not None else Non
 # arenaflow.config FILE` names the line of an error in one of them.)
 if UNDER is not None:
     try:
-        afconfig.load_yaml(UNDER)
+        afschema.load_yaml(UNDER)
     except afconfig.ConfigError as e:
         raise WorkflowError(f"arenaflow config error: {e}") from None
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from zero3_hooks_cpu import build, run
 
-from arenaflow.config import hyper_defaults
+from arenaflow.schema import hyper_defaults
 
 # LlamaConfig of HuggingFaceTB/SmolLM2-135M (its config.json), random weights: the host cost
 # depends on the module count and shapes, not on the values.

@@ -15,7 +15,7 @@ rule sample_candidates:
         gres="gpu:1",  # Slurm GRES; ignored by local runs
         local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
     params:
-        cfg=lambda wc: afconfig.sampling_params(CFG["corpora"][wc.corpus]),
+        cfg=lambda wc: afschema.sampling_params(CFG["corpora"][wc.corpus]),
         adapter=lambda wc, input: adapter_flag(input.policy),
         system=CFG["system_prompt"],
         base=base_dir,

@@ -11,6 +11,7 @@ from snakemake.logging import logger
 
 from arenaflow.rounds import bar as afbar
 from arenaflow import config as afconfig
+from arenaflow import schema as afschema
 from arenaflow.rounds import continual as afcontinual
 from arenaflow.rounds import nominate as afnominate
 from arenaflow import paths as afpaths
@@ -26,6 +27,8 @@ try:
     )
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
+# as resolved, before admission drops refused candidates (the budget table's job reads it)
+CFG_JSON = afschema.stage_json(CFG)
 
 
 # Jobs inherit these (local runs, and sbatch's default --export=ALL): a lineage's sampling,
@@ -42,11 +45,11 @@ workdir: str(REPO / CFG["results_dir"])
 BASE = CFG["base"]["path"]
 BASE_FILES = sorted(str(p) for p in Path(BASE).iterdir() if p.is_file())
 ARM_IDS = sorted(CFG["arms"])
-TRAINED_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afconfig.TRAINED)
+TRAINED_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afschema.TRAINED)
 MERGED_IDS = sorted(
-    a for a, v in CFG["arms"].items() if v["kind"] in (afconfig.MERGE, afconfig.DOSE)
+    a for a, v in CFG["arms"].items() if v["kind"] in (afschema.MERGE, afschema.DOSE)
 )
-NOMINEE_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afconfig.NOMINEE)
+NOMINEE_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afschema.NOMINEE)
 READOUT_ARMS = ["base", *ARM_IDS]
 # a prompt search's regimes (R-<prompt>, R-none): read by rule readout_search, one job each
 SEARCH_REGIMES = sorted({g for s in CFG["evals"].values() for g in s.get("prompt_regimes", {})})
@@ -78,7 +81,7 @@ wildcard_constraints:
 
 
 def as_json(section):
-    return afconfig.stage_json(section)
+    return afschema.stage_json(section)
 
 
 def run_dir(arm):
@@ -228,7 +231,7 @@ def arm(wc):
 def arm_hyper(wc):
     """The arm's hyper with arm.schema.yaml's defaults under it, for its resources; its param is
     the hyper as resolved (a default written into it would rerun the arm)."""
-    return afconfig.with_hyper_defaults(arm(wc)["hyper"])
+    return afschema.with_hyper_defaults(arm(wc)["hyper"])
 
 
 def arm_nodes(wc):
@@ -352,7 +355,7 @@ def regime_decoding(suite_id, rid):
     # Only decoding keys: changing a regime's K must not rerun the readouts it already has.
     # Only those the regime sets: the readout takes the others from the schema (decoding_of).
     regime = afconfig.regime(CFG, suite_id, rid)
-    return {k: regime[k] for k in afconfig.DECODING_KEYS if k in regime}
+    return {k: regime[k] for k in afschema.DECODING_KEYS if k in regime}
 
 
 def decoding(wc):
@@ -569,10 +572,10 @@ def round_report_inputs(wc):
 
 
 def report_arm(v):
-    if v["kind"] == afconfig.TRAINED:
+    if v["kind"] == afschema.TRAINED:
         policy = CFG["corpora"][next(iter(v["mix"]))]["policy"]  # a mixture: its first source's
         return {"init": v["init"], "policy": policy, "lr": v["hyper"]["lr"]}
-    if v["kind"] == afconfig.NOMINEE:
+    if v["kind"] == afschema.NOMINEE:
         return {"init": v["init"], "nominee": v["round"], "parents": v["parents"]}
     dose = {"dose": v["dose"]} if "dose" in v else {}
     return {"init": v["init"], "weights": v["merge"]["weights"], **dose}

@@ -83,7 +83,7 @@ rule budget_table:
     conda:
         "../envs/arenaflow.yaml"
     params:
-        cfg=as_json(config),
+        cfg=CFG_JSON,
         decisions=as_json(ADMISSION),  # this run's, made by the main process as it started
     shell:
         "python -m arenaflow.budget.admission --config-json {params.cfg:q} --results . "

@@ -32,7 +32,7 @@ rule train_arm:
         tasks=lambda wc: arm_nodes(wc) if arm_nodes(wc) > 1 else None,
         tasks_per_gpu=lambda wc: 0 if arm_nodes(wc) > 1 else None,
     params:
-        hyper=lambda wc: afconfig.result_hyper(arm(wc)["hyper"]),
+        hyper=lambda wc: afschema.result_hyper(arm(wc)["hyper"]),
         init=lambda wc, input: input.init[0] if input.init else "base",
         corpus=lambda wc, input: " ".join(str(Path(m).parent) for m in input.corpus),
         corpus_id=lambda wc: arm(wc)["corpus"],

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from arenaflow import chat, io, jobclock, verify
-from arenaflow import config as afconfig
+from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
 
@@ -41,7 +41,7 @@ from arenaflow.instruct import check as ifcheck
 
 def full_params(params: dict) -> dict:
     """A corpus's sampling params with the schema's defaults for the keys they lack."""
-    return {**afconfig.schema_defaults("corpus"), **params}
+    return {**afschema.schema_defaults("corpus"), **params}
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:

@@ -16,7 +16,7 @@ from devices import CPU_AND_CUDA
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from arenaflow import models
-from arenaflow.config import hyper_defaults
+from arenaflow.schema import hyper_defaults
 from arenaflow.train import model as tmodel
 from arenaflow.train.speed import lora_fused, lora_grouped
 

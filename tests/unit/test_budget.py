@@ -17,6 +17,7 @@ import yaml
 from dagrun import CONFIG, dry_run
 
 from arenaflow import config as afconfig
+from arenaflow import schema as afschema
 from arenaflow.budget import ledger as afbudget
 from arenaflow.budget import plan as afplan
 from arenaflow.train import data
@@ -95,7 +96,7 @@ def e2e_config(
     shutil.copytree(REPO / "config/arms", arms)
     for arm, extra in (arm_overrides or {}).items():
         data_ = yaml.safe_load((arms / f"{arm}.yaml").read_text())
-        (arms / f"{arm}.yaml").write_text(yaml.safe_dump(afconfig.merge(data_, extra)))
+        (arms / f"{arm}.yaml").write_text(yaml.safe_dump(afschema.merge(data_, extra)))
     raw, _ = afconfig.load_configs(
         [str(REPO / "tests/e2e/config.yaml")],
         [f"results_dir={tmp_path / 'results'}", f"arms_dir={arms}"],
@@ -173,7 +174,7 @@ def test_a_readout_is_estimated_at_the_max_new_tokens_it_decodes_with(tmp_path):
     at_48 = b.readout("math", "greedy")
     del greedy["max_new_tokens"]  # the readout then decodes with the schema's default
     assert b.readout("math", "greedy") == pytest.approx(
-        at_48 * afconfig.schema_defaults("regime")["max_new_tokens"] / 48
+        at_48 * afschema.schema_defaults("regime")["max_new_tokens"] / 48
     )
 
 

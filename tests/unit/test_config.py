@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from arenaflow import config
+from arenaflow import config, schema
 from arenaflow.config import ConfigError
 
 CONFIG_FILE = "config/config.yaml"
@@ -172,10 +172,10 @@ MINIMAL_ARM_HYPER = {
 
 
 def test_every_hyper_default_the_code_reads_is_the_schemas():
-    assert config.hyper_defaults() == CODE_DEFAULTS
+    assert schema.hyper_defaults() == CODE_DEFAULTS
     for key, value in CODE_DEFAULTS.items():
-        schema = yaml.safe_load((config.SCHEMA_DIR / "arm.schema.yaml").read_text())
-        assert schema["$defs"]["hyper"]["properties"][key]["default"] == value, key
+        arm_schema = yaml.safe_load((schema.SCHEMA_DIR / "arm.schema.yaml").read_text())
+        assert arm_schema["$defs"]["hyper"]["properties"][key]["default"] == value, key
 
 
 def test_the_trainer_and_the_budget_fill_a_missing_key_from_the_schema():
@@ -192,7 +192,7 @@ def test_a_minimal_arm_resolves_to_train_defaults_alone(cfg, arms_copy, repo_roo
     (arms_copy / "M.yaml").write_text("init: base\ncorpus: sft_s1\n")
     res = config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE)
     assert res["arms"]["M"]["hyper"] == MINIMAL_ARM_HYPER  # no schema default is written into it
-    assert config.with_hyper_defaults(res["arms"]["M"]["hyper"]) == {
+    assert schema.with_hyper_defaults(res["arms"]["M"]["hyper"]) == {
         **CODE_DEFAULTS,
         **MINIMAL_ARM_HYPER,
     }
@@ -208,7 +208,7 @@ def test_suite_judged_and_budget_defaults_are_filled_from_the_schema(cfg, repo_r
     cfg["budget"] = {"gpu_minutes": 5, "estimate": {"row_seconds": 2.0}}
     res = resolve(cfg, repo_root)
     suite = res["evals"]["math"]
-    assert {k: suite[k] for k in config.schema_defaults("suite")} == {
+    assert {k: suite[k] for k in schema.schema_defaults("suite")} == {
         "replicates": 1,
         "seed": 0,
         "batch_size": 256,
@@ -237,7 +237,7 @@ def test_rule_params_get_no_schema_default_written_into_them(resolved):
         "max_new_tokens",
         "replicates",
     }
-    assert config.decoding_of(resolved["evals"]["math"]["regimes"]["greedy"]) == {
+    assert schema.decoding_of(resolved["evals"]["math"]["regimes"]["greedy"]) == {
         "temperature": 0.0,
         "top_p": 1.0,
         "max_new_tokens": 48,
@@ -257,7 +257,7 @@ def test_resolve_does_not_mutate_its_input(raw_cfg, repo_root):
 
 def test_merge_is_deep_for_dicts_and_replaces_lists():
     base = {"lora": {"r": 8, "alpha": 16, "target_modules": ["q", "k"]}, "lr": 1}
-    out = config.merge(base, {"lora": {"r": 4, "target_modules": ["v"]}})
+    out = schema.merge(base, {"lora": {"r": 4, "target_modules": ["v"]}})
     assert out == {"lora": {"r": 4, "alpha": 16, "target_modules": ["v"]}, "lr": 1}
     assert base["lora"]["r"] == 8
 
@@ -627,7 +627,7 @@ def test_a_yaml_syntax_error_in_config_yaml_names_the_line(tmp_path, repo_root, 
     with pytest.raises(
         ConfigError, match=rf"^{re.escape(str(bad))}:{line + 1}:\d+: YAML syntax error"
     ):
-        config.load_yaml(bad)
+        schema.load_yaml(bad)
     with pytest.raises(
         SystemExit, match=rf"arenaflow config error: {re.escape(str(bad))}:{line + 1}:"
     ):
@@ -659,10 +659,10 @@ def test_a_missing_base_model_names_the_file_line_and_key(cfg, repo_root, tmp_pa
 def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
     root = tmp_path / "workflow"
     (root / "data").mkdir(parents=True)
-    (root / "models").symlink_to(Path(config.REPO_ROOT) / "models")
+    (root / "models").symlink_to(Path(schema.REPO_ROOT) / "models")
     (root / "data/x.jsonl").write_text('{"question": "1+1?", "answer": "#### 2"}\n')
-    cfg["arms_dir"] = str(Path(config.REPO_ROOT) / "config/arms")
-    cfg["continual"]["arms_dir"] = str(Path(config.REPO_ROOT) / "config/continual")
+    cfg["arms_dir"] = str(Path(schema.REPO_ROOT) / "config/arms")
+    cfg["continual"]["arms_dir"] = str(Path(schema.REPO_ROOT) / "config/continual")
     cfg["pools"]["gsm"] = {"file": "data/x.jsonl"}
     pool = config.resolve(cfg, repo_root=root)["pools"]["gsm"]
     assert pool == {"file": "data/x.jsonl", "root": str(root)}

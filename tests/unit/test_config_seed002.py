@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from arenaflow import config as afconfig
+from arenaflow import schema as afschema
 
-REPO = afconfig.REPO_ROOT
+REPO = afschema.REPO_ROOT
 TOY = [REPO / "config/seeds/002.yaml"]
 GPU = [*TOY, REPO / "config/seeds/002-gpu.yaml"]
 

@@ -215,13 +215,13 @@ def test_the_warm_up_layer_carries_the_jobs_adapters(method, dtype, repo_root, m
     their own, which the first step loaded until the warm-up ran them too. The warm-up's layer
     has the adapters the job's model has (same modules, same shapes, the only trainable weights),
     runs them through the fused function, and builds them without drawing from the generators."""
-    from arenaflow import config, models
+    from arenaflow import models, schema
     from arenaflow.train import model as tmodel
     from arenaflow.train.speed import lora_fused
 
     base = str(repo_root / "models/tiny-arith")
-    defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
-    hyper = config.with_hyper_defaults({**defaults, "method": method})
+    defaults = schema.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
+    hyper = schema.with_hyper_defaults({**defaults, "method": method})
     job = tmodel.build(base, "base", hyper).to(dtype)  # as DeepSpeed's bf16 engine casts it
     # bf16 is what the warm-up gets on CUDA; on CPU it runs in float32
     monkeypatch.setattr(models, "dtype_for", lambda dev: dtype)
@@ -263,12 +263,12 @@ def test_the_warm_up_layer_groups_the_adapters_as_a_grouped_job_does(repo_root, 
     """With grouped_lora, the job's q/k/v and gate/up run through train/lora_grouped's function
     (kernels of their own shapes: a rank-3r product); the warm-up's layer runs them so too, and
     o_proj and down_proj through lora_fused's."""
-    from arenaflow import config
+    from arenaflow import schema
     from arenaflow.train.speed import lora_fused, lora_grouped
 
     base = str(repo_root / "models/tiny-arith")
-    defaults = config.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
-    hyper = config.with_hyper_defaults({**defaults, "grouped_lora": True})
+    defaults = schema.load_yaml(repo_root / "config/config.yaml")["train_defaults"]
+    hyper = schema.with_hyper_defaults({**defaults, "grouped_lora": True})
     assert len(hyper["lora"]["target_modules"]) == 7  # all seven: both groups whole
     layer = cuda_warmup.materialize(
         cuda_warmup.one_layer(base, torch.device("cpu"), cuda_warmup.job_lora(hyper)),

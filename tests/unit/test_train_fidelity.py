@@ -19,9 +19,9 @@ from safetensors.torch import load_file
 
 from arenaflow import fused
 from arenaflow.bases import tinymodel
-from arenaflow.config import hyper_defaults
 from arenaflow.corpora import build as corpora
 from arenaflow.pools import build as pools
+from arenaflow.schema import hyper_defaults
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data, objective
 from arenaflow.train import model as tmodel

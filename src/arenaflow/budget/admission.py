@@ -37,8 +37,8 @@ import html
 import json
 from pathlib import Path
 
-from arenaflow import config as afconfig
 from arenaflow import io, paths
+from arenaflow import schema as afschema
 from arenaflow.budget import ledger as afbudget
 from arenaflow.rounds import continual
 
@@ -63,7 +63,7 @@ def admissible(cfg: dict) -> list[str]:
         for c in v["candidates"]
     }
     return [
-        a for a, v in cfg["arms"].items() if a not in template and v["kind"] != afconfig.NOMINEE
+        a for a, v in cfg["arms"].items() if a not in template and v["kind"] != afschema.NOMINEE
     ]
 
 
@@ -288,7 +288,9 @@ def html_page(t: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="The budget table: cap, cost per arm, refusals.")
-    ap.add_argument("--config-json", required=True, help="the workflow's config, as JSON")
+    ap.add_argument(
+        "--config-json", required=True, help="the workflow's config as resolved, as JSON"
+    )
     ap.add_argument("--results", default=".", help="the results directory")
     ap.add_argument("--out", required=True, help="budget/table.json")
     ap.add_argument("--md", required=True, help="budget/table.md")
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the decisions the run started with (admit's, as JSON): what it refused",
     )
     args = ap.parse_args(argv)
-    cfg = afconfig.resolve(json.loads(args.config_json))
+    cfg = json.loads(args.config_json)
     if "budget" not in cfg:
         raise SystemExit("the config has no budget: section; there is no table to write")
     decided = json.loads(args.decisions_json) if args.decisions_json else None

@@ -33,6 +33,7 @@ import sys
 import pulp
 
 from arenaflow import config as afconfig
+from arenaflow import schema as afschema
 from arenaflow.budget import admission as afadmission
 from arenaflow.budget import ledger as afbudget
 from arenaflow.corpora.coverage import binary, cbc
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             "no budget: set budget.gpu_minutes in the config or pass --gpu-minutes", file=sys.stderr
         )
     b = afbudget.Budget(
-        cfg, results=afconfig.REPO_ROOT / cfg["results_dir"], gpu_minutes=args.gpu_minutes
+        cfg, results=afschema.REPO_ROOT / cfg["results_dir"], gpu_minutes=args.gpu_minutes
     )
     p = plan(b)
     print(json.dumps(p, indent=2, default=str) if args.json else render(p))

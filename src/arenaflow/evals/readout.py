@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from arenaflow import config as afconfig
 from arenaflow import io, jobclock, manifest, verify
+from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.instruct import families, multiturn, toolleak
 from arenaflow.rounds import bar as afbar
@@ -110,7 +110,7 @@ def readout(
     from arenaflow import candidates, chat
     from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
 
-    dec = sampling.Decoding(**afconfig.decoding_of(regime))
+    dec = sampling.Decoding(**afschema.decoding_of(regime))
     if any(
         "turns" in r for r in pool
     ):  # conversations, read turn by turn (arenaflow.instruct.multiturn)
@@ -406,7 +406,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--replicate", type=int, default=0, help="replicate index; seeds seed + 1000*replicate"
     )
-    suite = afconfig.schema_defaults(
+    suite = afschema.schema_defaults(
         "suite"
     )  # the rule passes the resolved suite's; by hand, its defaults
     r.add_argument("--seed", type=int, default=suite["seed"])
@@ -456,7 +456,7 @@ def _readout_cmd(args) -> None:
     job = reads[0]["out"]  # the job's first output, as Snakemake lists it
     pool = io.read_jsonl(args.pool)
     batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
-    new_tokens = afconfig.decoding_of(reads[0]["decoding"])["max_new_tokens"]
+    new_tokens = afschema.decoding_of(reads[0]["decoding"])["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, args.engine)
     model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
     decode_warmup.finish(warm, job)

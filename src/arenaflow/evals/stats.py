@@ -23,7 +23,7 @@ Conventions, shared by every function here and by compare/noise/nomination JSON:
 - Paired 0/1 outcomes must be 0/1 (or booleans): NaN or any other value raises ValueError
   naming the readout, instead of counting as correct (bool(nan) is True).
 
-    python -c "from arenaflow import stats; print(stats.from_counts(22, 11, n=600))"
+    python -c "from arenaflow.evals import stats; print(stats.from_counts(22, 11, n=600))"
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ import re
 from pathlib import Path
 
 # the module, not its names: arenaflow.config may import this module (check_exclude)
-from arenaflow import config as afconfig
 from arenaflow import io, paths
+from arenaflow import schema as afschema
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import pool as ifpool
 from arenaflow.verify import last_boxed
@@ -385,9 +385,9 @@ def import_rows(
     pool: str, params: dict, root: Path | None = None, exclude: Excluded | None = None
 ) -> list[dict]:
     """Pool rows from params['file'] (see the module docstring), less `exclude`d ones."""
-    params = {**afconfig.schema_defaults("pool"), **params}
+    params = {**afschema.schema_defaults("pool"), **params}
     kind, shown = params["kind"], params["file"]
-    table = read_table(Path(params.get("root", root or afconfig.REPO_ROOT)) / shown, shown)
+    table = read_table(Path(params.get("root", root or afschema.REPO_ROOT)) / shown, shown)
     if not table:
         raise ValueError(f"{shown}: no rows")
     if kind == "math":
@@ -496,7 +496,7 @@ def build(
     """A pool's rows from its config section, none with an `exclude`d prompt; a key it does not
     set is config.schema.yaml's default (resolution does not fill them: the section is the
     build_pool param)."""
-    params = {**afconfig.schema_defaults("pool"), **params}
+    params = {**afschema.schema_defaults("pool"), **params}
     kind = params["kind"]
     exclude = exclude if exclude is not None else Excluded()
     if kind not in KINDS:

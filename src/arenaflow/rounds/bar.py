@@ -83,7 +83,7 @@ def resolve(rnd: dict) -> list[dict]:
     when any part of its meaning does (a clause, the incumbent, the control, a default regime).
     A noise floor's `times` defaults as config.schema.yaml says (not filled into the config: the
     round is a rule param and its bar is registered as written)."""
-    from arenaflow.config import schema_defaults  # here: arenaflow.config imports this module
+    from arenaflow.schema import schema_defaults  # here: arenaflow.config imports this module
 
     out = []
     for i, c in enumerate(rnd["bar"], start=1):

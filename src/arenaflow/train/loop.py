@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from arenaflow import config as afconfig
 from arenaflow import fused, io, jobclock, manifest, models
+from arenaflow import schema as afschema
 from arenaflow.train import build_lock, checkpoints, data, heldout, objective
 from arenaflow.train import model as tmodel
 from arenaflow.train.speed import cuda_warmup, grad_norm, lora_fused, lora_grouped, one_rank, rope
@@ -267,7 +267,7 @@ class Run:
 
 def run(args) -> None:
     """Setup, train, save, clean up (the phases of a torchtune recipe)."""
-    hyper = afconfig.with_hyper_defaults(json.loads(args.params_json))  # defaults: arm.schema.yaml
+    hyper = afschema.with_hyper_defaults(json.loads(args.params_json))  # defaults: arm.schema.yaml
     if args.checkpoint_every is not None:
         hyper["checkpoint_every"] = args.checkpoint_every
     r = setup(args, hyper)
@@ -359,7 +359,7 @@ def setup_data(r: Run) -> None:
     """Model, tokenizer, step count and the checkpoint plan, for the loaded corpus."""
     args, hyper = r.args, r.hyper
     corpus = r.corpus
-    r.preference = preference = hyper["objective"] in afconfig.PREFERENCE_OBJECTIVES
+    r.preference = preference = hyper["objective"] in afschema.PREFERENCE_OBJECTIVES
     if preference != ("chosen" in corpus):
         raise SystemExit(
             f"objective {hyper['objective']!r} needs a "
