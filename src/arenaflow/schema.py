@@ -234,3 +234,26 @@ def round_ids(after: str, n: int, where: str, error) -> list[str]:
         raise error(f"{where}/after': round id {after!r} does not end in a number to count on from")
     prefix, k = m.group(1), int(m.group(2))
     return [f"{prefix}{k + i}" for i in range(1, n + 1)]
+
+
+PROMPT_NONE = "none"  # the search candidate with no system prompt
+
+
+def regime(cfg: dict, suite: str, rid: str) -> dict:
+    """A suite's regime: a declared one, or a prompt search's (_prompt_regimes)."""
+    s = cfg["evals"][suite]
+    return s["regimes"][rid] if rid in s["regimes"] else s["prompt_regimes"][rid]
+
+
+def system_prompt_of(cfg: dict, suite: str, rid: str) -> str:
+    """What a readout of this regime puts in the system turn ('' none): the regime's
+    `system_prompt`, else the config's."""
+    return regime(cfg, suite, rid).get("system_prompt", cfg["system_prompt"])
+
+
+def search_regimes(cfg: dict, search: str) -> list[str]:
+    """The regimes prompt search `search` reads its arm under: R-none, then R-k for each of the
+    suite's system_prompts (rule readout_search makes each; the budget charges them to the arm)."""
+    ps = cfg["prompt_search"][search]
+    keys = [PROMPT_NONE, *cfg["evals"][ps["suite"]]["system_prompts"]]
+    return [f"{ps['regime']}-{k}" for k in keys]

@@ -80,8 +80,8 @@ def test_split_of_partitions_about_one_key_in_five():
 
 def test_split_of_does_not_depend_on_the_process_hash_seed():
     code = (
-        "from arenaflow.pools import build as pools; print(''.join(pools.split_of(('two_step', a, 7, 3))[0] "
-        "for a in range(10, 50)))"
+        "from arenaflow.pools import build as pools; "
+        "print(''.join(pools.split_of(('two_step', a, 7, 3))[0] for a in range(10, 50)))"
     )
     outs = {
         subprocess.run(

@@ -47,14 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arenaflow import paths
-from arenaflow.config import regime, search_regimes
 from arenaflow.evals import mcguard
 from arenaflow.schema import (
     PREFERENCE_OBJECTIVES,
     REPO_ROOT,
     TRAINED,
     decoding_of,
+    regime,
     schema_defaults,
+    search_regimes,
     with_hyper_defaults,
 )
 

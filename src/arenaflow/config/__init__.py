@@ -14,14 +14,8 @@ bar), and no stage module imports it (they read defaults from arenaflow.schema).
 
 from arenaflow.config.arms import alpha_id, arm_kind, corpus_label, dose_ids
 from arenaflow.config.load import DEFAULT_CONFIG, files_label, key_line, load_configs, merged_over
-from arenaflow.config.resolve import (
-    PROMPT_NONE,
-    regime,
-    resolve,
-    search_regimes,
-    system_prompt_of,
-)
-from arenaflow.schema import ConfigError
+from arenaflow.config.resolve import resolve
+from arenaflow.schema import PROMPT_NONE, ConfigError, regime, search_regimes, system_prompt_of
 
 __all__ = [
     "DEFAULT_CONFIG",

@@ -1,6 +1,6 @@
 """Validate a config and print each arm's lineage.
 
-    python -m arenaflow.config config/config.yaml [more.yaml ...]"""
+python -m arenaflow.config config/config.yaml [more.yaml ...]"""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from arenaflow.rounds import bar as afbar
 from arenaflow.schema import (
     BASE,
     DECODING_KEYS,
+    PROMPT_NONE,
     REPO_ROOT,
     RESERVED,
     SCHEMA_DIR,
@@ -164,9 +165,6 @@ def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
             )
 
 
-PROMPT_NONE = "none"  # the search candidate with no system prompt
-
-
 def _prompt_regimes(suite: dict, where: str) -> None:
     """A suite's `system_prompts` {k: text}: for each regime R, search regimes R-k (and R-none,
     no system prompt) under `prompt_regimes`, read out only for a prompt search (not by rounds or
@@ -184,18 +182,6 @@ def _prompt_regimes(suite: dict, where: str) -> None:
             suite["prompt_regimes"][f"{rid}-{k}"] = {**regime, "system_prompt": text}
 
 
-def regime(cfg: dict, suite: str, rid: str) -> dict:
-    """A suite's regime: a declared one, or a prompt search's (_prompt_regimes)."""
-    s = cfg["evals"][suite]
-    return s["regimes"][rid] if rid in s["regimes"] else s["prompt_regimes"][rid]
-
-
-def system_prompt_of(cfg: dict, suite: str, rid: str) -> str:
-    """What a readout of this regime puts in the system turn ('' none): the regime's
-    `system_prompt`, else the config's."""
-    return regime(cfg, suite, rid).get("system_prompt", cfg["system_prompt"])
-
-
 def _resolve_prompt_search(cfg: dict, known_arms: set, config_file: str) -> None:
     """Each prompt search reads a known arm under a suite's system_prompts, in a known regime."""
     for sid, ps in cfg.get("prompt_search", {}).items():
@@ -209,14 +195,6 @@ def _resolve_prompt_search(cfg: dict, known_arms: set, config_file: str) -> None
             raise ConfigError(f"{where}/regime': suite {ps['suite']!r} has no {ps['regime']!r}")
         if ps["arm"] not in known_arms:
             raise ConfigError(f"{where}/arm': unknown arm {ps['arm']!r}")
-
-
-def search_regimes(cfg: dict, search: str) -> list[str]:
-    """The regimes prompt search `search` reads its arm under: R-none, then R-k for each of the
-    suite's system_prompts (rule readout_search makes each; the budget charges them to the arm)."""
-    ps = cfg["prompt_search"][search]
-    keys = [PROMPT_NONE, *cfg["evals"][ps["suite"]]["system_prompts"]]
-    return [f"{ps['regime']}-{k}" for k in keys]
 
 
 def _resolve_mc_guards(cfg: dict, schema: dict, arms: set, config_file: str) -> None:
@@ -340,4 +318,3 @@ def _as_served(regime: dict, cfg: dict, where: str) -> None:
         max_new_tokens=s["max_new_tokens"],
         repetition_penalty=s["repetition_penalty"],
     )
-
