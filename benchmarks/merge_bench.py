@@ -1,4 +1,4 @@
-"""Weight-space merges (issue 19): arenaflow.merge.build's streamed merge against loading
+"""Weight-space merges: arenaflow.merge.build's streamed merge against loading
 everything.
 
     python benchmarks/merge_bench.py [--dir /tmp/merge_bench] [--out-root DIR] [--repeats 3]
@@ -65,10 +65,10 @@ def base_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def build_base(d: Path) -> None:
-    """bf16 random weights, streamed to disk by arenaflow.merge.build's writer (2.47 GB)."""
+    """bf16 random weights, streamed to disk by arenaflow.merge.stream's writer (2.47 GB)."""
     from transformers import LlamaConfig
 
-    from arenaflow.merge import build as merge
+    from arenaflow.merge import stream
 
     LlamaConfig(
         vocab_size=SHAPE["vocab"],
@@ -85,8 +85,8 @@ def build_base(d: Path) -> None:
     def rand(shape):
         return lambda: iter([torch.empty(shape, dtype=torch.bfloat16).normal_(0, 0.02)])
 
-    entries = [merge.Entry(k, torch.bfloat16, s, rand(s)) for k, s in base_shapes().items()]
-    merge.write_safetensors(d / "model.safetensors", entries)
+    entries = [stream.Entry(k, torch.bfloat16, s, rand(s)) for k, s in base_shapes().items()]
+    stream.write_safetensors(d / "model.safetensors", entries)
 
 
 def build_adapter(d: Path, seed: int, head: bool) -> None:

@@ -1,8 +1,8 @@
-"""arenaflow.merge.build: weight-space merges of LoRA adapters and full weights (issue 19).
+"""arenaflow.merge.build: weight-space merges of LoRA adapters and full weights.
 
 Every check is against an independent computation on the tiny Llama at models/tiny-arith:
 the parents loaded through PEFT / transformers and merged with merge_and_unload, or dense
-deltas computed with torch.linalg, never against merge.py's own arithmetic.
+deltas computed with torch.linalg, never against arenaflow.merge's own arithmetic.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from safetensors.torch import load_file, save_file
 
 from arenaflow import manifest
 from arenaflow.merge import build as M
+from arenaflow.merge.lora import pattern_key, peft_targets
+from arenaflow.merge.parents import FULL_INDEX, MergeError
 
 pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
@@ -461,7 +463,7 @@ def test_full_merge_shards_and_reloads(base, fulls, tmp_path):
     )
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) >= 3 and not (out / "model.safetensors").exists()
-    index = json.loads((out / M.FULL_INDEX).read_text())
+    index = json.loads((out / FULL_INDEX).read_text())
     assert sorted(set(index["weight_map"].values())) == shards
     model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
     f1, f2 = (load_base(str(fulls[n])) for n in ("F1", "F2"))
@@ -497,7 +499,7 @@ def test_a_parent_that_fails_its_manifest_is_refused_by_name(base, adapters, tmp
 
 
 def test_adapters_and_full_weights_do_not_mix(base, adapters, fulls, tmp_path):
-    with pytest.raises(M.MergeError, match=r"LoRA adapters \['A'\] with full weights \['F1'\]"):
+    with pytest.raises(MergeError, match=r"LoRA adapters \['A'\] with full weights \['F1'\]"):
         M.merge(
             [("A", str(adapters["A"]), 0.5), ("F1", str(fulls["F1"]), 0.5)],
             base,
@@ -522,7 +524,7 @@ def test_a_module_whose_base_shape_differs_is_refused(base, adapters, tmp_path):
     key = "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"
     rewrite(bad, lambda t: t.update({key: t[key][:, :64].contiguous()}))
     with pytest.raises(
-        M.MergeError, match=r"parent A: module model.layers.1.self_attn.v_proj .*\[128, 64\]"
+        MergeError, match=r"parent A: module model.layers.1.self_attn.v_proj .*\[128, 64\]"
     ):
         M.merge([("A", str(bad), 1.0)], base, tmp_path / "x", "x")
     assert not (tmp_path / "x").exists()
@@ -533,7 +535,7 @@ def test_mismatched_shapes_between_parents_are_refused(base, adapters, fulls, tm
     key = "base_model.model.lm_head.weight"
     rewrite(bad, lambda t: t.update({key: t[key][:100].contiguous()}))
     with pytest.raises(
-        M.MergeError,
+        MergeError,
         match=r"parent H2: tensor base_model.model.lm_head.weight has shape \[100, 128\]",
     ):
         M.merge(
@@ -544,7 +546,7 @@ def test_mismatched_shapes_between_parents_are_refused(base, adapters, fulls, tm
     t["model.norm.weight"] = t["model.norm.weight"][:64].contiguous()
     save_file(t, str(f2 / "model.safetensors"), metadata={"format": "pt"})
     manifest.write(f2)
-    with pytest.raises(M.MergeError, match=r"parent F2: tensor model.norm.weight has shape \[64\]"):
+    with pytest.raises(MergeError, match=r"parent F2: tensor model.norm.weight has shape \[64\]"):
         M.merge([("F1", str(fulls["F1"]), 0.5), ("F2", str(f2), 0.5)], base, tmp_path / "x", "x")
     assert not (tmp_path / "x").exists()
 
@@ -560,7 +562,7 @@ def test_mismatched_shapes_between_parents_are_refused(base, adapters, fulls, tm
 )
 def test_bad_parent_lists_are_refused(base, adapters, tmp_path, parents, message):
     parents = [(a, d.format(A=adapters["A"], B=adapters["B"]), w) for a, d, w in parents]
-    with pytest.raises(M.MergeError, match=message):
+    with pytest.raises(MergeError, match=message):
         M.merge(parents, base, tmp_path / "x", "x")
     assert not (tmp_path / "x").exists()
 
@@ -577,13 +579,13 @@ def test_bad_parent_lists_are_refused(base, adapters, tmp_path, parents, message
 )
 def test_adapters_that_are_not_plain_lora_are_refused(base, tmp_path, lora, message):
     d = make_adapter(base, tmp_path / "D", 0, **lora)
-    with pytest.raises(M.MergeError, match=message):
+    with pytest.raises(MergeError, match=message):
         M.merge([("D", str(d), 1.0)], base, tmp_path / "x", "x")
 
 
 def test_pattern_and_target_matching_agree_with_peft():
-    """merge.py matches rank/alpha patterns and target_modules itself (importing PEFT costs a
-    job ~2.5 s); these are PEFT's own answers on the cases that matter."""
+    """arenaflow.merge.lora matches rank/alpha patterns and target_modules itself (importing PEFT
+    costs a job ~2.5 s); these are PEFT's own answers on the cases that matter."""
     from types import SimpleNamespace
 
     from peft.tuners.tuners_utils import check_target_module_exists
@@ -599,7 +601,7 @@ def test_pattern_and_target_matching_agree_with_peft():
     ]
     patterns = {"o_proj": 2, r"layers\.1\..*q_proj": 3, "mlp.up_proj": 5, "q_proj": 7}
     for m in modules:
-        assert M.pattern_key(patterns, m) == get_pattern_key(list(patterns), m)
+        assert pattern_key(patterns, m) == get_pattern_key(list(patterns), m)
     for targets, saved in (
         (["q_proj", "up_proj"], None),
         (["q_proj", "lm_head"], ["lm_head"]),
@@ -614,14 +616,14 @@ def test_pattern_and_target_matching_agree_with_peft():
             layers_pattern=None,
         )
         for m in modules:
-            assert M.peft_targets(targets, saved, m) == bool(check_target_module_exists(cfg, m)), (
+            assert peft_targets(targets, saved, m) == bool(check_target_module_exists(cfg, m)), (
                 targets,
                 m,
             )
 
 
 def test_rank_is_refused_for_full_weights(base, fulls, tmp_path):
-    with pytest.raises(M.MergeError, match=r"rank 4: an SVD rank applies to LoRA parents"):
+    with pytest.raises(MergeError, match=r"rank 4: an SVD rank applies to LoRA parents"):
         M.merge([("F1", str(fulls["F1"]), 1.0)], base, tmp_path / "x", "x", rank=4)
 
 
