@@ -911,7 +911,8 @@ def run(args) -> Path:
     }
     import_model(configfiles, run_meta)
     env = job_env(args, bench)
-    cmd = snakemake_command(args, results, configfiles)
+    fork_server = bench / "zygote.sock" if args.zygote else None
+    cmd = snakemake_command(args, results, configfiles, fork_server)
     run_meta.update(
         command=" ".join(cmd),
         env={k: env[k] for k in ("ARENAFLOW_EVENTS", *(kv.partition("=")[0] for kv in args.env))},
@@ -919,7 +920,7 @@ def run(args) -> Path:
     if args.resume:  # a leg stopped by SIGKILL leaves Snakemake's lock; that leg is over
         unlock = [*cmd[: cmd.index("--")], "--unlock"]
         subprocess.run(unlock, cwd=REPO, env=env, check=True, capture_output=True)
-    server = start_zygote(bench, env, run_meta) if args.zygote else None
+    server = start_zygote(fork_server, env, run_meta) if fork_server else None
     sampler = GpuSampler(bench / "gpu_util.tsv", bench / "gpu_proc_util.tsv")
     sampler.start()
     time.sleep(1.0)  # a sample or two of the idle GPU first
@@ -1022,7 +1023,9 @@ def job_env(args, bench: Path) -> dict:
     return env
 
 
-def snakemake_command(args, results: Path, configfiles: list[Path]) -> list[str]:
+def snakemake_command(
+    args, results: Path, configfiles: list[Path], fork_server: Path | None = None
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -1042,6 +1045,7 @@ def snakemake_command(args, results: Path, configfiles: list[Path]) -> list[str]
         *map(str, configfiles),
         "--config",
         f"results_dir={results}",
+        *([f"fork_server={fork_server}"] if fork_server else []),
         "--",
         *args.target,
     ]
@@ -1097,10 +1101,11 @@ def watch_snakemake(args, cmd: list[str], env: dict, log_path: Path, t0: float):
     return proc.returncode, deadline_hit
 
 
-def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
-    """arenaflow.zygote's fork server, its imports done before Snakemake starts (their seconds
-    recorded as zygote_start_s, apart from the DAG's wall time); every job's env names it."""
-    sock, log = bench / "zygote.sock", bench / "zygote.log"
+def start_zygote(sock: Path, env: dict, run_meta: dict) -> subprocess.Popen:
+    """arenaflow.zygote's fork server at `sock`, its imports done before Snakemake starts (their
+    seconds recorded as zygote_start_s, apart from the DAG's wall time); the config's
+    fork_server names it to every job (snakemake_command)."""
+    log = sock.with_suffix(".log")
     t = time.time()
     with log.open("w") as out:
         server = subprocess.Popen(
@@ -1116,7 +1121,6 @@ def start_zygote(bench: Path, env: dict, run_meta: dict) -> subprocess.Popen:
         time.sleep(0.2)
     run_meta["zygote_start_s"] = round(time.time() - t, 1)
     print(f"zygote serving after {run_meta['zygote_start_s']} s", flush=True)
-    env["ARENAFLOW_ZYGOTE"] = str(sock)
     return server
 
 

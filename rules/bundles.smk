@@ -20,7 +20,7 @@ rule build_bundle:
         template=lambda wc, input: input.template[0] if input.template else "chatml",
         search=prompt_search_flag,
     shell:
-        "python -m arenaflow.bundles.build build --bundle {wildcards.bundle} {params.source} "
+        "{ZYGOTE}python -m arenaflow.bundles.build build --bundle {wildcards.bundle} {params.source} "
         "--lineage-json {params.lineage:q} --arms-json {params.arms:q} --runs runs --corpora corpora --compare {params.compare} "
         "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} {params.search} "
         "--out {output} > {log} 2>&1"

@@ -20,7 +20,7 @@ rule sample_candidates:
         system=CFG["system_prompt"],
         base=base_dir,
     shell:
-        "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
+        "{ZYGOTE}python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
         "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
         "--out {output} > {log} 2>&1"
 
@@ -38,5 +38,5 @@ rule verify_candidates:
     params:
         marker=scaffold_marker,
     shell:
-        "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
+        "{ZYGOTE}python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
         "--marker={params.marker:q} --out {output} > {log} 2>&1"

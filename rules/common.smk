@@ -15,6 +15,7 @@ from arenaflow import schema as afschema
 from arenaflow.rounds import continual as afcontinual
 from arenaflow.rounds import nominate as afnominate
 from arenaflow import paths as afpaths
+from arenaflow import zygote as afzygote
 
 REPO = Path(workflow.basedir)
 try:
@@ -29,6 +30,9 @@ except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
 # as resolved, before admission drops refused candidates (the budget table's job reads it)
 CFG_JSON = afschema.stage_json(CFG)
+# Every rule's command starts with this: nothing, or the fork server's client (config
+# `fork_server`, arenaflow.zygote). Not a param: it changes no output, so it reruns nothing.
+ZYGOTE = afzygote.command(CFG.get("fork_server"))
 
 
 # Jobs inherit these (local runs, and sbatch's default --export=ALL): a lineage's sampling,

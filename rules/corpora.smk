@@ -20,6 +20,6 @@ rule build_corpus:
         system=CFG["system_prompt"],
         base=base_dir,
     shell:
-        "python -m arenaflow.corpora.build --corpus {wildcards.corpus} --pool {input.pool} "
+        "{ZYGOTE}python -m arenaflow.corpora.build --corpus {wildcards.corpus} --pool {input.pool} "
         "{params.candidates} {params.evals} --tokenizer {params.base:q} --system-prompt={params.system:q} "
         "--params-json {params.cfg:q} --out corpora/{wildcards.corpus} > {log} 2>&1"

@@ -30,7 +30,7 @@ for _suite in CFG["evals"]:
             engine=CFG["evals"][_suite]["engine"],
             base=base_dir,
         shell:
-            "python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
+            "{ZYGOTE}python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
             "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
             "--engine {params.engine} > {log} 2>&1"
@@ -65,7 +65,7 @@ rule readout_search:
         system=readout_system,
         base=base_dir,
     shell:
-        "python -m arenaflow.evals.readout readout --suite {wildcards.suite} --arm {wildcards.rarm} "
+        "{ZYGOTE}python -m arenaflow.evals.readout readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
         "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt={params.system:q} "
@@ -84,7 +84,7 @@ rule compare:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "python -m arenaflow.evals.readout compare --suite {wildcards.suite} --regime {wildcards.regime} "
+        "{ZYGOTE}python -m arenaflow.evals.readout compare --suite {wildcards.suite} --regime {wildcards.regime} "
         "--cand {input.cand} --ref {input.ref} --out {output} > {log} 2>&1"
 
 
@@ -99,7 +99,7 @@ rule noise:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "python -m arenaflow.evals.readout noise --suite {wildcards.suite} --regime {wildcards.regime} "
+        "{ZYGOTE}python -m arenaflow.evals.readout noise --suite {wildcards.suite} --regime {wildcards.regime} "
         "--readouts {input} --out {output} > {log} 2>&1"
 
 
@@ -117,7 +117,7 @@ rule failure_table:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "python -m arenaflow.evals.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
+        "{ZYGOTE}python -m arenaflow.evals.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
         "--out {output} > {log} 2>&1"
 
 
@@ -142,7 +142,7 @@ rule mc_guard:
         adapter=lambda wc, input: adapter_flag(input.adapter),
         base=base_dir,
     shell:
-        "python -m arenaflow.evals.mcguard --items {input.mc} --base-model {params.base:q} "
+        "{ZYGOTE}python -m arenaflow.evals.mcguard --items {input.mc} --base-model {params.base:q} "
         "{params.adapter} --arm {wildcards.rarm} --out {output} > {log} 2>&1"
 
 
@@ -159,5 +159,5 @@ rule prompt_search:
     params:
         flags=search_flags,
     shell:
-        "python -m arenaflow.evals.promptsearch --search {wildcards.search} {params.flags} "
+        "{ZYGOTE}python -m arenaflow.evals.promptsearch --search {wildcards.search} {params.flags} "
         "--out {output} > {log} 2>&1"

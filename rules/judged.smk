@@ -19,7 +19,7 @@ rule judged_pack:
         n=lambda wc: judged(wc)["n"],
         seed=lambda wc: judged(wc)["seed"],
     shell:
-        "python -m arenaflow.evals.judged pack --pool {input.pool} --a {input.a} --b {input.b} "
+        "{ZYGOTE}python -m arenaflow.evals.judged pack --pool {input.pool} --a {input.a} --b {input.b} "
         "--n {params.n} --seed {params.seed} --out judged/{wildcards.read} --key {output.key} > {log} 2>&1"
 
 
@@ -36,5 +36,5 @@ rule judged_score:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "python -m arenaflow.evals.judged score --pairs {input.pairs} --key {input.key} "
+        "{ZYGOTE}python -m arenaflow.evals.judged score --pairs {input.pairs} --key {input.key} "
         "--scores {input.scores:q} --out {output} > {log} 2>&1"

@@ -23,5 +23,5 @@ rule merge_arm:
         parents=merge_flags,
         base=base_dir,
     shell:
-        "python -m arenaflow.merge.build --arm {wildcards.arm} {params.parents} "
+        "{ZYGOTE}python -m arenaflow.merge.build --arm {wildcards.arm} {params.parents} "
         "--base-model {params.base:q} --out {output} > {log} 2>&1"

@@ -27,7 +27,7 @@ rule register_bar:
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     shell:
-        "python -m arenaflow.rounds.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "{ZYGOTE}python -m arenaflow.rounds.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registry nominations/registry/{wildcards.rnd}.jsonl --out {output} > {log} 2>&1"
 
 
@@ -49,6 +49,6 @@ checkpoint nominate:
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
     shell:
-        "python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "{ZYGOTE}python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registration {input.registration} --registry nominations/registry/{wildcards.rnd}.jsonl "
         "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} > {log} 2>&1"

@@ -11,5 +11,5 @@ rule build_pool:
     params:
         cfg=lambda wc: as_json(CFG["pools"][wc.pool]),
     shell:
-        "python -m arenaflow.pools.build --pool {wildcards.pool} --params-json {params.cfg:q} "
+        "{ZYGOTE}python -m arenaflow.pools.build --pool {wildcards.pool} --params-json {params.cfg:q} "
         "--out {output} > {log} 2>&1"

@@ -59,7 +59,7 @@ rule round_report:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
         arms=report_arms,
     shell:
-        "python -m arenaflow.rounds.report --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "{ZYGOTE}python -m arenaflow.rounds.report --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--arms-json {params.arms:q} --nomination {input.nomination} "
         "--registration {input.registration} --compare {input.compare} --noise {input.noise} "
         "--runs {input.runs} --out-dir reports/{wildcards.rnd} > {log} 2>&1"
@@ -86,6 +86,6 @@ rule budget_table:
         cfg=CFG_JSON,
         decisions=as_json(ADMISSION),  # this run's, made by the main process as it started
     shell:
-        "python -m arenaflow.budget.admission --config-json {params.cfg:q} --results . "
+        "{ZYGOTE}python -m arenaflow.budget.admission --config-json {params.cfg:q} --results . "
         "--decisions-json {params.decisions:q} "
         "--out {output.json} --md {output.md} --html {output.html} > {log} 2>&1"

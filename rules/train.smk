@@ -42,7 +42,7 @@ rule train_arm:
         base_name=CFG["base"]["name"],
         base_rev=f"--base-revision {CFG['base']['revision']}" if "revision" in CFG["base"] else "",
     shell:
-        "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
+        "OMP_NUM_THREADS={threads} {ZYGOTE}{params.launcher} -m arenaflow.train --arm {wildcards.arm} "
         "--params-json {params.hyper:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
         "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
         "{params.base_rev} --out {output} > {log} 2>&1"

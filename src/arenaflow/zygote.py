@@ -2,16 +2,17 @@
 imported once, each job a fork of that process instead of a fresh interpreter.
 
     python -m arenaflow.zygote serve --socket /tmp/af.sock &     # once, on the GPU workstation
-    ARENAFLOW_ZYGOTE=/tmp/af.sock snakemake --profile profiles/gpu-local ...
+    snakemake --profile profiles/gpu-local --config fork_server=/tmp/af.sock ...
 
-Measured on an H200 host (BENCHMARKS.md, issue 15), a job's Python imports cost 10-13 s of its
-12-19 s start-up (torch 4 s, transformers' AutoModel 8 s, which pulls in sklearn, DTensor and
-dynamo) while its work took 3-12 s. With $ARENAFLOW_ZYGOTE set, `python -m arenaflow.<module>
-ARGS` (every rule's command, unchanged, so no job reruns when the server is turned on or off)
-sends its arguments, working directory, environment and standard streams to the server, which
-forks a child that runs the module as __main__ with them; the client waits and exits with the
-child's status, forwarding SIGTERM/SIGINT/SIGHUP. When no server answers, the command runs as it
-always did, in its own interpreter.
+A job's Python imports cost 10-13 s of its 12-19 s start-up on an H200 host (torch 4 s,
+transformers' AutoModel 8 s, which pulls in sklearn, DTensor and dynamo) while its work took
+3-12 s (docs/benchmark-log.md). With config `fork_server` set, every rule's command is
+prefixed with `python -m arenaflow.zygote run --socket S --` (rules/common.smk, ZYGOTE): for a
+`python -m arenaflow.<module> ARGS` command the client sends its arguments, working directory,
+environment and standard streams to the server, which forks a child that runs the module as
+__main__ with them; the client waits and exits with the child's status, forwarding
+SIGTERM/SIGINT/SIGHUP. Any other command (torchrun, srun), or any command when no server
+answers, is exec'd as it is. The setting changes no output, so toggling it reruns nothing.
 
 The server never touches the GPU (CUDA cannot be used in a child forked after the parent
 initialised it): it refuses to start if its imports initialised CUDA, and asks PyTorch to
@@ -30,8 +31,8 @@ import struct
 import sys
 import threading
 import time
+from pathlib import Path
 
-ENV = "ARENAFLOW_ZYGOTE"
 PRELOAD = (
     "torch",
     "transformers",
@@ -89,36 +90,30 @@ def _recv(sock: socket.socket, nfds: int = 0) -> tuple[dict | None, list[int]]:
     return json.loads(data), fds
 
 
-# -- the client: what `python -m arenaflow.<module>` does with $ARENAFLOW_ZYGOTE set -------------
-def module_invocation() -> list[str] | None:
-    """[module, *args] when this interpreter was started as `python -m arenaflow.<module>`
-    (sys.orig_argv, as typed), else None."""
-    argv = getattr(sys, "orig_argv", [])
-    if "-m" not in argv:
+# -- the client: `python -m arenaflow.zygote run --socket S -- COMMAND` ---------------------------
+def module_invocation(argv: list[str]) -> list[str] | None:
+    """[module, *args] of a command `python -m arenaflow.<module> ARGS`, else None (a
+    launcher such as torchrun, or interpreter flags: run as it is)."""
+    if len(argv) < 3 or Path(argv[0]).name not in ("python", "python3") or argv[1] != "-m":
         return None
-    i = argv.index("-m")
-    mod = argv[i + 1] if i + 1 < len(argv) else ""
-    if (
-        not mod.startswith("arenaflow.")
-        or mod == __name__
-        or any(a.startswith("-") and a not in ("-u",) for a in argv[1:i])
-    ):
-        return None
-    return argv[i + 1 :]
+    return argv[2:] if argv[2].startswith("arenaflow.") and argv[2] != __name__ else None
 
 
-def delegate(path: str) -> None:
-    """Run this command in a fork of the server at `path` and exit with its status; return
-    (to run it here) when no server answers."""
-    invocation = module_invocation()
-    if invocation is None:
-        return
+def run(path: str, argv: list[str]) -> None:
+    """Run the command `argv` in a fork of the server at `path` and exit with its status; a
+    command that is not `python -m arenaflow.<module>`, or a server that does not answer: exec
+    the command as it is."""
+    invocation = module_invocation(argv)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if invocation is None:
+            raise OSError("not a python -m arenaflow command")
         sock.connect(path)
     except OSError as e:
-        print(f"arenaflow: zygote {path} not reachable ({e}); running here", file=sys.stderr)
-        return
+        if invocation is not None:
+            print(f"arenaflow: zygote {path} not reachable ({e}); running here", file=sys.stderr)
+        sys.stderr.flush()
+        os.execvp(argv[0], argv)
     from arenaflow import jobclock
 
     request = {
@@ -136,6 +131,16 @@ def delegate(path: str) -> None:
         signal.signal(sig, lambda s, _f: os.kill(child, s))
     status, _ = _recv(sock)
     raise SystemExit(127 if status is None else status["code"])
+
+
+def command(fork_server: str | None) -> str:
+    """The prefix of every rule's command (rules/common.smk, ZYGOTE): nothing, or the client
+    that runs the command through the fork server at `fork_server`."""
+    if not fork_server:
+        return ""
+    import shlex
+
+    return f"python -m arenaflow.zygote run --socket {shlex.quote(fork_server)} -- "
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -283,8 +288,17 @@ def main(argv: list[str] | None = None) -> None:
         default=list(PRELOAD),
         help="modules (or module:attribute) to import before serving",
     )
+    r = sub.add_parser("run", help="run `python -m arenaflow.<module> ARGS` as a server's fork")
+    r.add_argument("--socket", required=True, help="the server's Unix socket")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND (exec'd if not one)")
     args = ap.parse_args(argv)
-    serve(args.socket, args.preload)
+    if args.cmd == "serve":
+        serve(args.socket, args.preload)
+        return
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("run: give the command after --")
+    run(args.socket, command)
 
 
 if __name__ == "__main__":

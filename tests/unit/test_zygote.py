@@ -1,6 +1,7 @@
-"""arenaflow.zygote: `python -m arenaflow.<module>` with $ARENAFLOW_ZYGOTE runs as a fork of a
-server that imported the heavy modules once, and behaves as the command run on its own: the same
-files and output, its exit status, its signals, and its own start-up clock."""
+"""arenaflow.zygote: `python -m arenaflow.zygote run --socket S -- MODULE ARGS` (what rules run
+with config `fork_server` set) runs as a fork of a server that imported the heavy modules once,
+and behaves as `python -m MODULE ARGS` run on its own: the same files and output, its exit
+status, its signals, and its own start-up clock."""
 
 from __future__ import annotations
 
@@ -49,13 +50,15 @@ def server(tmp_path_factory):
     assert not sock.exists()  # the server removes its socket
 
 
+def through(sock) -> list[str]:
+    """`python -m`, run through the fork server at `sock` as rules/common.smk prefixes every
+    command (zygote.command), or on its own (sock None)."""
+    prefix = zygote.command(None if sock is None else str(sock)).split()
+    return [*prefix, sys.executable, "-m"]
+
+
 def run(args, sock=None, **kw):
-    env = {k: v for k, v in os.environ.items() if k != zygote.ENV}
-    if sock is not None:
-        env[zygote.ENV] = str(sock)
-    return subprocess.run(
-        [sys.executable, "-m", *args], env=env, cwd=REPO, capture_output=True, text=True, **kw
-    )
+    return subprocess.run([*through(sock), *args], cwd=REPO, capture_output=True, text=True, **kw)
 
 
 def forks(log: Path) -> list[str]:
@@ -111,8 +114,7 @@ def test_the_client_forwards_sigterm_and_a_killed_client_takes_its_job_along(ser
     ]
     pool.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cmd = [
-        sys.executable,
-        "-m",
+        *through(sock),
         "arenaflow.evals.readout",
         "readout",
         "--suite",
@@ -122,10 +124,9 @@ def test_the_client_forwards_sigterm_and_a_killed_client_takes_its_job_along(ser
     ]
     cmd += ["--pool", str(pool), "--base-model", str(TINY), "--batch-size", "2", "--regime-json"]
     cmd += ['{"temperature": 0.8, "max_new_tokens": 48}', "--out", str(tmp_path / "x.parquet")]
-    env = {**os.environ, zygote.ENV: str(sock)}
     for sig, want in ((signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
         n = len(forks(log))
-        client = subprocess.Popen(cmd, env=env, cwd=REPO, stderr=subprocess.DEVNULL)
+        client = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.DEVNULL)
         while len(forks(log)) == n:
             time.sleep(0.1)
         child = int(forks(log)[-1].split(":")[1])
@@ -146,23 +147,47 @@ def test_without_a_server_the_command_runs_on_its_own(tmp_path):
     assert "not reachable" in proc.stderr and "running here" in proc.stderr
 
 
+def test_importing_arenaflow_never_delegates_or_exits(tmp_path):
+    """The fork server is reached only through `arenaflow.zygote run`: a plain `python -m
+    arenaflow.<module>` runs here whatever the environment holds."""
+    env = {**os.environ, "ARENAFLOW_ZYGOTE": str(tmp_path / "none.sock")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "arenaflow.config", "config/config.yaml"],
+        env=env, cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "B3: init=R2d" in proc.stdout
+    assert "zygote" not in proc.stderr
+
+
+def test_the_rules_command_prefix():
+    assert zygote.command(None) == ""
+    assert zygote.command("/tmp/a b.sock") == (
+        "python -m arenaflow.zygote run --socket '/tmp/a b.sock' -- "
+    )
+
+
 @pytest.mark.parametrize(
     "argv, want",
     [
+        (["python", "-m", "arenaflow.evals.readout", "x"], ["arenaflow.evals.readout", "x"]),
         (
-            ["python", "-m", "arenaflow.evals.readout", "readout", "--x"],
-            ["arenaflow.evals.readout", "readout", "--x"],
-        ),
-        (
-            ["python", "-u", "-m", "arenaflow.train", "--arm", "A"],
+            ["/usr/bin/python3", "-m", "arenaflow.train", "--arm", "A"],
             ["arenaflow.train", "--arm", "A"],
         ),
+        (["torchrun", "--nproc_per_node", "2", "-m", "arenaflow.train"], None),  # exec'd as is
         (["python", "-m", "arenaflow.zygote", "serve"], None),  # the server itself
-        (["python", "-m", "snakemake", "-n"], None),  # Snakemake importing arenaflow.config
-        (["python", "-c", "import arenaflow"], None),
-        (["python", "-X", "importtime", "-m", "arenaflow.evals.readout"], None),  # flags: run here
+        (["python", "-m", "snakemake", "-n"], None),
+        (["python", "-X", "importtime", "-m", "arenaflow.evals.readout"], None),  # flags: as is
     ],
 )
-def test_only_python_dash_m_arenaflow_modules_are_sent(monkeypatch, argv, want):
-    monkeypatch.setattr(sys, "orig_argv", argv)
-    assert zygote.module_invocation() == want
+def test_only_python_dash_m_arenaflow_commands_are_forked(argv, want):
+    assert zygote.module_invocation(argv) == want
+
+
+def test_another_command_is_run_as_it_is(tmp_path):
+    out = tmp_path / "out.txt"
+    proc = subprocess.run(
+        [*zygote.command(str(tmp_path / "none.sock")).split(), "sh", "-c", f"echo ran > {out}"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0 and out.read_text() == "ran\n" and "zygote" not in proc.stderr
