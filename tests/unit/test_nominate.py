@@ -11,7 +11,7 @@ import pytest
 
 from arenaflow import io
 from arenaflow.evals import readout as evals
-from arenaflow.rounds import bar, nominate
+from arenaflow.rounds import bar, nominate, registry, verdicts
 
 BAR = [
     {"metric": "delta", "op": ">", "value": 0.0},
@@ -48,7 +48,7 @@ def test_of_two_that_clear_the_larger_delta_is_promoted():
         "B3": comparison(3.5, 15, 4),  # clears, larger delta
         "B4": comparison(5.0, 5, 3),  # larger delta but W-L = 2 < 3
     }
-    out = nominate.nominate("r3", round_(comps), comps)
+    out = verdicts.nominate("r3", round_(comps), comps)
     assert out["promoted"] == "B3"
     assert [v["clears"] for v in out["candidates"]] == [True, False, True, False]
     assert "B3" in out["reason"] and "2 that clear" in out["reason"]
@@ -57,13 +57,13 @@ def test_of_two_that_clear_the_larger_delta_is_promoted():
 
 def test_equal_deltas_promote_the_first_listed():
     comps = {"B2": comparison(2.0, 9, 3), "B1": comparison(2.0, 8, 2)}
-    assert nominate.nominate("r", round_(["B2", "B1"]), comps)["promoted"] == "B2"
-    assert nominate.nominate("r", round_(["B1", "B2"]), comps)["promoted"] == "B1"
+    assert verdicts.nominate("r", round_(["B2", "B1"]), comps)["promoted"] == "B2"
+    assert verdicts.nominate("r", round_(["B1", "B2"]), comps)["promoted"] == "B1"
 
 
 def test_when_nothing_clears_the_incumbent_stays_with_a_reason():
     comps = {"B1": comparison(-0.5, 4, 5), "B2": comparison(1.0, 6, 4)}
-    out = nominate.nominate("r3", round_(comps), comps)
+    out = verdicts.nominate("r3", round_(comps), comps)
     assert out["promoted"] == "R2d"
     assert not any(v["clears"] for v in out["candidates"])
     assert "no candidate clears" in out["reason"] and "R2d" in out["reason"]
@@ -71,7 +71,7 @@ def test_when_nothing_clears_the_incumbent_stays_with_a_reason():
 
 def test_each_clause_records_its_number_observed_value_threshold_and_verdict():
     comps = {"B1": comparison(1.0, 6, 4)}  # delta holds, W-L = 2 fails
-    out = nominate.nominate("r3", round_(comps), comps)
+    out = verdicts.nominate("r3", round_(comps), comps)
     (v,) = out["candidates"]
     assert v["arm"] == "B1"
     common = {"suite": "math", "regime": "greedy", "vs": "incumbent", "against": "R2d"}
@@ -115,7 +115,7 @@ def test_each_clause_records_its_number_observed_value_threshold_and_verdict():
 )
 def test_clause_operators_at_the_boundary(op, observed, value, holds):
     rnd = round_(["B1"], bar=[{"metric": "p_value", "op": op, "value": value}])
-    v = nominate.judge(
+    v = verdicts.judge(
         "B1", rnd, {("math", "greedy", "B1", "R2d"): comparison(1.0, 5, 1, p=observed)}
     )
     assert v["clauses"][0]["holds"] is holds
@@ -124,7 +124,7 @@ def test_clause_operators_at_the_boundary(op, observed, value, holds):
 
 def test_output_records_round_bar_and_its_sha256():
     comps = {"B1": comparison(2.0, 10, 4)}
-    out = nominate.nominate("r3", round_(comps), comps)
+    out = verdicts.nominate("r3", round_(comps), comps)
     assert (out["round"], out["suite"], out["regime"], out["incumbent"]) == (
         "r3",
         "math",
@@ -151,12 +151,12 @@ def test_bar_sha256_ignores_key_order_within_a_clause():
 
 def test_missing_comparison_is_an_error_naming_the_candidate():
     with pytest.raises(ValueError, match="B2 vs R2d on math/greedy"):
-        nominate.nominate("r3", round_(["B1", "B2"]), {"B1": comparison(1.0, 5, 1)})
+        verdicts.nominate("r3", round_(["B1", "B2"]), {"B1": comparison(1.0, 5, 1)})
 
 
 def test_nothing_clears_keeps_the_incumbent_and_says_which_clause_each_failed():
     comps = {"B1": comparison(-0.5, 4, 5), "B2": comparison(1.0, 6, 4)}
-    out = nominate.nominate("r3", round_(comps), comps)
+    out = verdicts.nominate("r3", round_(comps), comps)
     assert out["promoted"] == "R2d"
     assert [v["failed"] for v in out["candidates"]] == [[1, 2], [2]]
     assert (
@@ -167,7 +167,7 @@ def test_nothing_clears_keeps_the_incumbent_and_says_which_clause_each_failed():
 def test_an_undefined_number_never_holds():
     comps = {"B1": {**comparison(3.0, 9, 1), "t": None}}  # t over replicates with K = 1
     rnd = round_(["B1"], bar=[{"metric": "t", "op": "<", "value": 100}])
-    (v,) = nominate.nominate("r", rnd, comps)["candidates"]
+    (v,) = verdicts.nominate("r", rnd, comps)["candidates"]
     (c,) = v["clauses"]
     assert c["observed"] is None and c["holds"] is False and "undefined" in c["undefined"]
     assert not v["clears"]
@@ -251,7 +251,7 @@ def final_comparisons(fin_r_loop=4.40) -> tuple[dict, dict]:
 
 def test_seeds_final_blocks_bar_rejects_fin_r_on_clause_2_and_keeps_the_incumbent():
     comps, noises = final_comparisons()
-    out = nominate.nominate("fin", final_round(), comps, noises)
+    out = verdicts.nominate("fin", final_round(), comps, noises)
     assert out["promoted"] == "B3f"
     fin_r, fin_c = out["candidates"]
     assert fin_r["failed"] == [2] and fin_c["failed"] == [1]
@@ -267,7 +267,7 @@ def test_seeds_final_blocks_bar_rejects_fin_r_on_clause_2_and_keeps_the_incumben
 
 def test_a_candidate_clearing_every_final_blocks_clause_is_promoted():
     comps, noises = final_comparisons(fin_r_loop=1.18)  # the alpha = 0.6 blend's loop rate
-    out = nominate.nominate("fin", final_round(), comps, noises)
+    out = verdicts.nominate("fin", final_round(), comps, noises)
     assert out["promoted"] == "finR"
     assert out["candidates"][0]["clears"]
 
@@ -275,10 +275,10 @@ def test_a_candidate_clearing_every_final_blocks_clause_is_promoted():
 def test_noise_clause_is_relative_to_the_measured_floor():
     comps, noises = final_comparisons(fin_r_loop=0.0)
     comps[("math", "served", "finR", "B3f")]["delta"] = -2.62  # just beyond the floor
-    out = nominate.nominate("fin", final_round(), comps, noises)
+    out = verdicts.nominate("fin", final_round(), comps, noises)
     assert out["candidates"][0]["failed"] == [4]
     noises[("math", "served", "B3f")]["mean_abs_delta"] = 3.0
-    assert nominate.nominate("fin", final_round(), comps, noises)["promoted"] == "finR"
+    assert verdicts.nominate("fin", final_round(), comps, noises)["promoted"] == "finR"
 
 
 def test_final_blocks_bar_is_valid_config_and_lists_what_it_reads(repo_root):
@@ -598,7 +598,7 @@ def test_the_dag_check_reads_the_registry_or_a_bar_json_from_before_it(tmp_path)
 
 def test_a_bar_json_from_before_the_registry_is_adopted_with_its_time(tmp_path):
     r = Round(tmp_path)
-    old = nominate.register("r3", r.rnd, now="2026-01-01T00:00:00+00:00")
+    old = registry.register("r3", r.rnd, now="2026-01-01T00:00:00+00:00")
     io.write_json(r.reg, old)
     r.register()
     assert io.read_json(r.reg)["registered_utc"] == old["registered_utc"]
@@ -741,7 +741,7 @@ def test_a_readout_without_a_recorded_time_falls_back_to_its_mtime(tmp_path, cap
 
 def test_check_registration_accepts_equal_times_and_names_the_round():
     rnd = round_(["B1"])
-    reg = nominate.register("r3", rnd, now="2026-01-01T00:00:00+00:00")
+    reg = registry.register("r3", rnd, now="2026-01-01T00:00:00+00:00")
     nominate.check_registration("r3", rnd, reg, {"x": ("2026-01-01T00:00:00+00:00", "recorded")})
     with pytest.raises(nominate.RegistrationError, match="registration is for round 'r3'"):
         nominate.check_registration("r4", rnd, reg, {})

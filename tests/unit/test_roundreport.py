@@ -7,8 +7,9 @@ import json
 import pytest
 
 from arenaflow import io
-from arenaflow.rounds import nominate
+from arenaflow.rounds import figures, registry, verdicts
 from arenaflow.rounds import report as roundreport
+from arenaflow.rounds.sweep import sweep_order, sweep_reading, sweep_sentence
 
 pytest.importorskip("matplotlib")
 
@@ -76,9 +77,9 @@ def test_round_report_writes_every_page_file(tmp_path):
             "max_abs_t": 1.91,
         },
     )
-    nom = nominate.nominate("r3", RND, compares)
+    nom = verdicts.nominate("r3", RND, compares)
     io.write_json(tmp_path / "r3.json", {**nom, "registration": {"readouts_checked": 4}})
-    io.write_json(tmp_path / "r3.bar.json", nominate.register("r3", RND))
+    io.write_json(tmp_path / "r3.bar.json", registry.register("r3", RND))
     runs = []
     for arm in ("R2d", "B1", "B3"):
         io.write_jsonl(
@@ -122,7 +123,7 @@ def _compares(deltas: dict) -> dict:
 
 
 def test_the_seeds_sweep_brackets_its_peak_at_2e_5_and_is_unimodal():
-    r = roundreport.sweep_reading(RND, ARMS, _compares({a: v[0] for a, v in SWEEP.items()}))
+    r = sweep_reading(RND, ARMS, _compares({a: v[0] for a, v in SWEEP.items()}))
     assert (r["order"], r["best"], r["edge"], r["unimodal"]) == (
         ["B2", "B1", "B3", "B4"],
         "B3",
@@ -135,53 +136,48 @@ def test_a_sweep_whose_best_is_its_lowest_lr_says_it_does_not_bracket_the_peak()
     # BENCHMARKS.md, run 17: SmolLM2's sweep at 1e-4, 2e-4, 4e-4, 1e-3 from R2d
     arms = {**ARMS, "B2": {"lr": 1e-4}, "B1": {"lr": 2e-4}, "B3": {"lr": 4e-4}, "B4": {"lr": 1e-3}}
     deltas = {"B2": 2.33, "B1": 0.33, "B3": -6.67, "B4": -26.33}
-    r = roundreport.sweep_reading(RND, arms, _compares(deltas))
+    r = sweep_reading(RND, arms, _compares(deltas))
     assert (r["best"], r["edge"], r["unimodal"]) == ("B2", "lowest", True)
-    assert "at the sweep's lowest LR (1e-04)" in roundreport.sweep_sentence(r)
+    assert "at the sweep's lowest LR (1e-04)" in sweep_sentence(r)
     page = roundreport.sweep_html(RND, arms, _compares(deltas))
     assert "at the sweep&#x27;s lowest LR (1e-04)" in page and "an arm below it" in page
-    flipped = roundreport.sweep_reading(RND, arms, _compares({a: -d for a, d in deltas.items()}))
+    flipped = sweep_reading(RND, arms, _compares({a: -d for a, d in deltas.items()}))
     assert (flipped["best"], flipped["edge"]) == ("B4", "highest")
 
 
 def test_arms_tied_for_the_best_are_named_and_no_edge_is_claimed():
     # the embedded default's main job: B2, B3 and B4 all +1.67 against R2d
     deltas = {"B2": 1.67, "B1": 1.0, "B3": 1.67, "B4": 1.67}
-    r = roundreport.sweep_reading(RND, ARMS, _compares(deltas))
+    r = sweep_reading(RND, ARMS, _compares(deltas))
     assert (r["tied"], r["unimodal"]) == (["B2", "B3", "B4"], False)
-    assert roundreport.sweep_sentence(r) == (
+    assert sweep_sentence(r) == (
         "B2, B3 and B4 tie for the best (+1.67 pt): the sweep does not single out one learning "
         "rate. The response is not unimodal."
     )
 
 
 def test_a_response_that_rises_again_is_not_unimodal_and_two_lrs_are_no_sweep():
-    r = roundreport.sweep_reading(RND, ARMS, _compares({"B2": 1.0, "B1": -1.0, "B3": 2.0, "B4": 0}))
+    r = sweep_reading(RND, ARMS, _compares({"B2": 1.0, "B1": -1.0, "B3": 2.0, "B4": 0}))
     assert (r["best"], r["edge"], r["unimodal"]) == ("B3", None, False)
     two = {**ARMS, "B4": {"lr": 1e-5}, "B3": {"lr": 1e-5}}
-    assert (
-        roundreport.sweep_reading(RND, two, _compares(dict.fromkeys(RND["candidates"], 1))) is None
-    )
+    assert sweep_reading(RND, two, _compares(dict.fromkeys(RND["candidates"], 1))) is None
     assert roundreport.sweep_html(RND, two, _compares(dict.fromkeys(RND["candidates"], 1))) == ""
     apart = {**ARMS, "B4": {**ARMS["B4"], "init": "R220"}}  # not one sweep
-    assert (
-        roundreport.sweep_reading(RND, apart, _compares(dict.fromkeys(RND["candidates"], 1)))
-        is None
-    )
+    assert sweep_reading(RND, apart, _compares(dict.fromkeys(RND["candidates"], 1))) is None
 
 
 def test_sweep_is_ordered_by_learning_rate():
-    assert roundreport.sweep_order(RND["candidates"], ARMS) == ["B2", "B1", "B3", "B4"]
+    assert sweep_order(RND["candidates"], ARMS) == ["B2", "B1", "B3", "B4"]
 
 
 def test_pages_without_noise_or_metrics_say_so(tmp_path, monkeypatch):
     said = {}
-    empty = roundreport._empty
+    empty = figures._empty
     monkeypatch.setattr(
-        roundreport, "_empty", lambda path, msg: (said.setdefault(path.name, msg), empty(path, msg))
+        figures, "_empty", lambda path, msg: (said.setdefault(path.name, msg), empty(path, msg))
     )
-    roundreport.noise_floor(tmp_path / "n.png", {})
-    roundreport.loss_curves(tmp_path / "l.png", {"B1": tmp_path / "missing"}, "R2d")
+    figures.noise_floor(tmp_path / "n.png", {})
+    figures.loss_curves(tmp_path / "l.png", {"B1": tmp_path / "missing"}, "R2d")
     assert "no noise floor was measured" in said["n.png"] and "K >= 2" in said["n.png"]
     assert "No training metrics" in said["l.png"]
     for name in ("n.png", "l.png"):  # still a page, one that says why it is empty
@@ -203,32 +199,32 @@ MERGED = {
 
 def test_dose_line_runs_from_its_from_to_its_to_along_alpha():
     rnd = {**RND, "candidates": ["B3", "dose-a2", "dose-a0p5", "dose-a1p5"]}
-    lines = roundreport.dose_lines(rnd, {**ARMS, **MERGED})
+    lines = figures.dose_lines(rnd, {**ARMS, **MERGED})
     # R2d is the incumbent (alpha 0) and B3 a candidate (alpha 1): both ends are on the line
     assert lines == {
         ("R2d", "B3"): {0.0: "R2d", 0.5: "dose-a0p5", 1.0: "B3", 1.5: "dose-a1p5", 2.0: "dose-a2"}
     }
-    alone = roundreport.dose_lines({**RND, "candidates": ["dose-a2"]}, {**ARMS, **MERGED})
+    alone = figures.dose_lines({**RND, "candidates": ["dose-a2"]}, {**ARMS, **MERGED})
     assert alone == {("R2d", "B3"): {0.0: "R2d", 2.0: "dose-a2"}}  # B3 is not read by that round
 
 
 def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatch):
     arms = {**ARMS, **MERGED}
     cands = ["soup", "B1", "dose-a0p5", "B2"]
-    assert roundreport.sweep_order(cands, arms) == ["B2", "B1", "soup", "dose-a0p5"]
+    assert sweep_order(cands, arms) == ["B2", "B1", "soup", "dose-a0p5"]
     compares = {
         ("greedy", a): {"delta": d, "ci95": [d - 1, d + 1]}
         for a, d in (("B2", 0.5), ("B3", 1.0), ("soup", 0.8), ("dose-a0p5", 0.4))
     }
     drawn = []
     monkeypatch.setattr(
-        roundreport,
+        figures,
         "_save",
         lambda plt, fig, path: drawn.append(
             [tuple(map(tuple, line.get_xydata())) for ax in fig.axes for line in ax.get_lines()]
         ),
     )
-    roundreport.merges(
+    figures.merges(
         tmp_path / "m.png", {**RND, "candidates": ["B2", "B3", "soup", "dose-a0p5"]}, arms, compares
     )
     # the dose line: R2d (0) -> dose-a0p5 (0.4) -> B3 (1.0), along alpha 0, 0.5, 1
@@ -236,8 +232,8 @@ def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatc
     # the soup beside its parents: B3, B2, soup at x 0, 1, 2
     assert ((0.0, 1.0), (1.0, 0.5), (2.0, 0.8)) in drawn[0]
     figs = []
-    monkeypatch.setattr(roundreport, "_save", lambda plt, fig, path: figs.append(fig))
-    roundreport.lineage(tmp_path / "l.png", {**RND, "candidates": ["B3", "soup"]}, arms, "soup")
+    monkeypatch.setattr(figures, "_save", lambda plt, fig, path: figs.append(fig))
+    figures.lineage(tmp_path / "l.png", {**RND, "candidates": ["B3", "soup"]}, arms, "soup")
     ax = figs[0].axes[0]
     boxes = {t.get_text(): t.get_position() for t in ax.texts if t.get_text()}
     dotted = {
@@ -248,8 +244,8 @@ def test_merges_come_after_the_sweep_and_get_their_own_page(tmp_path, monkeypatc
     # B2 is drawn although the round reads only B3 and soup: it is merged into the soup
     assert {(boxes["B3"], boxes["soup"]), (boxes["B2"], boxes["soup"])} == dotted
     said = {}
-    monkeypatch.setattr(roundreport, "_empty", lambda path, msg: said.setdefault(path.name, msg))
-    roundreport.merges(tmp_path / "e.png", RND, ARMS, compares)
+    monkeypatch.setattr(figures, "_empty", lambda path, msg: said.setdefault(path.name, msg))
+    figures.merges(tmp_path / "e.png", RND, ARMS, compares)
     assert "No merge or dose arm" in said["e.png"]
 
 

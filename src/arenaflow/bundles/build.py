@@ -37,8 +37,7 @@ import jinja2
 
 from arenaflow import chat, io, manifest, models
 from arenaflow.decode import sampling
-from arenaflow.rounds import nominate
-from arenaflow.rounds import report as roundreport
+from arenaflow.rounds import nominate, sweep
 
 TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
 NOMINEE = (
@@ -351,7 +350,7 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
 
 
 def card_sweep(nomination: dict | None, arms: dict) -> dict | None:
-    """The nominating round's LR sweep, read as roundreport reads it, for the card's 'why this
+    """The nominating round's LR sweep, read as the round report reads it, for the card's 'why this
     learning rate' section (lineage 000's card gives its sweep so): its candidates in LR order
     with their sealed deltas, W/L and p, and the reading. `arms`: {arm: {init, policy, lr}} as
     configured. None without a nomination or a sweep of three learning rates."""
@@ -359,14 +358,14 @@ def card_sweep(nomination: dict | None, arms: dict) -> dict | None:
         return None
     cands = {c["arm"]: c for c in nomination["candidates"]}
     rnd = {"candidates": list(cands), "regime": nomination["regime"]}
-    r = roundreport.sweep_reading(rnd, arms, {(rnd["regime"], a): c for a, c in cands.items()})
+    r = sweep.sweep_reading(rnd, arms, {(rnd["regime"], a): c for a, c in cands.items()})
     if r is None:
         return None
     return {
-        "rows": [{**cands[a], "lr": roundreport.lr_text(lr)} for a, lr in zip(r["order"], r["lr"])],
+        "rows": [{**cands[a], "lr": sweep.lr_text(lr)} for a, lr in zip(r["order"], r["lr"])],
         "init": arms[r["best"]].get("init"),
         "policy": arms[r["best"]].get("policy"),
-        "reading": roundreport.sweep_sentence(r),
+        "reading": sweep.sweep_sentence(r),
     }
 
 

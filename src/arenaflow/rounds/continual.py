@@ -1,4 +1,4 @@
-"""Continual rounds: each round's policy is the last round's nominee (issue 20).
+"""Continual rounds: each round's policy is the last round's nominee.
 
 Two config features, both turned into plain config before anything else is resolved, so every
 later check (unknown names, cycles, the bar) sees ordinary pools, corpora, arms and rounds:
@@ -147,27 +147,27 @@ def status(
 
 
 def plot(path: Path, st: dict) -> None:
-    from arenaflow.rounds import report as roundreport
+    from arenaflow.rounds import figures
 
     rows = st["trajectory"]
     if not rows:
-        roundreport._empty(path, f"No continual round ran: {st['stopped']}")
+        figures._empty(path, f"No continual round ran: {st['stopped']}")
         return
-    plt = roundreport._plt()
+    plt = figures._plt()
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 4))
     xs = range(len(rows))
     ax.plot(
         xs,
         [r["incumbent_accuracy"] for r in rows],
         "s--",
-        color=roundreport.GREY,
+        color=figures.GREY,
         label="incumbent",
     )
     ax.plot(
         xs,
         [r["accuracy"] for r in rows],
         "o-",
-        color=roundreport.BLUE,
+        color=figures.BLUE,
         label="promoted (or best candidate)",
     )
     for x, r in zip(xs, rows):
@@ -184,7 +184,7 @@ def plot(path: Path, st: dict) -> None:
     ax.set_ylabel("accuracy (%)")
     ax.set_title("continual rounds" + (f" ({st['stopped']})" if st["stopped"] else ""), fontsize=9)
     ax.legend(fontsize=8)
-    roundreport._save(plt, fig, path)
+    figures._save(plt, fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,11 @@ stays. The output records every clause's number and verdict per candidate, and w
 sealed: `inputs` holds the sha256 of the registration and of every comparison, noise floor and
 readout judged, and `digest` the sha256 of the record itself (canonical JSON, without `digest`).
 A bundle is built only from a nomination whose seal and inputs verify (load_sealed).
+
+This module holds the command line, the checks that refuse a changed bar and the seal (rules/*.smk
+call check_bar, registered and load_sealed while the DAG is built); the verdicts and the promotion
+are arenaflow.rounds.verdicts', the registration record and the registry's reading
+arenaflow.rounds.registry's.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ from pathlib import Path
 from arenaflow import io, manifest
 from arenaflow.rounds import bar
 from arenaflow.rounds.bar import bar_sha256
+from arenaflow.rounds.registry import active, read_registry, register, registry_path, utcnow
+from arenaflow.rounds.verdicts import nominate, promote
 
 HONEST = (
     "A round's registered bar cannot change: a new round id is the honest way to change a "
@@ -65,44 +72,7 @@ class SealError(ValueError):
     pass
 
 
-def utcnow() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
-
-
-def register(round_id: str, rnd: dict, now: str | None = None) -> dict:
-    """The registration record of a round's bar (not yet in any registry)."""
-    resolved = bar.resolve(rnd)
-    return {
-        "round": round_id,
-        "bar": rnd["bar"],
-        "bar_resolved": resolved,
-        "bar_sha256": bar_sha256(resolved),
-        "round_config": rnd,
-        "registered_utc": now or utcnow(),
-        "code": manifest.code_version(),
-    }
-
-
-# --- the registry: nominations/registry/{round}.jsonl, append-only --------------------------
-
-
-def registry_path(nominations_dir: str | os.PathLike, round_id: str) -> Path:
-    return Path(nominations_dir) / "registry" / f"{round_id}.jsonl"
-
-
-def read_registry(path: str | os.PathLike) -> list[dict]:
-    return io.read_jsonl(path) if Path(path).exists() else []
-
-
-def active(events: list[dict]) -> dict | None:
-    """The registration in force: the last one registered and not retired since."""
-    current = None
-    for e in events:
-        if e["event"] == "registered":
-            current = e
-        elif e["event"] == "retired" and current and e["bar_sha256"] == current["bar_sha256"]:
-            current = None
-    return current
+# --- the registry (arenaflow.rounds.registry): appending, and the checks against it ---------
 
 
 def _append(path: Path, event: dict) -> dict:
@@ -247,96 +217,6 @@ def readout_time(path: str) -> tuple[str, str]:
     return mtime.isoformat(timespec="microseconds"), "mtime"
 
 
-# --- judging ------------------------------------------------------------------------------
-
-
-def _key(rnd: dict, k) -> tuple:
-    # {candidate: comparison vs the incumbent on the round's suite/regime} is shorthand
-    return (rnd["suite"], rnd["regime"], k, rnd["incumbent"]) if isinstance(k, str) else tuple(k)
-
-
-def judge(candidate: str, rnd: dict, compares: dict, noises: dict | None = None) -> dict:
-    primary = compares[(rnd["suite"], rnd["regime"], candidate, rnd["incumbent"])]
-    clauses = [
-        bar.judge_clause(c, candidate, rnd["incumbent"], compares, noises or {})
-        for c in bar.resolve(rnd)
-    ]
-    return {
-        "arm": candidate,
-        "clears": all(c["holds"] for c in clauses),
-        "clauses": clauses,
-        "failed": [c["clause"] for c in clauses if not c["holds"]],
-        **{
-            k: primary.get(k)
-            for k in (
-                "delta",
-                "wins",
-                "losses",
-                "p_value",
-                "ci95",
-                "t",
-                "t_items",
-                "accuracy",
-                "ref_accuracy",
-            )
-        },
-    }
-
-
-def promote(verdicts: list[dict], incumbent: str) -> tuple[str, dict | None, list[dict]]:
-    """(promoted arm, its verdict or None, the verdicts that clear): the largest delta among
-    those that clear, the first listed of equal deltas; else the incumbent."""
-    cleared = [v for v in verdicts if v["clears"]]
-    if not cleared:
-        return incumbent, None, cleared
-    best = max(cleared, key=lambda v: v["delta"])  # max keeps the first of equal deltas
-    return best["arm"], best, cleared
-
-
-def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = None) -> dict:
-    """comparisons: {(suite, regime, cand, ref): compare JSON}, or {cand: compare JSON vs the
-    incumbent on the round's suite/regime}; noises: {(suite, regime, arm): noise JSON}."""
-    compares = {_key(rnd, k): v for k, v in comparisons.items()}
-    missing = sorted(
-        {
-            f"{c} vs {ref} on {s}/{r}"
-            for s, r, c, ref in bar.comparisons_needed(rnd)
-            if (s, r, c, ref) not in compares
-        }
-    )
-    if missing:
-        raise ValueError(f"round {round_id}: no comparison for {missing}")
-    verdicts = [judge(c, rnd, compares, noises) for c in rnd["candidates"]]
-    promoted, best, cleared = promote(verdicts, rnd["incumbent"])
-    where = f"{rnd['suite']}/{rnd['regime']}"
-    if best:
-        reason = (
-            f"{promoted} clears every clause with the largest delta among "
-            f"{len(cleared)} that clear ({best['delta']:+.2f} pt vs {rnd['incumbent']} on {where})"
-        )
-    else:
-        fails = "; ".join(
-            f"{v['arm']} fails "
-            + ", ".join(bar.describe(c) for c in v["clauses"] if not c["holds"])
-            for v in verdicts
-        )
-        reason = f"no candidate clears the bar; the incumbent {promoted} stays ({fails})"
-    resolved = bar.resolve(rnd)
-    return {
-        "round": round_id,
-        "suite": rnd["suite"],
-        "regime": rnd["regime"],
-        "incumbent": rnd["incumbent"],
-        "control": rnd.get("control"),
-        "bar": rnd["bar"],
-        "bar_resolved": resolved,
-        "bar_sha256": bar_sha256(resolved),
-        "candidates": verdicts,
-        "promoted": promoted,
-        "reason": reason,
-    }
-
-
 # --- the seal -----------------------------------------------------------------------------
 
 
@@ -425,7 +305,7 @@ def _judge_cmd(args, rnd: dict) -> None:
     current = check_against_registry(registration, registry)
     check_registration(args.round, rnd, current, {p: readout_time(p) for p in args.readouts})
     from arenaflow.evals import (
-        readout as evals,  # issue 17: compare/noise seals and pooled readouts' sha256 first
+        readout as evals,  # compare/noise seals and pooled readouts' sha256 first
     )
 
     evals.verify_judged(args.compare, args.noise, args.readouts)

@@ -1,0 +1,97 @@
+"""A round's bar applied: each candidate's verdict per clause and the arm the round promotes.
+
+Consumes the round's config section and its compare (and noise) JSONs keyed by (suite, regime,
+candidate, reference); produces the nomination record that arenaflow.rounds.nominate seals.
+"""
+
+from __future__ import annotations
+
+from arenaflow.rounds import bar
+from arenaflow.rounds.bar import bar_sha256
+
+
+def _key(rnd: dict, k) -> tuple:
+    # {candidate: comparison vs the incumbent on the round's suite/regime} is shorthand
+    return (rnd["suite"], rnd["regime"], k, rnd["incumbent"]) if isinstance(k, str) else tuple(k)
+
+
+def judge(candidate: str, rnd: dict, compares: dict, noises: dict | None = None) -> dict:
+    primary = compares[(rnd["suite"], rnd["regime"], candidate, rnd["incumbent"])]
+    clauses = [
+        bar.judge_clause(c, candidate, rnd["incumbent"], compares, noises or {})
+        for c in bar.resolve(rnd)
+    ]
+    return {
+        "arm": candidate,
+        "clears": all(c["holds"] for c in clauses),
+        "clauses": clauses,
+        "failed": [c["clause"] for c in clauses if not c["holds"]],
+        **{
+            k: primary.get(k)
+            for k in (
+                "delta",
+                "wins",
+                "losses",
+                "p_value",
+                "ci95",
+                "t",
+                "t_items",
+                "accuracy",
+                "ref_accuracy",
+            )
+        },
+    }
+
+
+def promote(verdicts: list[dict], incumbent: str) -> tuple[str, dict | None, list[dict]]:
+    """(promoted arm, its verdict or None, the verdicts that clear): the largest delta among
+    those that clear, the first listed of equal deltas; else the incumbent."""
+    cleared = [v for v in verdicts if v["clears"]]
+    if not cleared:
+        return incumbent, None, cleared
+    best = max(cleared, key=lambda v: v["delta"])  # max keeps the first of equal deltas
+    return best["arm"], best, cleared
+
+
+def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = None) -> dict:
+    """comparisons: {(suite, regime, cand, ref): compare JSON}, or {cand: compare JSON vs the
+    incumbent on the round's suite/regime}; noises: {(suite, regime, arm): noise JSON}."""
+    compares = {_key(rnd, k): v for k, v in comparisons.items()}
+    missing = sorted(
+        {
+            f"{c} vs {ref} on {s}/{r}"
+            for s, r, c, ref in bar.comparisons_needed(rnd)
+            if (s, r, c, ref) not in compares
+        }
+    )
+    if missing:
+        raise ValueError(f"round {round_id}: no comparison for {missing}")
+    verdicts = [judge(c, rnd, compares, noises) for c in rnd["candidates"]]
+    promoted, best, cleared = promote(verdicts, rnd["incumbent"])
+    where = f"{rnd['suite']}/{rnd['regime']}"
+    if best:
+        reason = (
+            f"{promoted} clears every clause with the largest delta among "
+            f"{len(cleared)} that clear ({best['delta']:+.2f} pt vs {rnd['incumbent']} on {where})"
+        )
+    else:
+        fails = "; ".join(
+            f"{v['arm']} fails "
+            + ", ".join(bar.describe(c) for c in v["clauses"] if not c["holds"])
+            for v in verdicts
+        )
+        reason = f"no candidate clears the bar; the incumbent {promoted} stays ({fails})"
+    resolved = bar.resolve(rnd)
+    return {
+        "round": round_id,
+        "suite": rnd["suite"],
+        "regime": rnd["regime"],
+        "incumbent": rnd["incumbent"],
+        "control": rnd.get("control"),
+        "bar": rnd["bar"],
+        "bar_resolved": resolved,
+        "bar_sha256": bar_sha256(resolved),
+        "candidates": verdicts,
+        "promoted": promoted,
+        "reason": reason,
+    }
