@@ -1,4 +1,4 @@
-"""What verifying its inputs costs each job of a built DAG (issue 17, chain of custody).
+"""What verifying its inputs costs each job of a built DAG (chain of custody).
 
     python benchmarks/verify_cost.py RESULTS_DIR [--repeats 5] [--hash-mib 256] [--out verify.json]
 
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from arenaflow import io, manifest
-from arenaflow.bundles import build as bundles
+from arenaflow.bundles import sources
 from arenaflow.evals import readout as evals
 
 
@@ -53,7 +53,7 @@ def lineage(arm: str) -> list[str]:
             continue
         out.append(a)
         run = Path("runs") / a / "final"
-        ev = io.read_json(run / bundles.evidence_file(run))
+        ev = io.read_json(run / sources.evidence_file(run))
         todo += [p["arm"] for p in ev["parents"]] if "parents" in ev else [ev["init"]]
     return out
 
@@ -134,7 +134,7 @@ def nomination_and_bundle(repeats: int) -> list[dict]:
                 "build_bundle",
                 f"{b.parent}: {len(arms)} runs, {len(corpora)} corpora, {len(cites)} compare seals",
                 size([f"runs/{a}/final" for a in arms] + [f"corpora/{c}" for c in corpora]),
-                best(lambda a=args, x=arms: bundles.verify_sources(a, x[0], x[1:]), repeats),
+                best(lambda a=args, x=arms: sources.verify_sources(a, x[0], x[1:]), repeats),
             )
         )
     return rows

@@ -9,6 +9,7 @@ import pytest
 
 from arenaflow import chat, io, models
 from arenaflow.bundles import build as bundles
+from arenaflow.bundles.checks import BundleCheckError, check_template_matches
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 # A base template as Llama 3's and SmolLM2's differ from ChatML: a default system prompt when
@@ -35,13 +36,13 @@ def test_a_base_with_its_own_template_gets_a_bundle_template_that_passes_the_che
 ):
     own = models.load_tokenizer(native_base)
     assert own.chat_template == NATIVE
-    with pytest.raises(bundles.BundleCheckError, match="differently from arenaflow.chat.render"):
-        bundles.check_template_matches(own)
+    with pytest.raises(BundleCheckError, match="differently from arenaflow.chat.render"):
+        check_template_matches(own)
     out = tmp_path / "bundle"
     out.mkdir()
     bundles.save_tokenizer(str(native_base), chat.CHATML_TEMPLATE, out)
     reloaded = models.load_tokenizer(out)
-    assert bundles.check_template_matches(reloaded)["verdict"] == "PASS"
+    assert check_template_matches(reloaded)["verdict"] == "PASS"
     assert (out / "chat_template.jinja").read_text(encoding="utf-8") == chat.CHATML_TEMPLATE
     assert io.read_json(out / "tokenizer_config.json")["chat_template"] == chat.CHATML_TEMPLATE
     # otherwise the base's tokenizer as it was: no pad token added, the same ids

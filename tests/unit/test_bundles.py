@@ -10,6 +10,12 @@ import pytest
 from arenaflow import chat, manifest
 from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
+from arenaflow.bundles.checks import (
+    BundleCheckError,
+    check_template_compiles,
+    check_template_matches,
+)
+from arenaflow.bundles.sources import verify_sources
 
 # docs/lineages.md#000-the-b3-to-b3f-template-fix: B3 used raise_exception as a statement on
 # line 2 and as an expression later.
@@ -28,8 +34,8 @@ B3_TEMPLATE = (
 
 
 def test_b3_template_fails_to_compile_with_jinjas_unknown_tag_error():
-    with pytest.raises(bundles.BundleCheckError, match="Encountered unknown tag 'raise_exception'"):
-        bundles.check_template_compiles(B3_TEMPLATE)
+    with pytest.raises(BundleCheckError, match="Encountered unknown tag 'raise_exception'"):
+        check_template_compiles(B3_TEMPLATE)
 
 
 def test_b3_template_with_expression_form_compiles():
@@ -37,17 +43,17 @@ def test_b3_template_with_expression_form_compiles():
         "{%- raise_exception('messages must be defined') -%}",
         "{{- raise_exception('messages must be defined') -}}",
     )
-    assert bundles.check_template_compiles(fixed)["verdict"] == "PASS"
+    assert check_template_compiles(fixed)["verdict"] == "PASS"
 
 
 def test_chatml_template_matches_renderer_on_all_eight_shapes():
     tok = tinymodel.build_tokenizer()
     tok.chat_template = chat.CHATML_TEMPLATE
-    res = bundles.check_template_matches(tok)
+    res = check_template_matches(tok)
     assert res["verdict"] == "PASS" and "16 renders" in res["detail"]
 
 
-# issue 16: each of these passed both template checks (or escaped them as a raw Jinja error)
+# Each of these once passed both template checks (or escaped them as a raw Jinja error)
 # Trims content: training never does, so content with surrounding whitespace renders apart.
 TRIMS = chat.CHATML_TEMPLATE.replace("~ content ~", "~ content | trim ~")
 # Leaves a final assistant turn open (as for continuing it): training rows end on one, closed.
@@ -84,11 +90,11 @@ BAD_TEMPLATES = [
 )
 def test_a_template_that_renders_apart_or_raises_fails_the_check(template, message):
     assert template != chat.CHATML_TEMPLATE
-    assert bundles.check_template_compiles(template)["verdict"] == "PASS"
+    assert check_template_compiles(template)["verdict"] == "PASS"
     tok = tinymodel.build_tokenizer()
     tok.chat_template = template
-    with pytest.raises(bundles.BundleCheckError, match=message):
-        bundles.check_template_matches(tok)
+    with pytest.raises(BundleCheckError, match=message):
+        check_template_matches(tok)
 
 
 @pytest.mark.parametrize(
@@ -150,16 +156,16 @@ def test_a_failed_template_check_writes_no_bundle(tmp_path, repo_root, capsys, t
 def test_a_template_that_drops_the_trailing_newline_is_caught():
     tok = tinymodel.build_tokenizer()
     tok.chat_template = chat.CHATML_TEMPLATE.replace("'<|im_end|>\\n'", "'<|im_end|>'")
-    with pytest.raises(bundles.BundleCheckError, match="differently from arenaflow.chat.render"):
-        bundles.check_template_matches(tok)
+    with pytest.raises(BundleCheckError, match="differently from arenaflow.chat.render"):
+        check_template_matches(tok)
 
 
 def test_a_template_that_raises_on_unknown_roles_fails_degradation():
     fixed = B3_TEMPLATE.replace("{%- raise_exception('messages must be defined') -%}", "")
     tok = tinymodel.build_tokenizer()
     tok.chat_template = fixed
-    with pytest.raises(bundles.BundleCheckError, match="raises on unknown role"):
-        bundles.check_template_matches(tok)
+    with pytest.raises(BundleCheckError, match="raises on unknown role"):
+        check_template_matches(tok)
 
 
 def test_diff_names_differing_files_and_weight_identity(tmp_path):
@@ -200,7 +206,7 @@ def test_a_nominee_in_the_lineage_is_verified_without_a_corpus_of_its_own(tmp_pa
     io.write_json(corpora / "sft_e1" / "stats.json", {"rows": 1})
     manifest.write(corpora / "sft_e1")
     args = argparse.Namespace(bundle="B6", runs=str(runs), corpora=str(corpora), compare=[])
-    bundles.verify_sources(args, "dpo-nominee", ["S2"])  # no error
+    verify_sources(args, "dpo-nominee", ["S2"])  # no error
     (corpora / "sft_e1" / "stats.json").write_text('{"rows": 2}')  # the real arm's corpus is
     with pytest.raises(Exception, match="sft_e1"):  # still verified
-        bundles.verify_sources(args, "dpo-nominee", ["S2"])
+        verify_sources(args, "dpo-nominee", ["S2"])

@@ -183,18 +183,19 @@ def test_a_run_on_a_mixture_records_each_source_in_its_evidence(sources, tmp_pat
 
 
 def test_a_bundle_recomputes_the_mixture_digest_and_refuses_a_changed_source(sources, tmp_path):
-    from arenaflow.bundles import build as bundles
+    from arenaflow.bundles import checks
+    from arenaflow.bundles.sources import evidence_corpora
 
     mix = {"a": 10, "b": "all"}
     _, record, stats = data.load_mixture([sources / "a", sources / "b"], mix, 981, "m")
     assert [s["asked"] for s in stats] == [10, "all"]
     ev = {"mixture": stats, "mixture_seed": 981, "dataset_sha256": record["digest"]}
-    assert bundles._check_mixture(ev, sources) == record["digest"]
-    assert bundles.evidence_corpora(ev) == ["a", "b"]
+    assert checks._check_mixture(ev, sources) == record["digest"]
+    assert evidence_corpora(ev) == ["a", "b"]
     # the same evidence against a corpus b rebuilt with other rows: refused, naming the source
     other = tmp_path / "corpora"
     shutil.copytree(sources / "a", other / "a")
     rows = pools.generate(12, 9, "train", {"add": 1, "mul": 1}, "b")
     corpora.build(other / "b", rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
-    with pytest.raises(bundles.BundleCheckError, match="mixture source b was digest"):
-        bundles._check_mixture(ev, other)
+    with pytest.raises(checks.BundleCheckError, match="mixture source b was digest"):
+        checks._check_mixture(ev, other)

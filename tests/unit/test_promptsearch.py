@@ -14,6 +14,7 @@ from scipy.stats import binomtest
 
 from arenaflow import config, manifest
 from arenaflow.bundles import build as bundles
+from arenaflow.bundles.checks import BundleCheckError
 from arenaflow.evals import promptsearch
 from arenaflow.evals import readout as evals
 
@@ -106,7 +107,7 @@ def test_cli_writes_a_sealed_search_that_a_bundle_serves(tmp_path):
     cfg = {"system_prompt": {"search": "S"}}
     check = bundles.chosen_prompt(SimpleNamespace(prompt_search=str(out)), cfg)
     assert cfg["system_prompt"] == "Be exact." and "'k0'" in check["detail"]
-    with pytest.raises(bundles.BundleCheckError, match="prompt search 'S', not 'T'"):
+    with pytest.raises(BundleCheckError, match="prompt search 'S', not 'T'"):
         bundles.chosen_prompt(
             SimpleNamespace(prompt_search=str(out)), {"system_prompt": {"search": "T"}}
         )

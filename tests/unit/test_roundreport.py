@@ -268,9 +268,9 @@ def test_the_page_tables_each_candidates_per_family_delta_and_fixed_lost():
 
 
 def test_the_bundle_card_reads_the_sweep_from_the_sealed_nomination():
-    """bundles.card_sweep: the nominating round's candidates in LR order with their sealed
+    """bundles.card.card_sweep: the nominating round's candidates in LR order with their sealed
     numbers and the reading; the merges and the incumbent are no part of it."""
-    from arenaflow.bundles import build as bundles
+    from arenaflow.bundles import card
 
     nom = {
         "regime": "greedy",
@@ -280,7 +280,7 @@ def test_the_bundle_card_reads_the_sweep_from_the_sealed_nomination():
         ],
     }
     arms = {**ARMS, "soup": {"init": "B1", "weights": {"B1": 0.5, "B3": 0.5}}}
-    sweep = bundles.card_sweep(nom, arms)
+    sweep = card.card_sweep(nom, arms)
     assert [(r["arm"], r["lr"], r["delta"]) for r in sweep["rows"]] == [
         ("B2", "5e-06", 0.75),
         ("B1", "1e-05", 1.0),
@@ -292,4 +292,4 @@ def test_the_bundle_card_reads_the_sweep_from_the_sealed_nomination():
         == "The best, B3 (lr 2e-05), lies inside the sweep. The response is unimodal."
     )
     assert (sweep["init"], sweep["policy"]) == ("R2d", "R2d")
-    assert bundles.card_sweep(nom, {}) is None and bundles.card_sweep(None, arms) is None
+    assert card.card_sweep(nom, {}) is None and card.card_sweep(None, arms) is None

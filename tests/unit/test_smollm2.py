@@ -14,6 +14,11 @@ from realmodel import import_smollm2
 
 from arenaflow import chat, manifest, models
 from arenaflow.bundles import build as bundles
+from arenaflow.bundles.checks import (
+    BundleCheckError,
+    check_template_compiles,
+    check_template_matches,
+)
 from arenaflow.pools import build as pools
 from arenaflow.train import data
 
@@ -99,8 +104,8 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
 def test_smollm2_native_template_is_not_byte_identical_to_the_renderer(smol):
     """SmolLM2's shipped template injects its own system prompt; arenaflow catches that."""
     tok = models.load_tokenizer(smol)
-    with pytest.raises(bundles.BundleCheckError, match="differently from arenaflow.chat.render"):
-        bundles.check_template_matches(tok)
+    with pytest.raises(BundleCheckError, match="differently from arenaflow.chat.render"):
+        check_template_matches(tok)
 
 
 def test_a_smollm2_bundle_gets_a_template_that_passes_the_checks_on_its_real_tokenizer(
@@ -111,8 +116,8 @@ def test_a_smollm2_bundle_gets_a_template_that_passes_the_checks_on_its_real_tok
     where SmolLM2's own adds a default system prompt."""
     tok = bundles.save_tokenizer(str(smol_nopad), chat.CHATML_TEMPLATE, tmp_path)
     reloaded = models.load_tokenizer(tmp_path)
-    assert bundles.check_template_compiles(reloaded.chat_template)["verdict"] == "PASS"
-    assert bundles.check_template_matches(reloaded)["verdict"] == "PASS"
+    assert check_template_compiles(reloaded.chat_template)["verdict"] == "PASS"
+    assert check_template_matches(reloaded)["verdict"] == "PASS"
     user_only = [{"role": "user", "content": "Hi"}]
     assert "SmolLM" in models.load_tokenizer(smol_nopad).apply_chat_template(
         user_only, tokenize=False

@@ -59,7 +59,7 @@ def write_nominee(rnd: str, nomination: str, runs: Path, out: Path) -> dict:
     allows), and nominee.json naming the arm and the sealed nomination. Only a sealed nomination
     whose judged files are unchanged is followed, and only a run whose manifest verifies."""
     from arenaflow import io, manifest
-    from arenaflow.bundles import build as bundles
+    from arenaflow.bundles import sources
     from arenaflow.rounds import nominate
 
     nom = nominate.load_sealed(nomination, root=".")
@@ -72,7 +72,7 @@ def write_nominee(rnd: str, nomination: str, runs: Path, out: Path) -> dict:
     record = manifest.require(src, f"round {rnd}'s nominee")
     real = io.read_json(src / ALIAS)["arm"] if (src / ALIAS).exists() else promoted
     with io.atomic_dir(out) as tmp:
-        for f in bundles.weight_files(src):
+        for f in sources.weight_files(src):
             _link_or_copy(src / f, tmp / f)
         io.write_json(
             tmp / ALIAS,

@@ -1,0 +1,219 @@
+"""The checks a bundle must pass before it is written (checks 1-4 of arenaflow.bundles.build).
+
+Consumes the assembled bundle directory, its chat template, the served run and its corpus;
+produces {check: {verdict, detail}} and reload_check.json, or raises BundleCheckError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+
+from arenaflow import chat, io, manifest, models
+from arenaflow.bundles.sources import MERGE, TRAINING, weight_files
+from arenaflow.decode import sampling
+
+SHAPES = {
+    "system+user": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "multi-turn": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And 3+3?"},
+    ],
+    "user-only": [{"role": "user", "content": "What is 7 * 6?"}],
+    "embedded newlines": [{"role": "user", "content": "line one\nline two\n\nline four"}],
+    "non-ASCII": [{"role": "user", "content": "Größe, naïve, 数学, emoji 🙂"}],
+    "tool role": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "calling tool"},
+        {"role": "tool", "content": '{"temp": 21}'},
+    ],
+    "surrounding whitespace": [
+        {"role": "system", "content": "  Be brief.\n"},
+        {"role": "user", "content": "\n\n  Hi  \n"},
+        {"role": "assistant", "content": " Hello.\n\n"},
+        {"role": "user", "content": "\tAgain? "},
+    ],
+    "ends on assistant": [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4."},
+    ],
+}
+DEGENERATE = {
+    "unknown role": [{"role": "narrator", "content": "Once upon a time"}],
+    "None content": [{"role": "user", "content": None}],
+}
+
+
+class BundleCheckError(RuntimeError):
+    pass
+
+
+def check_template_compiles(template: str) -> dict:
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise BundleCheckError(
+            f"chat_template.jinja line {e.lineno}: jinja2.exceptions."
+            f"TemplateSyntaxError: {e.message}"
+        ) from None
+    return {"verdict": "PASS", "detail": "compiles in transformers' sandboxed Jinja environment"}
+
+
+def _apply(tokenizer, msgs: list[dict], gen: bool, name: str) -> str:
+    try:
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+    except Exception as e:  # a server would fail the request: any exception fails the check
+        raise BundleCheckError(
+            f"template raises on {name} (add_generation_prompt={gen}): {type(e).__name__}: {e}"
+        ) from None
+
+
+def check_template_matches(tokenizer) -> dict:
+    """Render via the reloaded tokenizer, exactly as a server would, and compare bytes."""
+    checked = 0
+    for name, msgs in SHAPES.items():
+        for gen in (False, True):
+            got = _apply(tokenizer, msgs, gen, repr(name))
+            want = chat.render(msgs, add_generation_prompt=gen)
+            if got != want:
+                raise BundleCheckError(
+                    f"template renders {name!r} (add_generation_prompt={gen}) "
+                    f"differently from arenaflow.chat.render: {got!r} != {want!r}"
+                )
+            checked += 1
+    for name, msgs in DEGENERATE.items():
+        _apply(tokenizer, msgs, True, name)  # any exception is a failure of graceful degradation
+    return {
+        "verdict": "PASS",
+        "detail": f"{checked} renders byte-identical; unknown role and None content degrade",
+    }
+
+
+def check_reload(
+    bundle_dir: Path, base_model: str, serving: dict, system_prompt: str, prompts: list[str]
+) -> dict:
+    from peft import PeftModel
+
+    tok = models.load_tokenizer(bundle_dir)
+    if models.is_adapter(bundle_dir):
+        model = PeftModel.from_pretrained(models.load_base(base_model), str(bundle_dir)).eval()
+    else:  # full weights: the bundle is the model
+        model = models.load_base(bundle_dir).eval()
+    gen_cfg = io.read_json(bundle_dir / "generation_config.json")
+    rendered = [
+        tok.apply_chat_template(
+            chat.prompt_messages(system_prompt, p), tokenize=False, add_generation_prompt=True
+        )
+        for p in prompts
+    ]
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=serving["max_new_tokens"])
+    outs = sampling.generate(model, tok, rendered, dec, desc="reload check")
+    results, ok = [], True
+    for p, (o,) in zip(prompts, outs):
+        problems = [
+            msg
+            for bad, msg in (
+                (not o["stopped"], "no stop token"),
+                (not o["text"].strip(), "empty"),
+                ("\ufffd" in o["text"], "contains U+FFFD"),
+            )
+            if bad
+        ]
+        ok &= not problems
+        results.append(
+            {
+                "prompt": p,
+                "output": o["text"],
+                "n_tokens": o["n_tokens"],
+                "stopped": o["stopped"],
+                "problems": problems,
+            }
+        )
+    verdict = "RELOAD_CHECK_PASS" if ok else "RELOAD_CHECK_FAIL"
+    record = {"verdict": verdict, "eos_token_id": gen_cfg["eos_token_id"], "outputs": results}
+    io.write_json(bundle_dir / "reload_check.json", record)
+    if not ok:
+        raise BundleCheckError(
+            f"{verdict}: "
+            + "; ".join(f"{r['prompt']!r}: {r['problems']}" for r in results if r["problems"])
+        )
+    return {"verdict": verdict, "detail": f"{len(results)} prompts stopped, non-empty, no U+FFFD"}
+
+
+def check_evidence(bundle_dir: Path, run_dir: Path, corpus_dir: Path | None) -> dict:
+    """A trained arm's evidence names its corpus's digest; a merge's names each parent's weight
+    files by sha256, which must be the parent run's (verified by its manifest before the build)."""
+    if (bundle_dir / MERGE).exists():
+        detail = _check_merge_parents(io.read_json(bundle_dir / MERGE), run_dir.parent.parent)
+    else:
+        evidence = io.read_json(bundle_dir / TRAINING)
+        if "mixture" in evidence:
+            digest = _check_mixture(evidence, corpus_dir)
+            detail = f"dataset sha256 = the mixture's of {len(evidence['mixture'])} corpora"
+        else:
+            digest = manifest.verify(corpus_dir)["digest"]
+            detail = f"dataset sha256 = corpus digest {digest[:16]}…"
+        if evidence["dataset_sha256"] != digest:
+            raise BundleCheckError(
+                f"{TRAINING} dataset_sha256 {evidence['dataset_sha256']} "
+                f"is not {corpus_dir}'s digest {digest}"
+            )
+    for f in weight_files(run_dir):
+        if manifest.sha256_file(bundle_dir / f) != manifest.sha256_file(run_dir / f):
+            raise BundleCheckError(f"{f} differs from {run_dir / f}")
+    return {"verdict": "PASS", "detail": f"{detail}; adapter = {run_dir.name} of the arm"}
+
+
+def _check_mixture(evidence: dict, corpora: Path) -> str:
+    """A mixture's digest recomputed from its sources as they verify now (arenaflow.train.data):
+    each source corpus must still be the one trained on."""
+    from arenaflow.train.data import mixture_digest
+
+    for src in evidence["mixture"]:
+        digest = manifest.verify(corpora / src["corpus"])["digest"]
+        if digest != src["digest"]:
+            raise BundleCheckError(
+                f"{TRAINING}: mixture source {src['corpus']} was digest {src['digest'][:16]}…, "
+                f"{corpora / src['corpus']} is {digest[:16]}…"
+            )
+    sources = evidence["mixture"]
+    return mixture_digest(evidence["mixture_seed"], sources, [s["asked"] for s in sources])
+
+
+def _check_merge_parents(evidence: dict, runs: Path) -> str:
+    for p in evidence["parents"]:
+        files = manifest.verify(runs / p["arm"] / "final")["files"]
+        for name, sha in p["files_sha256"].items():
+            if files.get(name, {}).get("sha256") != sha:
+                raise BundleCheckError(
+                    f"{MERGE}: parent {p['arm']}'s {name} is not the one merged "
+                    f"(recorded {sha[:16]}…)"
+                )
+    return (
+        "merged from "
+        + " + ".join(f"{p['weight']:g} x {p['arm']}" for p in evidence["parents"])
+        + " (each parent's weights by sha256)"
+    )
+
+
+def run_checks(
+    tmp: Path, args, cfg: dict, template: str, run_dir: Path, corpus_dir: Path | None
+) -> dict:
+    """Checks 1-4 of arenaflow.bundles.build's docstring, on the assembled directory; the first
+    that fails raises BundleCheckError."""
+    checks = {"template_compiles": check_template_compiles(template)}
+    reloaded = models.load_tokenizer(tmp)
+    if reloaded.chat_template != template:
+        raise BundleCheckError(
+            "the reloaded tokenizer does not carry chat_template.jinja's template"
+        )
+    checks["template_matches_renderer"] = check_template_matches(reloaded)
+    checks["reload"] = check_reload(
+        tmp, args.base_model, cfg["serving"], cfg["system_prompt"], cfg["reload_prompts"]
+    )
+    checks["evidence"] = check_evidence(tmp, run_dir, corpus_dir)
+    return checks
