@@ -25,7 +25,7 @@ from pathlib import Path
 from arenaflow import chat, manifest, models
 from arenaflow.bases import hfimport, tinymodel
 from arenaflow.corpora import build as corpora
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="optional JSON results")
     args = ap.parse_args()
     load_before = os.getloadavg()
-    pool = pools.generate(args.rows, 0, "train", {c: 1 for c in pools.CATEGORIES}, "bench")
+    pool = mathpool.generate(args.rows, 0, "train", {c: 1 for c in mathpool.CATEGORIES}, "bench")
     rows, _ = corpora.reference(pool)
     tiny = models.load_tokenizer(REPO / "models/tiny-arith")
     with tempfile.TemporaryDirectory() as d:
@@ -185,7 +185,7 @@ def main() -> None:
             f"x{r['x_vs_sha256sum']:.2f} vs sha256sum"
         )
     print(
-        f"tokenisation: {args.rows} chat-rendered rows (pools.generate, reference answers), "
+        f"tokenisation: {args.rows} chat-rendered rows (mathpool.generate, reference answers), "
         f"best of {args.repeats}, {os.cpu_count()} CPUs"
     )
     for r in toks:

@@ -17,7 +17,7 @@ from pathlib import Path
 from arenaflow import chat, models
 from arenaflow.bases import tinymodel
 from arenaflow.decode import sampling
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="optional JSON results")
     args = ap.parse_args()
     model, tok = models.load_policy(REPO / "models/tiny-arith", None)
-    rows = pools.generate(args.prompts, 0, "train", {c: 1 for c in pools.CATEGORIES}, "bench")
+    rows = mathpool.generate(args.prompts, 0, "train", {c: 1 for c in mathpool.CATEGORIES}, "bench")
     prompts = [
         chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, r["prompt"]), True) for r in rows
     ]

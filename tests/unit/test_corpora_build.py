@@ -9,7 +9,7 @@ import pytest
 from arenaflow import manifest
 from arenaflow.bases import tinymodel
 from arenaflow.corpora import build as corpora
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def tok():
 
 
 def test_rows_sharing_a_prompt_with_an_eval_item_are_dropped_and_named(tmp_path, tok):
-    rows = pools.generate(20, 4, "train", {"add": 1, "mul": 1}, "t")
+    rows = mathpool.generate(20, 4, "train", {"add": 1, "mul": 1}, "t")
     leak = {"id": "eval-7", "prompt": rows[3]["prompt"]}
     stats = corpora.build(
         tmp_path / "c", rows, tok, "", {}, eval_items=[leak, {"id": "e2", "prompt": "unrelated"}]
@@ -34,7 +34,7 @@ def test_rows_sharing_a_prompt_with_an_eval_item_are_dropped_and_named(tmp_path,
 
 
 def test_coverage_selection_meets_group_minimums_under_a_row_budget(tmp_path, tok):
-    rows = pools.generate(40, 6, "train", {"add": 8, "mul": 1}, "t")
+    rows = mathpool.generate(40, 6, "train", {"add": 8, "mul": 1}, "t")
     n_mul = sum(r["category"] == "mul" for r in rows)
     assert 2 <= n_mul < 10
     spec = {"row_budget": 10, "min_per_group": {"mul": n_mul}}
@@ -46,7 +46,7 @@ def test_coverage_selection_meets_group_minimums_under_a_row_budget(tmp_path, to
 
 
 def test_reference_policy_names_a_row_without_a_reference(tmp_path, tok):
-    rows = pools.generate(3, 1, "train", {"add": 1}, "t")
+    rows = mathpool.generate(3, 1, "train", {"add": 1}, "t")
     del rows[1]["reference"]
     with pytest.raises(ValueError, match=rf"{rows[1]['id']!r} has no 'reference'"):
         corpora.build(tmp_path / "c", rows, tok, "", {})
@@ -54,7 +54,7 @@ def test_reference_policy_names_a_row_without_a_reference(tmp_path, tok):
 
 
 def test_a_group_below_its_minimum_keeps_all_its_rows_and_records_the_shortfall(tmp_path, tok):
-    rows = pools.generate(30, 6, "train", {"add": 8, "mul": 1}, "t")
+    rows = mathpool.generate(30, 6, "train", {"add": 8, "mul": 1}, "t")
     n_mul = sum(r["category"] == "mul" for r in rows)
     stats = corpora.build(
         tmp_path / "c",

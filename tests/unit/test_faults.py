@@ -36,7 +36,7 @@ from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
 from arenaflow.corpora import build as corpora
 from arenaflow.evals import readout as evals
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.rounds import nominate
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data
@@ -130,7 +130,7 @@ def arm(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("corpus") / "corpora/c"
-    rows = pools.generate(24, 7, "train", {"add": 1, "mul": 1}, "f")
+    rows = mathpool.generate(24, 7, "train", {"add": 1, "mul": 1}, "f")
     corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
     return out
 
@@ -138,7 +138,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture
 def pool(tmp_path) -> Path:
     path = tmp_path / "pool.jsonl"
-    io.write_jsonl(path, pools.generate(4, 11, "eval", {"add": 1}, "e"))
+    io.write_jsonl(path, mathpool.generate(4, 11, "eval", {"add": 1}, "e"))
     return path
 
 
@@ -441,12 +441,12 @@ def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
         from arenaflow import manifest
         from arenaflow.bases import tinymodel
         from arenaflow.corpora import build as corpora
-        from arenaflow.pools import build as pools
+        from arenaflow.pools import math as mathpool
         def stall(*a, **k):
             print("written", flush=True)
             time.sleep(600)
         manifest.write = stall
-        rows = pools.generate(30, 8, "train", {{"sub": 1}}, "k")
+        rows = mathpool.generate(30, 8, "train", {{"sub": 1}}, "k")
         corpora.build(
             {str(out)!r}, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {{}}
         )
@@ -456,7 +456,7 @@ def test_kill_9_while_a_corpus_is_written(corpus, tmp_path):
     proc.wait()
     assert manifest.verify(out)["digest"] == before  # the old corpus, whole
     assert leftovers(out.parent)  # the killed build's temporary, never taken for the output
-    rows = pools.generate(30, 8, "train", {"sub": 1}, "k")
+    rows = mathpool.generate(30, 8, "train", {"sub": 1}, "k")
     corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})  # the rerun
     assert manifest.verify(out)["digest"] != before
 
@@ -500,7 +500,7 @@ def test_kill_9_during_training_resumes_to_the_same_weights(corpus, tmp_path):
 
 
 def corpus_digest(root: Path, seed: int) -> str:
-    rows = pools.generate(20, seed, "train", {"add": 1}, "w")
+    rows = mathpool.generate(20, seed, "train", {"add": 1}, "w")
     return corpora.build(
         root / f"c{seed}", rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {}
     )["digest"]
@@ -515,8 +515,8 @@ def test_concurrent_writers_leave_one_whole_output(tmp_path):
         import sys
         from arenaflow.bases import tinymodel
         from arenaflow.corpora import build as corpora
-        from arenaflow.pools import build as pools
-        rows = pools.generate(20, int(sys.argv[1]), "train", {"add": 1}, "w")
+        from arenaflow.pools import math as mathpool
+        rows = mathpool.generate(20, int(sys.argv[1]), "train", {"add": 1}, "w")
         for _ in range(4):
             try:
                 corpora.build(
@@ -576,7 +576,7 @@ WRITERS = """
     from arenaflow.bases import tinymodel
     from arenaflow.corpora import build as corpora
     from arenaflow.evals import readout as evals
-    from arenaflow.pools import build as pools
+    from arenaflow.pools import math as mathpool
     def readout(path, n):
         df = pd.DataFrame({"arm": "A", "item_id": [f"i{j}" for j in range(n)], "category": "add",
                            "prompt_sha256": "p", "target_sha256": "t", "n_tokens": 9,
@@ -586,7 +586,7 @@ WRITERS = """
                            "pred": "x", "strict": True, "correct": True, "replicate": 0})
         evals.write_readout(evals.structure(df), path, {"arm": "A"})
     def corpus(path, n):
-        rows = pools.generate(n, n, "train", {"add": 1}, "d")
+        rows = mathpool.generate(n, n, "train", {"add": 1}, "d")
         corpora.build(path, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
     def attempt(fn, *a):
         try:

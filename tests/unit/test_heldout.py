@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from arenaflow import models
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.train import data, heldout
 
 
@@ -43,7 +43,7 @@ def test_every_rank_runs_as_many_forwards_and_every_row_is_counted_once(n, world
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, repo_root, train_arm):
     root = tmp_path_factory.mktemp("heldout")
-    corpus_rows = pools.generate(12, 5, "train", {"add": 1, "mul": 1}, "t")
+    corpus_rows = mathpool.generate(12, 5, "train", {"add": 1, "mul": 1}, "t")
     train_arm(
         root,
         repo_root / "models/tiny-arith",
@@ -116,7 +116,7 @@ def test_two_ranks_with_uneven_shares_stay_in_step_and_record_the_true_loss(
     train_arm(
         tmp_path,
         repo_root / "models/tiny-arith",
-        pools.generate(11, 6, "train", {"add": 1}, "t"),
+        mathpool.generate(11, 6, "train", {"add": 1}, "t"),
         "",
         nproc=2,
         max_steps=None,

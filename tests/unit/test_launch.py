@@ -165,10 +165,10 @@ def test_two_launchers_on_one_machine_rendezvous_like_two_nodes(tmp_path):
 
     from arenaflow.bases import tinymodel
     from arenaflow.corpora import build as corpora
-    from arenaflow.pools import build as pools
+    from arenaflow.pools import math as mathpool
 
     corpus = tmp_path / "c"
-    rows = pools.generate(32, 5, "train", {"add": 1, "sub": 1}, "m")
+    rows = mathpool.generate(32, 5, "train", {"add": 1, "sub": 1}, "m")
     corpora.build(corpus, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
     hyper = {**TINY_LORA, "lr": 1e-3, "max_steps": 3, "micro_batch_size": 4}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

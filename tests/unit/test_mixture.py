@@ -20,7 +20,7 @@ from arenaflow.bases import tinymodel
 from arenaflow.budget import ledger as afbudget
 from arenaflow.config import ConfigError
 from arenaflow.corpora import build as corpora
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data
 
@@ -34,7 +34,7 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpora")
     tok = tinymodel.build_tokenizer()
     for cid, n, seed in (("a", 30, 1), ("b", 12, 2)):
-        rows = pools.generate(n, seed, "train", {"add": 1, "mul": 1}, cid)
+        rows = mathpool.generate(n, seed, "train", {"add": 1, "mul": 1}, cid)
         corpora.build(root / cid, rows, tok, tinymodel.SYSTEM_PROMPT, {})
     return root
 
@@ -195,7 +195,7 @@ def test_a_bundle_recomputes_the_mixture_digest_and_refuses_a_changed_source(sou
     # the same evidence against a corpus b rebuilt with other rows: refused, naming the source
     other = tmp_path / "corpora"
     shutil.copytree(sources / "a", other / "a")
-    rows = pools.generate(12, 9, "train", {"add": 1, "mul": 1}, "b")
+    rows = mathpool.generate(12, 9, "train", {"add": 1, "mul": 1}, "b")
     corpora.build(other / "b", rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
     with pytest.raises(checks.BundleCheckError, match="mixture source b was digest"):
         checks._check_mixture(ev, other)

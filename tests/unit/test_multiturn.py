@@ -16,6 +16,7 @@ from arenaflow.evals import readout as evals
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import pool as ifpool
 from arenaflow.pools import build as pools
+from arenaflow.pools.validate import validate_rows
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_conversations_are_seeded_prefix_stable_and_checked():
         ifpool.conversations(3, 0, "eval", "p", 9)
     rows = [{"id": "a", "prompt": "x", "category": "c", "constraints": [{"type": "quoted"}]}]
     with pytest.raises(ValueError, match=r"pools/m\.jsonl:1: 2 turns but 1 constraints"):
-        pools.validate_rows([{**rows[0], "turns": ["x", "y"]}], "pools/m.jsonl", "ifeval")
+        validate_rows([{**rows[0], "turns": ["x", "y"]}], "pools/m.jsonl", "ifeval")
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
 from arenaflow.decode import sampling
 from arenaflow.evals import readout as evals
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.train import data, objective
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
@@ -199,7 +199,7 @@ def test_a_readout_without_a_pad_token_reads_the_same_rows_and_shows_rows_rate_a
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, nopad_base, train_arm):
     root = tmp_path_factory.mktemp("lineage")
-    rows = pools.generate(16, 5, "train", {"add": 1}, "np")
+    rows = mathpool.generate(16, 5, "train", {"add": 1}, "np")
     return root, train_arm(root, nopad_base, rows, SYSTEM)
 
 

@@ -18,6 +18,9 @@ from arenaflow import verify
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import pool as ifpool
 from arenaflow.pools import build as pools
+from arenaflow.pools.exclude import Excluded
+from arenaflow.pools.imported import check_bands
+from arenaflow.pools.validate import validate_rows
 
 GSM8K = [
     {
@@ -139,10 +142,10 @@ def test_math_type_outside_the_known_subjects_is_slugged(tmp_path):
 
 
 def test_last_boxed_matches_braces_to_any_depth():
-    assert pools.last_boxed("\\boxed{\\frac{\\sqrt{3}}{2}}") == "\\frac{\\sqrt{3}}{2}"
-    assert pools.last_boxed("\\boxed{1} then \\fbox{ {2} }") == "{2}"
-    assert pools.last_boxed("no box") is None
-    assert pools.last_boxed("\\boxed{unclosed {") is None
+    assert verify.last_boxed("\\boxed{\\frac{\\sqrt{3}}{2}}") == "\\frac{\\sqrt{3}}{2}"
+    assert verify.last_boxed("\\boxed{1} then \\fbox{ {2} }") == "{2}"
+    assert verify.last_boxed("no box") is None
+    assert verify.last_boxed("\\boxed{unclosed {") is None
 
 
 def test_parquet_import_keeps_the_id_column(tmp_path):
@@ -353,7 +356,7 @@ def test_validate_rows_checks_constraints_of_ifeval_pools():
     with pytest.raises(
         ValueError, match=r"^pools/x\.jsonl:2: unparsable constraint: .*unexpected param"
     ):
-        pools.validate_rows(rows, "pools/x.jsonl", kind="ifeval")
+        validate_rows(rows, "pools/x.jsonl", kind="ifeval")
 
 
 # --- the instruction-following generator -------------------------------------------------
@@ -524,7 +527,7 @@ def test_cli_runs_as_the_pools_rule_does(tmp_path, repo_root):
 
 
 def excluding(rows_or_prompts):
-    return pools.Excluded(r if isinstance(r, str) else r["prompt"] for r in rows_or_prompts)
+    return Excluded(r if isinstance(r, str) else r["prompt"] for r in rows_or_prompts)
 
 
 def test_import_drops_the_rows_an_excluded_pool_holds(tmp_path):
@@ -596,7 +599,7 @@ def test_ifeval_pool_excluding_its_twin_draws_on_along_its_sequence():
 
 def test_ifeval_pool_excluding_nothing_is_unchanged(if_eval):
     params = {"kind": "ifeval", "n": 300, "seed": 2, "split": "eval", "max_constraints": 3}
-    assert pools.build("if_eval", params, exclude=pools.Excluded()) == if_eval
+    assert pools.build("if_eval", params, exclude=Excluded()) == if_eval
 
 
 def run_cli(tmp_path, pool, params, *exclude):
@@ -725,7 +728,7 @@ def test_bands_of_one_file_must_agree_and_differ():
         "c": {"kind": "chat", "file": "x.jsonl", "band": {"index": 1, "of": 3}},
         "d": {"kind": "chat", "file": "y.jsonl", "band": {"index": 0, "of": 2}},
     }
-    assert pools.check_bands(pools_cfg) == [
+    assert check_bands(pools_cfg) == [
         ("pools/b/band/index", "pool 'a' already reads band 0 of x.jsonl"),
         (
             "pools/c/band/of",

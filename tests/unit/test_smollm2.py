@@ -19,7 +19,7 @@ from arenaflow.bundles.checks import (
     check_template_compiles,
     check_template_matches,
 )
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.train import data
 
 SYSTEM = "You are a helpful assistant."
@@ -38,7 +38,7 @@ def smol_nopad(smol, strip_pad):
 @pytest.fixture(scope="module")
 def trained(smol_nopad, tmp_path_factory, train_arm):
     root = tmp_path_factory.mktemp("lineage")
-    rows = pools.generate(8, 1, "train", {"add": 1}, "s")
+    rows = mathpool.generate(8, 1, "train", {"add": 1}, "s")
     train_arm(
         root,
         smol_nopad,

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from arenaflow import manifest
 from arenaflow.bases import tinymodel
 from arenaflow.corpora import build as corpora
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.train import argv as train_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def run_train(out: Path, corpus: Path, init: str = "base", hyper: dict | None = 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "c"
-    rows = pools.generate(48, 3, "train", {"add": 1, "mul": 1}, "t")
+    rows = mathpool.generate(48, 3, "train", {"add": 1, "mul": 1}, "t")
     tok = tinymodel.build_tokenizer()
     corpora.build(out, rows, tok, tinymodel.SYSTEM_PROMPT, {})
     return out

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from arenaflow import fused
 from arenaflow.bases import tinymodel
 from arenaflow.corpora import build as corpora
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.schema import hyper_defaults
 from arenaflow.train import argv as train_argv
 from arenaflow.train import data, objective
@@ -95,7 +95,7 @@ def assert_trains_alike(got: Path, want: Path, loss: float, atol: float, rtol: f
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "c"
-    rows = pools.generate(40, 5, "train", {"add": 1, "sub": 1, "two_step": 1}, "f")
+    rows = mathpool.generate(40, 5, "train", {"add": 1, "sub": 1, "two_step": 1}, "f")
     corpora.build(out, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
     return out
 
@@ -516,7 +516,7 @@ def test_full_fine_tuning_saves_gathered_full_weights(corpus, tmp_path):
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     """chosen = the worked solution, rejected = the same solution with a wrong result."""
-    rows = pools.generate(32, 9, "train", {"add": 1, "sub": 1}, "p")
+    rows = mathpool.generate(32, 9, "train", {"add": 1, "sub": 1}, "p")
     samples, verdicts = [], []
     for r in rows:
         wrong = r["reference"].replace(r["gold"], str(int(r["gold"]) + 1))

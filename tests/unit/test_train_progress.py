@@ -14,7 +14,7 @@ from hypers import TINY_LORA
 from arenaflow import io
 from arenaflow.bases import tinymodel
 from arenaflow.corpora import build as corpora
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 from arenaflow.train import argv as train_argv
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
@@ -36,7 +36,7 @@ def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus") / "c"
     corpora.build(
         out,
-        pools.generate(12, 2, "train", {"add": 1}, "p"),
+        mathpool.generate(12, 2, "train", {"add": 1}, "p"),
         tinymodel.build_tokenizer(),
         tinymodel.SYSTEM_PROMPT,
         {},

@@ -4,7 +4,7 @@
 
 Byte-level tokenizer (256 bytes + ChatML specials, built offline with `tokenizers`), a ~0.5 M
 parameter LlamaForCausalLM, trained from scratch with AdamW on the *train* split of the synthetic
-generator in arenaflow.pools.build. Every `--eval-every` steps it measures pass@1 at T=0.8 on
+generator in arenaflow.pools.math. Every `--eval-every` steps it measures pass@1 at T=0.8 on
 eval-split problems and keeps the first checkpoint inside [--min-pass, --max-pass], the regime where
 rejection sampling has something to select. The result is shipped in the repo with its sha256
 (models/tiny-arith/BUILD.json); rebuilding takes a few minutes on 2 cores.
@@ -24,7 +24,7 @@ import torch
 
 from arenaflow import chat, io, manifest, verify
 from arenaflow.decode import sampling
-from arenaflow.pools import build as pools
+from arenaflow.pools import math as mathpool
 
 SYSTEM_PROMPT = "You are a careful math tutor."
 SPECIALS = [chat.EOS, chat.IM_START, chat.IM_END]
@@ -87,9 +87,9 @@ def pass_at_1(model, tokenizer, rows: list[dict], seed: int) -> float:
 def train(args) -> tuple[dict, dict]:
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, args.seed)
-    cats = {c: 1.0 for c in pools.CATEGORIES}
-    train_rows = pools.generate(args.n_train, args.seed, "train", cats, "pretrain")
-    eval_rows = pools.generate(200, args.seed + 1, "eval", cats, "pretrain-eval")
+    cats = {c: 1.0 for c in mathpool.CATEGORIES}
+    train_rows = mathpool.generate(args.n_train, args.seed, "train", cats, "pretrain")
+    eval_rows = mathpool.generate(200, args.seed + 1, "eval", cats, "pretrain-eval")
     rng = random.Random(args.seed)
     encoded = [chat.encode_with_mask(tokenizer, _example(r, rng)) for r in train_rows]
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from arenaflow.config import continual
 from arenaflow.config.arms import _apply_overrides, _resolve_arms, load_arms, template_arms
 from arenaflow.config.load import key_line
-from arenaflow.pools import build as afpools
+from arenaflow.pools import exclude as afexclude
+from arenaflow.pools import imported as afimported
 from arenaflow.rounds import bar as afbar
 from arenaflow.schema import (
     BASE,
@@ -92,7 +93,7 @@ def resolve(
     )
     continual.resolve_refs(cfg, raw, files, config_file, ConfigError)
     _apply_overrides(cfg.get("arm_overrides", {}), raw, arms_dir, config_file)
-    for key, msg in afpools.check_exclude(cfg["pools"]) + afpools.check_bands(cfg["pools"]):
+    for key, msg in afexclude.check_exclude(cfg["pools"]) + afimported.check_bands(cfg["pools"]):
         raise ConfigError(f"{config_file}: key '{key}': {msg}")
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
     arms = _resolve_arms(cfg, raw, files, arms_dir)
