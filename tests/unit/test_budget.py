@@ -18,6 +18,7 @@ from dagrun import CONFIG, dry_run
 
 from arenaflow import config as afconfig
 from arenaflow import schema as afschema
+from arenaflow.budget import cost as afcost
 from arenaflow.budget import ledger as afbudget
 from arenaflow.budget import plan as afplan
 from arenaflow.train import data
@@ -44,23 +45,23 @@ HYPER = {"micro_batch_size": 4, "grad_accum": 2, "seq_len": 512, "epochs": 3, "n
 )
 def test_steps_are_counted_as_the_training_loop_counts_them(rows, hyper):
     world = hyper["nproc"] * hyper.get("nodes", 1)
-    assert afbudget.train_steps(rows, hyper) == data.total_steps(rows, hyper, world)
+    assert afcost.train_steps(rows, hyper) == data.total_steps(rows, hyper, world)
 
 
 def test_training_estimate_is_gpus_times_steps_times_step_time_plus_overhead():
     # 100 rows / (4 x 2 x 2 ranks) = 6 full steps + 4 rows, a step of their own (4 >= 2 x 2
     # micro-batches): 7 steps per epoch x 3 epochs = 21 steps;
     # one step: 0.1 s x 4 x 2 rows x 512/1024 = 0.4 s per rank; 2 GPUs
-    assert afbudget.train_minutes(
-        100, HYPER, row_seconds=0.1, overhead_minutes=1.0
-    ) == pytest.approx(2 * (21 * 0.4 / 60 + 1.0))
+    assert afcost.train_minutes(100, HYPER, row_seconds=0.1, overhead_minutes=1.0) == pytest.approx(
+        2 * (21 * 0.4 / 60 + 1.0)
+    )
     two_nodes = {**HYPER, "nodes": 2}  # 4 GPUs, 3 steps per epoch, 9 steps
-    assert afbudget.train_minutes(100, two_nodes, 0.1, 0.0) == pytest.approx(4 * 9 * 0.4 / 60)
+    assert afcost.train_minutes(100, two_nodes, 0.1, 0.0) == pytest.approx(4 * 9 * 0.4 / 60)
 
 
 def test_generation_estimate_counts_batches_of_decode_steps():
     # 300 prompts x k 4 = 1200 sequences in batches of 256: 5 batches x 64 steps x 0.05 s
-    assert afbudget.generate_minutes(300, 4, 256, 64, 0.05, 0.5) == pytest.approx(
+    assert afcost.generate_minutes(300, 4, 256, 64, 0.05, 0.5) == pytest.approx(
         5 * 64 * 0.05 / 60 + 0.5
     )
 
@@ -72,20 +73,20 @@ def test_measured_step_time_inverts_the_model():
         "wall_time_s": 18 * 0.4,
         "world_size": 2,
     }
-    assert afbudget.measured_row_seconds(rec) == pytest.approx(0.1)
-    assert afbudget.record_minutes(rec, overhead_minutes=1.0) == pytest.approx(2 * (7.2 / 60 + 1.0))
+    assert afcost.measured_row_seconds(rec) == pytest.approx(0.1)
+    assert afcost.record_minutes(rec, overhead_minutes=1.0) == pytest.approx(2 * (7.2 / 60 + 1.0))
 
 
 def test_a_preference_row_costs_its_two_sides():
     """DPO/SimPO rows are pairs: a step runs twice the sequences of an SFT step of as many rows,
     and a DPO record's measured seconds are per sequence, so SFT and DPO runs pool."""
     dpo = {**HYPER, "objective": "dpo"}
-    assert afbudget.row_ktokens(dpo) == 2 * afbudget.row_ktokens(HYPER)
-    assert afbudget.train_minutes(100, dpo, 0.1, 0.0) == pytest.approx(
-        2 * afbudget.train_minutes(100, HYPER, 0.1, 0.0)
+    assert afcost.row_ktokens(dpo) == 2 * afcost.row_ktokens(HYPER)
+    assert afcost.train_minutes(100, dpo, 0.1, 0.0) == pytest.approx(
+        2 * afcost.train_minutes(100, HYPER, 0.1, 0.0)
     )
     rec = {"hyperparameters": dpo, "optimizer_steps": 18, "wall_time_s": 18 * 0.8}
-    assert afbudget.measured_row_seconds(rec) == pytest.approx(0.1)
+    assert afcost.measured_row_seconds(rec) == pytest.approx(0.1)
 
 
 # ---- a resolved config over a results directory -----------------------------------------
@@ -187,7 +188,7 @@ def test_a_shared_corpus_is_sampled_once_in_a_cost(tmp_path):
 
 # ---- the integer program ----------------------------------------------------------------
 def est(arm, own, priority=1.0, needs=(), corpus=None, sampling=0.0):
-    return afbudget.ArmEstimate(
+    return afcost.ArmEstimate(
         arm=arm,
         priority=priority,
         gpus=1,

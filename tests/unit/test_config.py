@@ -179,7 +179,7 @@ def test_every_hyper_default_the_code_reads_is_the_schemas():
 
 
 def test_the_trainer_and_the_budget_fill_a_missing_key_from_the_schema():
-    from arenaflow.budget import ledger as budget
+    from arenaflow.budget import cost as budget
     from arenaflow.train import loop
 
     assert not hasattr(loop, "DEFAULTS")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from arenaflow import io, paths
 from arenaflow import schema as afschema
+from arenaflow.budget import cost as afcost
 from arenaflow.budget import ledger as afbudget
 from arenaflow.rounds import continual
 
@@ -176,7 +177,7 @@ def arm_row(b: afbudget.Budget, arm: str, decision: dict) -> dict:
     over = b.est["overhead_minutes"]
     ev_path = b.results / paths.run(arm) / "training_evidence.json"
     ev = io.read_json(ev_path) if ev_path.exists() else None
-    train = afbudget.record_minutes(ev, over) if ev else 0.0
+    train = afcost.record_minutes(ev, over) if ev else 0.0
     reads = sum(b.readout(s, g) for s, g, p in b.readout_files(arm) if p.exists())
     # the jobs it caused, as they ran: prompt-search readouts and MC guards on disk
     search, guards = b.searched(arm, on_disk=True), b.guarded(arm, on_disk=True)

@@ -35,6 +35,7 @@ import pulp
 from arenaflow import config as afconfig
 from arenaflow import schema as afschema
 from arenaflow.budget import admission as afadmission
+from arenaflow.budget import cost as afcost
 from arenaflow.budget import ledger as afbudget
 from arenaflow.corpora.coverage import binary, cbc
 
@@ -42,7 +43,7 @@ STATUSES = (afadmission.ADMITTED, afadmission.REFUSED, afadmission.BLOCKED)
 TIE = 1e-6  # the cost tie-break is worth less than this much priority
 
 
-def choose(estimates: dict[str, afbudget.ArmEstimate], left: float) -> set[str]:
+def choose(estimates: dict[str, afcost.ArmEstimate], left: float) -> set[str]:
     """The set of arms of maximal total priority whose cost fits in `left` (see module doc)."""
     arms = sorted(estimates)
     if not arms:

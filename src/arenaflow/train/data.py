@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from arenaflow import manifest
-from arenaflow.budget import ledger as budget
+from arenaflow.budget import cost as budget
 
 ALL = "all"  # a mixture source's count: every row of the corpus
 
