@@ -10,6 +10,7 @@ import re
 import pytest
 
 from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import constraints as ifconstraints
 
 
 def one(text: str, **constraint) -> tuple[bool, str]:
@@ -321,8 +322,8 @@ def test_family(text, constraint, passes, reason):
 
 def test_every_family_has_a_passing_and_a_failing_case():
     seen = {(c[1]["type"], c[2]) for c in CASES}
-    assert {f for f, _ in seen} == set(ifcheck.FAMILIES)
-    assert all((f, True) in seen and (f, False) in seen for f in ifcheck.FAMILIES)
+    assert {f for f, _ in seen} == set(ifconstraints.FAMILIES)
+    assert all((f, True) in seen and (f, False) in seen for f in ifconstraints.FAMILIES)
 
 
 def test_multi_constraint_prompt_passes_only_if_every_check_passes():
@@ -364,7 +365,7 @@ def test_unknown_or_malformed_constraint_raises_naming_it(constraint, message):
     if isinstance(constraint, dict):
         assert json.dumps(constraint, sort_keys=True) in str(e.value)
     with pytest.raises(ValueError, match=message):
-        ifcheck.describe(constraint)
+        ifconstraints.describe(constraint)
 
 
 def test_constraints_must_be_a_non_empty_list():
@@ -375,8 +376,11 @@ def test_constraints_must_be_a_non_empty_list():
 
 
 def test_validate_fills_optional_params_and_lists_single_words():
-    assert ifcheck.validate({"type": "postscript"}) == {"type": "postscript", "marker": "P.S."}
-    assert ifcheck.validate({"type": "no_word", "words": "very"}) == {
+    assert ifconstraints.validate({"type": "postscript"}) == {
+        "type": "postscript",
+        "marker": "P.S.",
+    }
+    assert ifconstraints.validate({"type": "no_word", "words": "very"}) == {
         "type": "no_word",
         "words": ["very"],
     }
@@ -436,15 +440,15 @@ DESCRIBE = {
 }
 
 
-@pytest.mark.parametrize("family", ifcheck.FAMILIES)
+@pytest.mark.parametrize("family", ifconstraints.FAMILIES)
 def test_describe_every_family(family):
     params, text = DESCRIBE[family]
-    assert ifcheck.describe({"type": family, **params}) == text
+    assert ifconstraints.describe({"type": family, **params}) == text
 
 
 def test_describe_other_forbidden_characters():
     assert (
-        ifcheck.describe({"type": "no_char", "chars": "#@"})
+        ifconstraints.describe({"type": "no_char", "chars": "#@"})
         == 'Do not use any of these characters: "#" or "@".'
     )
 

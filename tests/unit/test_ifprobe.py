@@ -15,6 +15,8 @@ import yaml
 from arenaflow import config
 from arenaflow.config import ConfigError
 from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import constraints as ifconstraints
+from arenaflow.instruct import domains as ifdomains
 from arenaflow.instruct import pool as ifpool
 from arenaflow.instruct import probe as ifprobe
 from arenaflow.pools import build as pools
@@ -50,15 +52,15 @@ def test_probe_values_lie_outside_both_train_and_eval_for_every_family():
     _, train = ifpool.split_values("train")
     _, ev = ifpool.split_values("eval")
     _, probe = ifpool.split_values("probe")
-    assert set(ifprobe.PROBE_DOMAINS) == set(ifpool.DOMAINS)  # every family, same order
-    valueless = {f for f in ifpool.DOMAINS if not ifprobe.PROBE_DOMAINS[f]}
+    assert set(ifprobe.PROBE_DOMAINS) == set(ifdomains.DOMAINS)  # every family, same order
+    valueless = {f for f in ifdomains.DOMAINS if not ifprobe.PROBE_DOMAINS[f]}
     assert valueless == {"no_digits", "is_upper", "is_lower", "quoted"}  # nothing to vary
     for (family, param), vals in probe.items():
         ranges = [*train.get((family, param), ()), *ev.get((family, param), ())]
-        if family in ifpool.FIXED:  # no_char: train/eval use the one fixed character
-            ranges.append(ifpool.FIXED[family][param])
+        if family in ifdomains.FIXED:  # no_char: train/eval use the one fixed character
+            ranges.append(ifdomains.FIXED[family][param])
         if family == "postscript":  # train/eval use the checker's default marker
-            ranges.append(ifcheck.validate({"type": "postscript"})["marker"])
+            ranges.append(ifconstraints.validate({"type": "postscript"})["marker"])
         assert ranges, (family, param)
         assert set(vals).isdisjoint(ranges), (family, param)
     for key, dom in train.items():  # counts sit past an edge of the train/eval band
@@ -80,32 +82,32 @@ def test_probe_rows_use_only_probe_values_and_cover_them(probe_rows):
 
 
 def test_probe_subjects_and_tasks_are_disjoint(probe_rows):
-    assert set(ifprobe.PROBE_SUBJECTS).isdisjoint(ifpool.SUBJECTS)
+    assert set(ifprobe.PROBE_SUBJECTS).isdisjoint(ifdomains.SUBJECTS)
     first = lambda t: t.split()[0]  # noqa: E731
-    assert {first(t) for t in ifprobe.PROBE_TASKS}.isdisjoint({first(t) for t in ifpool.TASKS})
+    assert {first(t) for t in ifprobe.PROBE_TASKS}.isdisjoint({first(t) for t in ifdomains.TASKS})
     for r in probe_rows:
         i = int(r["source"].split(":probe_subject=")[1].split(":")[0])
         assert ifprobe.PROBE_SUBJECTS[i] in r["prompt"]
-        assert not any(s in r["prompt"] for s in ifpool.SUBJECTS)
+        assert not any(s in r["prompt"] for s in ifdomains.SUBJECTS)
 
 
 def test_probe_phrasings_share_no_four_words_with_the_standard_ones(probe_rows):
     for r in probe_rows:
         for c in r["constraints"]:
-            mine, theirs = ifprobe.describe(c), ifcheck.describe(c)
+            mine, theirs = ifprobe.describe(c), ifconstraints.describe(c)
             assert mine in r["prompt"] and theirs not in r["prompt"]
             common = grams(mine) & grams(theirs)
             assert not common, (c, common)
 
 
 def test_probe_constraints_are_valid_compatible_and_checkable(probe_rows):
-    assert {r["category"] for r in probe_rows} == set(ifcheck.FAMILIES)
+    assert {r["category"] for r in probe_rows} == set(ifconstraints.FAMILIES)
     for r in probe_rows:
         for c in r["constraints"]:
-            assert ifcheck.validate(c) == c
+            assert ifconstraints.validate(c) == c
         types = [c["type"] for c in r["constraints"]]
         assert len(set(types)) == len(types)
-        assert all(frozenset((a, b)) not in ifpool.CONFLICTS for a in types for b in types)
+        assert all(frozenset((a, b)) not in ifdomains.CONFLICTS for a in types for b in types)
     # a response written to a probe constraint passes the checker; one written to train's fails
     c = {"type": "postscript", "marker": "P.P.S."}
     assert ifcheck.check("Body.\nP.P.S. more", [c])["passed"]

@@ -14,6 +14,8 @@ from scipy import stats as sps
 from arenaflow import chat, io, manifest
 from arenaflow.evals import readout as evals
 from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import constraints as ifconstraints
+from arenaflow.instruct import domains as ifdomains
 from arenaflow.instruct import pool as ifpool
 from arenaflow.pools import build as pools
 from arenaflow.pools.validate import validate_rows
@@ -30,17 +32,17 @@ def test_each_turn_adds_one_compatible_constraint_in_its_own_message(convs):
     for r in convs:
         assert len(r["turns"]) == len(r["constraints"]) == 4 and r["prompt"] == r["turns"][0]
         types = [c["type"] for c in r["constraints"]]
-        assert len(set(types)) == 4 and not set(types) & ifpool.SOLO
-        assert all(frozenset((a, b)) not in ifpool.CONFLICTS for a in types for b in types)
+        assert len(set(types)) == 4 and not set(types) & ifdomains.SOLO
+        assert all(frozenset((a, b)) not in ifdomains.CONFLICTS for a in types for b in types)
         assert r["category"] == types[0]
         for k, (message, c) in enumerate(zip(r["turns"], r["constraints"])):
-            assert ifcheck.describe(c) in message  # turn k introduces constraint k ...
+            assert ifconstraints.describe(c) in message  # turn k introduces constraint k ...
             for later in r["constraints"][k + 1 :]:  # ... and no later one
-                assert ifcheck.describe(later) not in message
+                assert ifconstraints.describe(later) not in message
             for p, v in c.items():  # values from the eval side only
                 if p != "type" and (c["type"], p) in values:
                     assert set(v if isinstance(v, list) else [v]) <= set(values[(c["type"], p)])
-        assert all(ifpool.KEEP.split("{c}")[0] in m for m in r["turns"][1:])
+        assert all(ifdomains.KEEP.split("{c}")[0] in m for m in r["turns"][1:])
     assert len({json.dumps(r["turns"]) for r in convs}) == len(convs)
 
 

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from arenaflow import verify
-from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import constraints as ifconstraints
+from arenaflow.instruct import domains as ifdomains
 from arenaflow.instruct import pool as ifpool
 from arenaflow.pools import build as pools
 from arenaflow.pools.exclude import Excluded
@@ -377,7 +378,7 @@ def if_eval():
 
 
 def subject_of(row):
-    return ifpool.SUBJECTS[int(row["source"].split(":subject=")[1].split(":")[0])]
+    return ifdomains.SUBJECTS[int(row["source"].split(":subject=")[1].split(":")[0])]
 
 
 def values_of(rows):
@@ -385,7 +386,7 @@ def values_of(rows):
     out = collections.defaultdict(set)
     for r in rows:
         for c in r["constraints"]:
-            for p in ifpool.DOMAINS[c["type"]]:
+            for p in ifdomains.DOMAINS[c["type"]]:
                 v = c[p]
                 out[(c["type"], p)].update(v if isinstance(v, list) else [v])
     return out
@@ -437,20 +438,20 @@ def test_rows_carry_valid_constraints_described_in_the_prompt(if_train):
         assert r["category"] == r["constraints"][0]["type"]
         assert 1 <= len(r["constraints"]) <= 3
         for c in r["constraints"]:
-            assert ifcheck.validate(c) == c
-            assert ifcheck.describe(c) in r["prompt"]
+            assert ifconstraints.validate(c) == c
+            assert ifconstraints.describe(c) in r["prompt"]
         types = [c["type"] for c in r["constraints"]]
         assert len(set(types)) == len(types)
         for a in types:
             for b in types:
-                assert frozenset((a, b)) not in ifpool.CONFLICTS
-        if set(types) & ifpool.SOLO:
+                assert frozenset((a, b)) not in ifdomains.CONFLICTS
+        if set(types) & ifdomains.SOLO:
             assert len(types) == 1
 
 
 def test_primary_families_are_balanced(if_train):
     counts = collections.Counter(r["category"] for r in if_train)
-    assert set(counts) == set(ifcheck.FAMILIES)
+    assert set(counts) == set(ifconstraints.FAMILIES)
     assert max(counts.values()) - min(counts.values()) <= 2
 
 
@@ -476,7 +477,7 @@ def test_constraint_families_restrict_the_pool():
 
 
 def test_partition_always_leaves_both_sides_non_empty():
-    for family, params in ifpool.DOMAINS.items():
+    for family, params in ifdomains.DOMAINS.items():
         for p, domain in params.items():
             part = ifpool.partition(f"{family}.{p}", domain)
             assert part["train"] and part["eval"]
@@ -488,8 +489,9 @@ def test_partition_always_leaves_both_sides_non_empty():
 def test_schema_lists_exactly_the_checker_families(repo_root):
     schema = yaml.safe_load((repo_root / "workflow/schemas/config.schema.yaml").read_text())
     pool = schema["properties"]["pools"]["additionalProperties"]
-    assert pool["properties"]["constraint_families"]["items"]["enum"] == list(ifcheck.FAMILIES)
-    assert list(ifpool.DOMAINS) == list(ifcheck.FAMILIES)
+    families = pool["properties"]["constraint_families"]["items"]["enum"]
+    assert families == list(ifconstraints.FAMILIES)
+    assert list(ifdomains.DOMAINS) == list(ifconstraints.FAMILIES)
     assert pool["properties"]["kind"]["enum"] == list(pools.KINDS)
 
 

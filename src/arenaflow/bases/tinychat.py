@@ -37,6 +37,7 @@ from arenaflow.bases import tinymodel
 from arenaflow.decode import sampling
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import domains as ifdomains
 from arenaflow.instruct import pool as ifpool
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -154,7 +155,7 @@ def answer(subject: str, constraints: list[dict], rng: random.Random) -> str:
 
 def subject_of(row: dict) -> str:
     """The subject of an arenaflow.instruct.pool row (its source names the subject's index)."""
-    return ifpool.SUBJECTS[int(row["source"].split(":subject=")[1].split(":")[0])]
+    return ifdomains.SUBJECTS[int(row["source"].split(":subject=")[1].split(":")[0])]
 
 
 def examples(n: int, seed: int, split: str = "train") -> list[dict]:
@@ -198,11 +199,13 @@ def chatset(n: int, seed: int, split: str = "train") -> list[dict]:
 
 def _vocabulary() -> frozenset[str]:
     """Every word the generator writes, lowercased, punctuation stripped."""
-    texts = [*_SUBJECT, *_REST, *_ITEMS, *_TOPICS, *ifpool.SUBJECTS, "ask me more about p.s."]
+    texts = [*_SUBJECT, *_REST, *_ITEMS, *_TOPICS, *ifdomains.SUBJECTS, "ask me more about p.s."]
     texts += [
-        p for ps in (ifpool.DOMAINS["startswith"], ifpool.DOMAINS["endswith"]) for p in ps["phrase"]
+        p
+        for ps in (ifdomains.DOMAINS["startswith"], ifdomains.DOMAINS["endswith"])
+        for p in ps["phrase"]
     ]
-    texts += [*ifpool.DOMAINS["contains"]["words"], "it is a story of and"]
+    texts += [*ifdomains.DOMAINS["contains"]["words"], "it is a story of and"]
     return frozenset(w for t in texts for w in _words(t))
 
 

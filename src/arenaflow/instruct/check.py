@@ -1,38 +1,12 @@
 """Instruction-constraint checker: does a response satisfy every checkable constraint of a prompt?
 
-A constraint is a dict {"type": family, **params}; `check(response, constraints)` returns
-{"passed": bool, "checks": [{"type", "passed", "reason"}]} with one check per constraint, in
-order, and a human reason for each failure ("word_eq: 37 words, expected 40"), so failures can
-be tallied by checker reason, as in docs/lineages.md#003-failure-analysis-by-checker-reason.
-A prompt passes only if every check passes.
-`describe(constraint)` is the instruction text a prompt carries for it.
+check(response, constraints) returns {"passed", "checks": [{"type", "passed", "reason"}]}: one
+check per constraint (arenaflow.instruct.constraints), in order, with a human reason for each
+failure ("word_eq: 37 words, expected 40") so failures can be tallied by checker reason
+(docs/lineages.md#003-failure-analysis-by-checker-reason); passed only if every check passes.
 
     python -m arenaflow.instruct.check --constraints-json '[{"type": "word_eq", "n": 40}]' \
         < response.txt
-
-Definitions (all exact, so a test can hand-compute them):
-- words are `response.split()`; word_times / contains / no_word match case-insensitively on
-  whole words (not inside a longer word), phrases allowed;
-- a sentence ends in a run of . ! ? followed by whitespace or the end (closing quotes,
-  brackets or markdown emphasis * _ may sit between); a trailing fragment without a terminator
-  counts as one more. A single "." (not "..", "?!") does not end one after
-  * a title or Latin abbreviation that always has more after it (_NEVER_FINAL: Mr. Dr. Prof.
-    St. e.g. i.e. vs. P.S. ..., any case), or a single capital initial ("J. R. R. Tolkien");
-  * a list marker: a number or single letter alone at the start of a line ("1.", "a.");
-  * a dotted abbreviation ("U.S.", "a.m.", "Ph.D.") or etc. Inc. Ltd. Co. Jr. Sr., when the
-    next word on the same line starts with a lowercase letter or a digit ("the U.S. economy"
-    is one sentence, "moved to the U.S. Then it" two);
-  decimals never end one ("3.5": no whitespace after the point). Rule-based on purpose: nltk's
-  punkt needs trained data that is not shipped, and a fixed rule can be hand-computed;
-- paragraphs are separated by blank lines; bullets are lines starting "* " or "- ", numbered
-  items lines starting "N. " (leading spaces allowed);
-- startswith / endswith compare the whitespace-stripped response, case-sensitively;
-- highlights count *text* and **text** spans with non-blank text on one line (as IFEval does);
-- postscript wants a line that starts with the marker, after any blockquote > and markdown
-  emphasis (`> P.S.`, `**P.S.**`, `*P.S. ...*`, `__P.S.__`);
-- json_* accept the JSON alone, or wrapped in a ``` or ```json fence and nothing else around
-  it: the fences may share a line with the JSON (```json {"a": 1}```) and lines may end in CRLF;
-- table_rows counts the body rows (after the |---| separator) of every markdown table.
 """
 
 from __future__ import annotations
@@ -42,35 +16,31 @@ import json
 import re
 import sys
 
-# param kinds: "n" a non-negative int, "words" a non-empty list of non-empty strings (a single
-# string is accepted as a list of one), "text" a non-empty string
-_SPECS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
-    # family: ({required param: kind}, {optional param: default})
-    "word_eq": ({"n": "n"}, {}),
-    "word_min": ({"n": "n"}, {}),
-    "word_max": ({"n": "n"}, {}),
-    "word_times": ({"word": "text", "n": "n"}, {}),
-    "sent": ({"n": "n"}, {}),
-    "para": ({"n": "n"}, {}),
-    "bullet": ({"n": "n"}, {}),
-    "numbered": ({"n": "n"}, {}),
-    "contains": ({"words": "words"}, {}),
-    "no_word": ({"words": "words"}, {}),
-    "no_char": ({"chars": "text"}, {}),
-    "no_digits": ({}, {}),
-    "startswith": ({"phrase": "text"}, {}),
-    "endswith": ({"phrase": "text"}, {}),
-    "is_upper": ({}, {}),
-    "is_lower": ({}, {}),
-    "quoted": ({}, {}),
-    "postscript": ({}, {"marker": "P.S."}),
-    "placeholders": ({"n": "n"}, {}),
-    "highlights": ({"n": "n"}, {}),
-    "json_keys": ({"keys": "words"}, {}),
-    "json_array_len": ({"n": "n"}, {}),
-    "table_rows": ({"n": "n"}, {}),
-}
-FAMILIES = tuple(_SPECS)
+from arenaflow.instruct.constraints import _name, _plural, _quoted_list, validate
+
+# Definitions (all exact, so a test can hand-compute them):
+# - words are `response.split()`; word_times / contains / no_word match case-insensitively on
+#   whole words (not inside a longer word), phrases allowed;
+# - a sentence ends in a run of . ! ? followed by whitespace or the end (closing quotes,
+#   brackets or markdown emphasis * _ may sit between); a trailing fragment without a terminator
+#   counts as one more. A single "." (not "..", "?!") does not end one after
+#   * a title or Latin abbreviation that always has more after it (_NEVER_FINAL: Mr. Dr. Prof.
+#     St. e.g. i.e. vs. P.S. ..., any case), or a single capital initial ("J. R. R. Tolkien");
+#   * a list marker: a number or single letter alone at the start of a line ("1.", "a.");
+#   * a dotted abbreviation ("U.S.", "a.m.", "Ph.D.") or etc. Inc. Ltd. Co. Jr. Sr., when the
+#     next word on the same line starts with a lowercase letter or a digit ("the U.S. economy"
+#     is one sentence, "moved to the U.S. Then it" two);
+#   decimals never end one ("3.5": no whitespace after the point). Rule-based on purpose: nltk's
+#   punkt needs trained data that is not shipped, and a fixed rule can be hand-computed;
+# - paragraphs are separated by blank lines; bullets are lines starting "* " or "- ", numbered
+#   items lines starting "N. " (leading spaces allowed);
+# - startswith / endswith compare the whitespace-stripped response, case-sensitively;
+# - highlights count *text* and **text** spans with non-blank text on one line (as IFEval does);
+# - postscript wants a line that starts with the marker, after any blockquote > and markdown
+#   emphasis (`> P.S.`, `**P.S.**`, `*P.S. ...*`, `__P.S.__`);
+# - json_* accept the JSON alone, or wrapped in a ``` or ```json fence and nothing else around
+#   it: the fences may share a line with the JSON (```json {"a": 1}```) and lines may end in CRLF;
+# - table_rows counts the body rows (after the |---| separator) of every markdown table.
 
 _SENT_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]*_]*(?=\s|$)")
 # abbreviations that are always followed by more of their sentence (matched lowercased)
@@ -101,76 +71,13 @@ _JSON_TYPES = {
 _FENCE = re.compile(r"^```(?:json|JSON|Json)?(.*?)```$", re.DOTALL)
 
 
-def _name(c) -> str:
-    return json.dumps(c, sort_keys=True, ensure_ascii=False) if isinstance(c, dict) else repr(c)
-
-
-def validate(constraint) -> dict:
-    """Return a normalised copy (optional params filled, single words listed); raise ValueError
-    naming the constraint when its type is unknown or a param is missing, extra or malformed."""
-    if not isinstance(constraint, dict) or "type" not in constraint:
-        raise ValueError(f"constraint {_name(constraint)}: expected a dict with a 'type'")
-    family = constraint["type"]
-    if family not in _SPECS:
-        raise ValueError(
-            f"constraint {_name(constraint)}: unknown type {family!r}; known: {', '.join(FAMILIES)}"
-        )
-    required, optional = _SPECS[family]
-    extra = set(constraint) - {"type"} - set(required) - set(optional)
-    if extra:
-        raise ValueError(
-            f"constraint {_name(constraint)}: unexpected param(s) {sorted(extra)} for {family}"
-        )
-    out = {"type": family, **optional}
-    for key, kind in required.items():
-        if key not in constraint:
-            raise ValueError(f"constraint {_name(constraint)}: missing param {key!r} for {family}")
-        out[key] = _param(constraint, key, kind, constraint[key])
-    for key in optional:
-        if key in constraint:
-            out[key] = _param(constraint, key, "text", constraint[key])
-    return out
-
-
-def _param(constraint, key: str, kind: str, v):
-    bad = ValueError(
-        f"constraint {_name(constraint)}: param {key!r} must be "
-        + {
-            "n": "a non-negative integer",
-            "text": "a non-empty string",
-            "words": "a non-empty string or list of non-empty strings",
-        }[kind]
-    )
-    if kind == "n":
-        # bool is an int subclass; True as a count is a bug in whatever wrote the constraint
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise bad
-        return v
-    if kind == "words" and isinstance(v, list):
-        if not v or not all(isinstance(w, str) and w.strip() for w in v):
-            raise bad
-        return list(v)
-    if not isinstance(v, str) or not v.strip():
-        raise bad
-    return [v] if kind == "words" else v
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def _quoted_list(words: list[str], conj: str) -> str:
-    q = [f'"{w}"' for w in words]
-    return q[0] if len(q) == 1 else f"{', '.join(q[:-1])} {conj} {q[-1]}"
-
-
 def _occurrences(text: str, phrase: str) -> int:
     words = r"\s+".join(re.escape(w) for w in phrase.split())
     return len(re.findall(rf"(?<!\w){words}(?!\w)", text, flags=re.IGNORECASE))
 
 
 def _ends_sentence(text: str, m: re.Match) -> bool:
-    """Whether terminator match `m` ends a sentence (the abbreviation rules of the docstring)."""
+    """Whether terminator match `m` ends a sentence (the abbreviation rules above)."""
     if re.match(r"[.!?]+", m.group()).group() != ".":
         return True
     before = text[: m.start()]
@@ -186,7 +93,7 @@ def _ends_sentence(text: str, m: re.Match) -> bool:
 
 
 def split_sentences(text: str) -> list[str]:
-    """The sentences of `text`, stripped, by the rule in the module docstring."""
+    """The sentences of `text`, stripped, by the rule in the definitions above."""
     out, start = [], 0
     for m in _SENT_END.finditer(text):
         if _ends_sentence(text, m):
@@ -385,73 +292,6 @@ def check(response: str, constraints: list[dict]) -> dict:
         passed, reason = _check_one(response, validate(c))
         checks.append({"type": c["type"], "passed": passed, "reason": reason})
     return {"passed": all(x["passed"] for x in checks), "checks": checks}
-
-
-# The instruction sentences: families that only count something ({n}: "3 words"), families with
-# a fixed sentence, and families that quote one of their fields.
-_COUNTED_SENTENCES = {
-    "word_eq": ("Your answer must be exactly {n} long.", "word"),
-    "word_min": ("Answer with at least {n}.", "word"),
-    "word_max": ("Answer with at most {n}.", "word"),
-    "sent": ("Answer in exactly {n}.", "sentence"),
-    "para": ("Write exactly {n}, separated by blank lines.", "paragraph"),
-    "bullet": ('Include exactly {n}, each on its own line starting with "* ".', "bullet point"),
-    "numbered": ('Include a numbered list of exactly {n}, numbered "1.", "2.", and so on.', "item"),
-    "placeholders": ("Include at least {n} in square brackets, such as [name].", "placeholder"),
-    "highlights": ("Highlight at least {n} with markdown, i.e. *highlighted section*.", "section"),
-    "json_array_len": ("Answer with a JSON array of exactly {n}, and nothing outside it.", "item"),
-    "table_rows": ("Include a markdown table with exactly {n} below its header row.", "row"),
-}
-_FIXED_SENTENCES = {
-    "no_digits": "Do not use any digits; write every number out in words.",
-    "is_upper": "Write your entire answer in capital letters.",
-    "is_lower": "Write your entire answer in lowercase letters; no capital letters at all.",
-    "quoted": "Wrap your entire answer in double quotation marks.",
-}
-_QUOTING_SENTENCES = {
-    "startswith": 'Begin your answer with the exact words "{phrase}".',
-    "endswith": 'End your answer with the exact phrase "{phrase}", with nothing after it.',
-    "postscript": 'At the end, add a postscript on its own line starting with "{marker}".',
-}
-_CHAR_NAMES = {
-    ",": "commas",
-    ";": "semicolons",
-    "!": "exclamation marks",
-    "?": "question marks",
-    ":": "colons",
-    "-": "hyphens",
-}
-
-
-def describe(constraint: dict) -> str:
-    """The instruction sentence a prompt carries for `constraint`."""
-    c = validate(constraint)
-    t, n = c["type"], c.get("n")
-    if t in _COUNTED_SENTENCES:
-        sentence, unit = _COUNTED_SENTENCES[t]
-        return sentence.format(n=_plural(n, unit))
-    if t in _FIXED_SENTENCES:
-        return _FIXED_SENTENCES[t]
-    if t in _QUOTING_SENTENCES:
-        return _QUOTING_SENTENCES[t].format(**c)
-    if t == "word_times":
-        return f'Use the word "{c["word"]}" exactly {_plural(n, "time")}.'
-    if t in ("contains", "no_word"):
-        word = "word" if len(c["words"]) == 1 else "words"
-        if t == "contains":
-            return f"Include the {word} {_quoted_list(c['words'], 'and')}."
-        return f"Do not use the {word} {_quoted_list(c['words'], 'or')}."
-    if t == "no_char":
-        if c["chars"] in _CHAR_NAMES:
-            return f"Do not use any {_CHAR_NAMES[c['chars']]}."
-        return f"Do not use any of these characters: {_quoted_list(list(c['chars']), 'or')}."
-    if t == "json_keys":
-        keys = c["keys"]
-        return (
-            f"Answer with a single JSON object with the {'key' if len(keys) == 1 else 'keys'} "
-            f"{_quoted_list(keys, 'and')}, and nothing outside it."
-        )
-    raise AssertionError(f"family {t!r} has a spec but no description")  # pragma: no cover
 
 
 def main(argv: list[str] | None = None) -> None:

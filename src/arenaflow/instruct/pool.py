@@ -1,19 +1,8 @@
 """Instruction-following prompt pools: a subject and one or more checkable constraints per prompt.
 
-Built by arenaflow.pools.build for `kind: ifeval` pools (python -m arenaflow.pools.build --pool P
---params-json '{"kind": "ifeval", "n": 400, "seed": 1, "split": "train"}' --out pools/P.jsonl).
-
-As lineage 002 did (docs/lineages.md#002-sft-dpo-and-if-repair): subjects x constraint
-templates, each constraint's values spread over its
-range (every value of the split's range is drawn once before any repeats), seeded, and disjoint
-between the train and eval splits: every subject and every value of every constraint parameter
-belongs to exactly one split, fixed by a hash of (family, param, value) and independent of the
-seed, so no eval prompt shares a subject or a value with any training prompt. Families with no
-value (no commas, all caps, quoted, ...) differ between the splits only by subject.
-
-A third split, `probe` (arenaflow.instruct.probe: lineage 002's probe2), shares no subject, task
-template, constraint phrasing or constraint value with either: its values lie past the edges
-of the train/eval ranges.
+Drawn, seeded, from arenaflow.instruct.domains for `kind: ifeval` pools (python -m
+arenaflow.pools.build --pool P --params-json '{"kind": "ifeval", "n": 400, "seed": 1, "split":
+"train"}' --out pools/P.jsonl); train and eval share no subject or value (split_values).
 """
 
 from __future__ import annotations
@@ -22,273 +11,22 @@ import hashlib
 import json
 import random
 
-from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import constraints as ifconstraints
 from arenaflow.instruct import probe as ifprobe
+from arenaflow.instruct.domains import (
+    CONFLICTS,
+    DOMAINS,
+    FIXED,
+    FOLLOW_UPS,
+    KEEP,
+    LIST_SIZES,
+    SOLO,
+    SUBJECTS,
+    TASKS,
+)
 
 SPLITS = ("train", "eval", "probe")
 EVAL_SHARE = 5  # about 1 value in 5 of every range (at least 1) belongs to eval
-
-SUBJECTS = (
-    "the history of the bicycle",
-    "how tides work",
-    "the life cycle of a star",
-    "urban beekeeping",
-    "the invention of the printing press",
-    "why leaves change colour",
-    "learning a second language",
-    "the water cycle",
-    "how vaccines train the immune system",
-    "the rules of chess",
-    "composting at home",
-    "the first moon landing",
-    "how bridges carry weight",
-    "coral reefs",
-    "the origins of jazz",
-    "sourdough baking",
-    "how a refrigerator keeps food cold",
-    "migratory birds",
-    "the Silk Road",
-    "public libraries",
-    "volcanoes",
-    "the history of coffee",
-    "solar panels",
-    "how maps are made",
-    "the Olympic Games",
-    "octopus intelligence",
-    "the invention of paper",
-    "rainforests",
-    "how elections are counted",
-    "the first computers",
-    "caring for houseplants",
-    "the Great Wall of China",
-    "how noise-cancelling headphones work",
-    "desert ecosystems",
-    "the history of chocolate",
-    "learning to swim",
-    "wind turbines",
-    "ancient Egyptian writing",
-    "how glaciers shape valleys",
-    "the art of origami",
-    "honeybee communication",
-    "train travel",
-    "the history of the postal service",
-    "how earthquakes are measured",
-    "tea ceremonies",
-    "the night sky in winter",
-    "recycling plastics",
-    "the Roman aqueducts",
-    "how cheese is made",
-    "mountain climbing",
-    "the discovery of penicillin",
-    "street food around the world",
-    "how rainbows form",
-    "the history of the piano",
-    "community gardens",
-    "deep-sea creatures",
-    "the invention of the telephone",
-    "how batteries store energy",
-    "ocean currents",
-    "lighthouses",
-    "the history of board games",
-    "how clouds form",
-    "the Amazon river",
-    "running a marathon",
-    "the printing of banknotes",
-    "how owls hunt at night",
-    "the history of cartoons",
-    "snowflakes",
-    "how a sailboat moves against the wind",
-    "medieval castles",
-    "the first photographs",
-    "fermentation",
-    "how submarines dive",
-    "the history of the calendar",
-    "wolves",
-    "the invention of glasses",
-    "how salt is harvested",
-    "the history of soap",
-    "tornadoes",
-)
-TASKS = (
-    "Write about {s}.",
-    "Explain {s} to a curious teenager.",
-    "Describe {s}.",
-    "Give an overview of {s}.",
-    "Write a short blog post about {s}.",
-    "Tell a newcomer about {s}.",
-)
-# multi-turn conversations (conversations below): each later turn is a follow-up plus KEEP
-FOLLOW_UPS = (
-    "Now go deeper into the part you find most interesting.",
-    "Next, retell it for someone in a hurry.",
-    "Now add a practical example.",
-    "Then explain what people most often get wrong about it.",
-    "Now describe how it might change in the future.",
-    "Next, compare it with something familiar.",
-)
-KEEP = "From now on, also: {c} Keep following every earlier instruction too."
-# contains / no_word / word_times lists are disjoint so combined constraints never contradict
-_REQUIRED_WORDS = (
-    "history",
-    "energy",
-    "balance",
-    "pattern",
-    "journey",
-    "simple",
-    "careful",
-    "surprising",
-    "community",
-    "future",
-    "ancient",
-    "modern",
-    "signal",
-    "network",
-    "season",
-    "craft",
-    "measure",
-    "discovery",
-    "tradition",
-    "shape",
-)
-_FORBIDDEN_WORDS = (
-    "very",
-    "really",
-    "thing",
-    "things",
-    "good",
-    "important",
-    "just",
-    "basically",
-    "actually",
-    "amazing",
-    "interesting",
-    "great",
-    "stuff",
-    "nice",
-    "many",
-)
-_TIMES_WORDS = (
-    "light",
-    "water",
-    "time",
-    "people",
-    "world",
-    "change",
-    "small",
-    "large",
-    "power",
-    "place",
-    "air",
-    "story",
-    "work",
-    "idea",
-    "heat",
-    "path",
-    "sound",
-    "color",
-    "life",
-    "day",
-)
-_OPENERS = (
-    "In short,",
-    "To begin,",
-    "Here is the story:",
-    "Imagine this:",
-    "Let me explain.",
-    "First things first:",
-    "Picture this:",
-    "Put simply,",
-    "Believe it or not,",
-    "Once upon a time,",
-)
-_CLOSERS = (
-    "That is all.",
-    "Thank you for reading.",
-    "Any other questions?",
-    "The end.",
-    "Stay curious.",
-    "Now you know.",
-    "Is there anything else I can help with?",
-    "Keep exploring.",
-    "Until next time.",
-    "That sums it up.",
-)
-_JSON_KEYS = (
-    "title",
-    "summary",
-    "year",
-    "author",
-    "tags",
-    "score",
-    "reason",
-    "location",
-    "date",
-    "items",
-    "source",
-    "category",
-    "rating",
-    "notes",
-    "language",
-    "duration",
-    "cost",
-    "steps",
-    "audience",
-    "verdict",
-)
-
-# family -> {param: range}; ranges of counts follow what a short answer can satisfy
-DOMAINS: dict[str, dict[str, tuple]] = {
-    "word_eq": {"n": tuple(range(10, 151, 5))},
-    "word_min": {"n": tuple(range(50, 401, 25))},
-    "word_max": {"n": tuple(range(20, 201, 10))},
-    "word_times": {"word": _TIMES_WORDS, "n": tuple(range(2, 9))},
-    "sent": {"n": tuple(range(1, 13))},
-    "para": {"n": tuple(range(2, 8))},
-    "bullet": {"n": tuple(range(2, 10))},
-    "numbered": {"n": tuple(range(2, 10))},
-    "contains": {"words": _REQUIRED_WORDS},
-    "no_word": {"words": _FORBIDDEN_WORDS},
-    "no_char": {},
-    "no_digits": {},
-    "startswith": {"phrase": _OPENERS},
-    "endswith": {"phrase": _CLOSERS},
-    "is_upper": {},
-    "is_lower": {},
-    "quoted": {},
-    "postscript": {},
-    "placeholders": {"n": tuple(range(1, 7))},
-    "highlights": {"n": tuple(range(1, 7))},
-    "json_keys": {"keys": _JSON_KEYS},
-    "json_array_len": {"n": tuple(range(2, 11))},
-    "table_rows": {"n": tuple(range(2, 11))},
-}
-FIXED = {"no_char": {"chars": ","}}  # lineage 002's "no commas"
-LIST_SIZES = {"contains": (1, 2), "no_word": (1, 2), "json_keys": (2, 4)}
-SOLO = {"json_keys", "json_array_len", "table_rows"}  # the whole answer is the format
-CONFLICTS = {
-    frozenset(p)
-    for p in [
-        ("word_eq", "word_min"),
-        ("word_eq", "word_max"),
-        ("word_min", "word_max"),
-        ("is_upper", "is_lower"),
-        ("no_digits", "numbered"),
-        ("bullet", "numbered"),
-        ("sent", "bullet"),
-        ("sent", "numbered"),
-        ("sent", "postscript"),
-        ("quoted", "startswith"),
-        ("quoted", "endswith"),
-        ("postscript", "endswith"),
-        # the marker and the phrases carry capitals and lowercase letters
-        ("is_lower", "postscript"),
-        ("is_lower", "startswith"),
-        ("is_lower", "endswith"),
-        ("is_upper", "startswith"),
-        ("is_upper", "endswith"),
-        ("is_upper", "postscript"),
-    ]
-}
 
 
 def _rank(tag: tuple) -> bytes:
@@ -309,7 +47,16 @@ def partition(tag: str, domain: tuple) -> dict[str, tuple]:
 
 
 def split_values(split: str) -> tuple[tuple, dict[tuple[str, str], tuple]]:
-    """(subjects, {(family, param): values}) of `split`."""
+    """(subjects, {(family, param): values}) of `split`. As lineage 002 did
+    (docs/lineages.md#002-sft-dpo-and-if-repair): subjects x constraint templates, each
+    constraint's values spread over its range (every value of the split's range is drawn once
+    before any repeats), seeded, and disjoint between the train and eval splits: every subject and
+    every value of every constraint parameter belongs to exactly one split, fixed by a hash of
+    (family, param, value) and independent of the seed, so no eval prompt shares a subject or a
+    value with any training prompt. Families with no value (no commas, all caps, quoted, ...)
+    differ between the splits only by subject. The third split, `probe` (arenaflow.instruct.probe:
+    lineage 002's probe2), shares no subject, task template, constraint phrasing or constraint
+    value with either: its values lie past the edges of the train/eval ranges."""
     if split == "probe":
         values = {(f, p): d for f, ps in ifprobe.PROBE_DOMAINS.items() for p, d in ps.items()}
         return ifprobe.PROBE_SUBJECTS, values
@@ -351,7 +98,7 @@ def _voice(split: str) -> tuple:
             ifprobe.PROBE_FOLLOW_UPS,
             ifprobe.PROBE_KEEP,
         )
-    return TASKS, ifcheck.describe, "subject", SUBJECTS, FOLLOW_UPS, KEEP
+    return TASKS, ifconstraints.describe, "subject", SUBJECTS, FOLLOW_UPS, KEEP
 
 
 def generate(
@@ -420,7 +167,7 @@ def _constraint(family: str, decks: dict, rng: random.Random) -> dict:
             c[param] = deck.draw(min(rng.randint(lo, hi), len(deck.values)))
         else:
             c[param] = deck.draw()[0]
-    return ifcheck.validate(c)
+    return ifconstraints.validate(c)
 
 
 def _turn_families(families: list[str], turns: int, primary: str, rng: random.Random) -> list:

@@ -4,12 +4,12 @@ Lineage 002's probe2 (docs/lineages.md#002-sft-dpo-and-if-repair) was "deliberat
 unlike H6: edge-of-band constraint values, subjects and templates disjoint from both the training
 pools and H6". Here, against ifpool's train and eval splits:
 
-- subjects: PROBE_SUBJECTS, none of ifpool.SUBJECTS;
-- task templates: PROBE_TASKS, none opening with a verb ifpool.TASKS opens with;
+- subjects: PROBE_SUBJECTS, none of domains.SUBJECTS;
+- task templates: PROBE_TASKS, none opening with a verb domains.TASKS opens with;
 - constraint phrasings: `describe` below, a second sentence for every family sharing no run of
-  four words with arenaflow.instruct.check.describe's (values aside);
+  four words with arenaflow.instruct.constraints.describe's (values aside);
 - constraint values: PROBE_DOMAINS, outside the train and eval ranges (which together are the
-  whole of ifpool.DOMAINS): counts just past either edge of each range ("edge of band": exactly
+  whole of domains.DOMAINS): counts just past either edge of each range ("edge of band": exactly
   5 or 155 words where train/eval span 10..150), and word, phrase and key lists of their own.
   Families whose checker has no parameter in train/eval carry one here where the checker allows
   it (no_char: ; ! ? instead of the comma; postscript: P.P.S. or N.B. instead of P.S.);
@@ -67,7 +67,7 @@ _OPENERS = ("Here we go.", "Consider this.", "Straight to the point.", "A quick 
 _CLOSERS = ("Hope this helps.", "Over and out.", "End of answer.", "Enough said.")
 _JSON_KEYS = ("name", "origin", "price", "color", "weight", "status", "owner", "priority")
 
-# family -> {param: values}, every family of ifpool.DOMAINS (values outside its train/eval range)
+# family -> {param: values}, every family of domains.DOMAINS (values outside its train/eval range)
 PROBE_DOMAINS: dict[str, dict[str, tuple]] = {
     "word_eq": {"n": (5, 155, 160, 170)},
     "word_min": {"n": (30, 40, 425, 450)},

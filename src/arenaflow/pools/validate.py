@@ -1,5 +1,5 @@
 """The rows every pool must have (validate_rows): id, prompt, category and, by kind, gold,
-reference or constraints (arenaflow.instruct.check dicts; a multi-turn row's `turns` one
+reference or constraints (arenaflow.instruct.constraints dicts; a multi-turn row's `turns` one
 per constraint). A bad row fails with file:line and the reason; nothing is skipped.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from arenaflow.instruct import check as ifcheck
+from arenaflow.instruct import constraints as ifconstraints
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 
@@ -68,6 +68,6 @@ def _constraints(value, where: str) -> list[dict]:
             f"{where}: unparsable constraint: 'constraints' must be a non-empty list, got {value!r}"
         )
     try:
-        return [ifcheck.validate(c) for c in value]
+        return [ifconstraints.validate(c) for c in value]
     except ValueError as e:
         raise ValueError(f"{where}: unparsable constraint: {e}") from None
