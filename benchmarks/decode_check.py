@@ -8,7 +8,7 @@ The 1.2 B Llama shape (24 x 2048, random bf16 weights), batches 1 and 256, 128 g
 tokens: for each path (gpu_bench.GEN_PATHS; "static" = the compiled Llama step, with
 arenaflow.decode.kernels at batch 1, "static-cublas" = the same without them, "static-matmul" =
 with the kernels' GEMVs but the grouped-product attention, "static-flex" =
-the same with FlexAttention's decode attention (ARENAFLOW_DECODE_ATTENTION=flex), "static-hf" =
+the same with FlexAttention's decode attention (engine decode_attention flex), "static-hf" =
 the path before it) tokens/s, ms per decode step and the share of the bandwidth bound, which
 step ran (decoder_path: "... (fallback)" if compiling failed), and whether its greedy token ids
 equal transformers' generate()'s on the same ragged prompts, with generate()'s wall time for the

@@ -33,7 +33,6 @@ import copy
 import cProfile
 import functools
 import json
-import os
 import pstats
 import subprocess
 import time
@@ -43,9 +42,10 @@ import numpy as np
 import torch
 
 from arenaflow import chat, manifest, models
+from arenaflow import engine as afengine
 from arenaflow import train as train_cli
 from arenaflow.bases import tinymodel
-from arenaflow.decode import llamastep, sampling
+from arenaflow.decode import sampling
 from arenaflow.decode import static as decode
 
 TRAIN_DEFAULT = [
@@ -200,11 +200,13 @@ def hyperparameters(
     }
 
 
-def train_argv(name: str, hyper: dict, corpus: Path, model: Path, out: Path, launcher=None):
+def train_argv(
+    name: str, hyper: dict, corpus: Path, model: Path, out: Path, launcher=None, engine=None
+):
     """The command that trains arm `name` from the base `model` on `corpus` into `out`:
     `python -m arenaflow.train ...`, or `launcher` (e.g. torchrun's argv up to its -m) instead
-    of `python -m`."""
-    return train_cli.argv(name, hyper, corpus, model, out, launcher=launcher)
+    of `python -m`; `engine`: its engine settings (arenaflow.engine)."""
+    return train_cli.argv(name, hyper, corpus, model, out, launcher=launcher, engine=engine)
 
 
 def run_metrics(out: Path) -> list[dict]:
@@ -366,7 +368,7 @@ GEN_PATHS = {  # name: sampling.generate keyword arguments
     "static-flex": {"engine": "static"},  # ... its decode attention through FlexAttention ...
     # ... or transformers'' modelling code with arenaflow.fused's kernels (the path before it)
     "static-hf": {"engine": "static"},
-    "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (ARENAFLOW_FUSED=0)
+    "static-unfused": {"engine": "static"},  # the same without arenaflow.fused (fused_decode off)
 }
 STEP_OF_PATH = {
     "static": "llama",
@@ -375,7 +377,7 @@ STEP_OF_PATH = {
     "static-flex": "llama",
     "static-hf": "hf",
     "static-unfused": "hf",
-}  # ARENAFLOW_DECODE_STEP
+}  # engine decode_step
 
 
 @torch.no_grad()
@@ -495,12 +497,17 @@ def generation(
     step (decode_step; `profile`: kernels per step), at `equal_batches` its greedy ids against
     generate()'s (greedy_vs_generate) and (`host`) a third call under cProfile (host_profile)."""
 
-    os.environ[decode.FUSED_ENV] = "0" if path.endswith("-unfused") else "1"
-    os.environ[decode.STEP_ENV] = STEP_OF_PATH.get(path, "auto")
-    os.environ.pop(llamastep.ATTENTION_ENV, None)  # each batch's default ...
-    if path.endswith(("-flex", "-matmul")):  # ... or the one named
-        os.environ[llamastep.ATTENTION_ENV] = path.rsplit("-", 1)[1]
-    os.environ[llamastep.KERNELS_ENV] = "off" if path.endswith("-cublas") else "auto"
+    afengine.use(
+        {
+            "fused_decode": not path.endswith("-unfused"),
+            "decode_step": STEP_OF_PATH.get(path, "auto"),
+            # each batch's default, or the one named
+            "decode_attention": (
+                path.rsplit("-", 1)[1] if path.endswith(("-flex", "-matmul")) else "auto"
+            ),
+            "decode_kernels": "off" if path.endswith("-cublas") else "auto",
+        }
+    )
     model = models.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
     tok = tinymodel.build_tokenizer()
     cfg = model.config

@@ -20,20 +20,22 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
-from unittest import mock
 
 from gpu_bench import LORA
 from zero3_hooks_cpu import build, run
 from zero_stage_cpu import SHAPES
 
-from arenaflow.train.loop import OVERFLOW_CHECK
+from arenaflow import knobs
 
-SETUPS = {  # (hyper, environment); fused kernels named: `auto` would leave a run this short unfused
+SETUPS = {  # (hyper, engine settings); fused kernels named: `auto` would leave a short run unfused
     "stage2": ({"zero_stage": 2, "fused_kernels": True}, {}),
     "stage2-unfused": ({"zero_stage": 2, "fused_kernels": False}, {}),
     "stage3": ({"zero_stage": 3, "fused_kernels": True}, {}),
     # DeepSpeed's bf16 overflow check, off by default since session 12 (BENCHMARKS.md)
-    "stage2-overflow-check": ({"zero_stage": 2, "fused_kernels": True}, {OVERFLOW_CHECK: "1"}),
+    "stage2-overflow-check": (
+        {"zero_stage": 2, "fused_kernels": True},
+        {"bf16_overflow_check": True},
+    ),
 }
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
 
@@ -69,15 +71,14 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["ARENAFLOW_PROFILE_STEP"] = str(args.profile_step)
+    os.environ[knobs.PROFILE_STEP] = str(args.profile_step)  # the trainings inherit it
     run_args = argparse.Namespace(steps=args.steps, micro=args.rows, seq=args.seq, threads=4)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model, corpus = build(root, 0, 0, args.steps * args.rows + 4, args.seq, SHAPES["smollm2"])
         for i, name in enumerate(args.setups.split(",")):
-            hyper, env = SETUPS[name]
-            with mock.patch.dict(os.environ, env):  # the training inherits it
-                run(root, model, corpus, {**hyper, "lora": LORA}, run_args, i)
+            hyper, settings = SETUPS[name]
+            run(root, model, corpus, {**hyper, "lora": LORA}, run_args, i, engine=settings)
             runs = root / f"runs/{i}"
             m = [json.loads(x) for x in (runs / "final/metrics.jsonl").read_text().splitlines()]
             first, steady = step_times(m, args.profile_step)

@@ -65,9 +65,11 @@ def build(
     return root / "model", root / "corpus"
 
 
-def run(root: Path, model: Path, corpus: Path, extra: dict, args, i: int) -> dict:
-    """One `python -m arenaflow.train` LoRA run with `extra` over the hyper below: its mean step
-    time after the warm-up steps and its losses."""
+def run(
+    root: Path, model: Path, corpus: Path, extra: dict, args, i: int, engine: dict | None = None
+) -> dict:
+    """One `python -m arenaflow.train` LoRA run with `extra` over the hyper below (and `engine`
+    settings): its mean step time after the warm-up steps and its losses."""
     hyper = {
         "method": "lora",
         "lora": {
@@ -101,7 +103,7 @@ def run(root: Path, model: Path, corpus: Path, extra: dict, args, i: int) -> dic
     }
     out = root / f"runs/{i}/final"
     proc = subprocess.run(
-        gpu_bench.train_argv("bench", hyper, corpus, model, out),
+        gpu_bench.train_argv("bench", hyper, corpus, model, out, engine=engine),
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},

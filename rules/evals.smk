@@ -27,13 +27,13 @@ for _suite in CFG["evals"]:
             adapter=lambda wc, input: adapter_flag(input.adapter),
             seed=CFG["evals"][_suite]["seed"],
             batch=CFG["evals"][_suite]["batch_size"],
-            engine=CFG["evals"][_suite]["engine"],
+            engine=as_json(CFG["evals"][_suite]["engine"]),
             base=base_dir,
         shell:
             "{ZYGOTE}python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
             "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
-            "--engine {params.engine} > {log} 2>&1"
+            "--engine-json {params.engine:q} > {log} 2>&1"
 
 
 # A prompt search's readouts (regimes R-<prompt> and R-none, arenaflow.config): one job each,
@@ -61,14 +61,14 @@ rule readout_search:
         adapter=lambda wc, input: adapter_flag(input.adapter),
         seed=lambda wc: suite(wc)["seed"],
         batch=lambda wc: suite(wc)["batch_size"],
-        engine=lambda wc: suite(wc)["engine"],
+        engine=lambda wc: as_json(suite(wc)["engine"]),
         system=readout_system,
         base=base_dir,
     shell:
         "{ZYGOTE}python -m arenaflow.evals.readout readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
-        "--seed {params.seed} --batch-size {params.batch} --engine {params.engine} --system-prompt={params.system:q} "
+        "--seed {params.seed} --batch-size {params.batch} --engine-json {params.engine:q} --system-prompt={params.system:q} "
         "--out {output} > {log} 2>&1"
 
 

@@ -33,6 +33,7 @@ rule train_arm:
         tasks_per_gpu=lambda wc: 0 if arm_nodes(wc) > 1 else None,
     params:
         hyper=lambda wc: afschema.result_hyper(arm(wc)["hyper"]),
+        engine=lambda wc: as_json(arm(wc)["engine"]),
         init=lambda wc, input: input.init[0] if input.init else "base",
         corpus=lambda wc, input: " ".join(str(Path(m).parent) for m in input.corpus),
         corpus_id=lambda wc: arm(wc)["corpus"],
@@ -43,6 +44,6 @@ rule train_arm:
         base_rev=f"--base-revision {CFG['base']['revision']}" if "revision" in CFG["base"] else "",
     shell:
         "OMP_NUM_THREADS={threads} {ZYGOTE}{params.launcher} -m arenaflow.train --arm {wildcards.arm} "
-        "--params-json {params.hyper:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
+        "--params-json {params.hyper:q} --engine-json {params.engine:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
         "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
         "{params.base_rev} --out {output} > {log} 2>&1"

@@ -30,7 +30,7 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from arenaflow import chat, io, jobclock, verify
+from arenaflow import chat, engine, io, jobclock, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
@@ -45,8 +45,8 @@ def full_params(params: dict) -> dict:
 
 
 def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
-    """k samples per prompt, decoded as the corpus's sampling params say (config.sampling_params;
-    a key they lack, e.g. `engine`, which resolution leaves unset, is the schema's default)."""
+    """k samples per prompt, decoded as the corpus's sampling params say (schema.sampling_params;
+    a key they lack is the schema's default), by this process's engine settings' decoder."""
     from arenaflow.decode import sampling
 
     params = full_params(params)
@@ -67,7 +67,7 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
         seed=params["seed"],
         batch_size=params["batch_size"],
         desc="sample",
-        engine=params["engine"],
+        engine=engine.get("decoder"),
     )
     rows = []
     for r, samples in zip(pool, outs):
@@ -166,6 +166,28 @@ def verify_all(
         return list(ex.map(verdict, samples, pairs, markers, chunksize=chunk))
 
 
+def _sample_cmd(args, pool: list[dict], params: dict) -> None:
+    """Loads the policy, samples every prompt k times, writes the samples."""
+    from arenaflow import models
+    from arenaflow.decode import sampling
+    from arenaflow.decode import warmup as decode_warmup
+
+    batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])
+    new_tokens = params["max_new_tokens"]
+    warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, engine.get("decoder"))
+    model, tok = models.load_policy(
+        args.base_model, args.adapter, consumer="sampling", job=args.out
+    )
+    decode_warmup.finish(warm, args.out)
+    jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
+    t0 = time.perf_counter()
+    rows = sample(pool, model, tok, args.system_prompt, params)
+    seconds = time.perf_counter() - t0
+    io.write_jsonl(args.out, rows)
+    jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
+    print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -193,25 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     pool = io.read_jsonl(args.pool)
     if args.cmd == "sample":
-        from arenaflow import models
-        from arenaflow.decode import sampling
-        from arenaflow.decode import warmup as decode_warmup
-
         params = full_params(json.loads(args.params_json))
-        batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])
-        new_tokens = params["max_new_tokens"]
-        warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, params["engine"])
-        model, tok = models.load_policy(
-            args.base_model, args.adapter, consumer="sampling", job=args.out
-        )
-        decode_warmup.finish(warm, args.out)
-        jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
-        t0 = time.perf_counter()
-        rows = sample(pool, model, tok, args.system_prompt, params)
-        seconds = time.perf_counter() - t0
-        io.write_jsonl(args.out, rows)
-        jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
-        print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
+        with engine.job(params.get("engine")):
+            _sample_cmd(args, pool, params)
     else:
         samples = io.read_jsonl(args.samples)
         rows = verify_all(pool, samples, args.samples, args.marker or None, args.workers)

@@ -17,7 +17,9 @@ import os
 import sys
 import time
 
-ENV = "ARENAFLOW_EVENTS"
+from arenaflow import knobs
+
+ENV = knobs.EVENTS
 _IMPORTED = time.time()
 
 
@@ -57,7 +59,7 @@ def event(job: str, name: str, **fields) -> dict:
         "process_start": PROCESS_START,
         **fields,
     }
-    path = os.environ.get(ENV)
+    path = knobs.get(ENV)
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec, sort_keys=True) + "\n")

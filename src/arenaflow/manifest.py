@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arenaflow import __version__, io
+from arenaflow import __version__, io, knobs
 
 MANIFEST = "manifest.json"
 SKIP = {MANIFEST, ".snakemake_timestamp"}
@@ -59,7 +59,7 @@ def digest_of(files: dict[str, dict]) -> str:
     return sha256_text("".join(f"{k}\t{files[k]['sha256']}\n" for k in sorted(files)))
 
 
-SOURCE_COMMIT = "ARENAFLOW_SOURCE_COMMIT"
+SOURCE_COMMIT = knobs.SOURCE_COMMIT
 
 
 def code_version() -> dict:
@@ -84,7 +84,7 @@ def _code_version() -> dict:
         info["git_commit"] = None
     # A copy of the tree without its own history (a `git archive`, the GPU machine's copy, whose
     # .git is another commit's): the commit its runner says it is, recorded as said, not checked
-    declared = os.environ.get(SOURCE_COMMIT)
+    declared = knobs.get(SOURCE_COMMIT)
     if declared:
         info["declared_commit"] = declared
     return info

@@ -89,11 +89,12 @@ _PARTS = {
     "mc_guard": ("mc_guards", "additionalProperties"),
     "budget": ("budget",),
     "estimate": ("budget", "properties", "estimate"),
+    "engine": ("$defs", "engine"),  # a path from $defs starts at the schema's root
 }
 
 
 def schema_part(schema: dict, part: str) -> dict:
-    node = schema["properties"]
+    node = schema if _PARTS[part][0] == "$defs" else schema["properties"]
     for key in _PARTS[part]:
         node = node[key]
     return node
@@ -107,10 +108,10 @@ def _schema_defaults(schema_dir: Path, part: str) -> dict:
 
 def schema_defaults(part: str, schema_dir: Path = SCHEMA_DIR) -> dict:
     """{key: default} of one object of config.schema.yaml ('pool', 'corpus', 'suite', 'regime',
-    'noise', 'judged', 'budget', 'estimate'): the one place each of those defaults lives. Config
-    resolution fills them, except where the object is a rule param as written (a pool, a bar
-    clause's noise, a regime's decoding, a corpus's engine: a filled key would change the param
-    and rerun every job made with it); what reads those objects takes a missing key from here."""
+    'noise', 'judged', 'budget', 'estimate', 'engine'): the one place each of those defaults
+    lives. Config resolution fills them, except where the object is a rule param as written (a
+    pool, a bar clause's noise, a regime's decoding: a filled key would change the param and
+    rerun every job made with it); what reads those objects takes a missing key from here."""
     return copy.deepcopy(_schema_defaults(Path(schema_dir), part))
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from arenaflow import config, schema
 from arenaflow.config import ConfigError
+from arenaflow.config import __main__ as config_cli
 
 CONFIG_FILE = "config/config.yaml"
 
@@ -212,8 +213,7 @@ def test_suite_judged_and_budget_defaults_are_filled_from_the_schema(cfg, repo_r
         "replicates": 1,
         "seed": 0,
         "batch_size": 256,
-        "engine": "hf",
-    }  # engine: a $ref's default
+    }
     assert (
         suite["regimes"]["served"]["replicates"] == 3
         and suite["regimes"]["greedy"]["replicates"] == 1
@@ -229,8 +229,7 @@ def test_suite_judged_and_budget_defaults_are_filled_from_the_schema(cfg, repo_r
 
 
 def test_rule_params_get_no_schema_default_written_into_them(resolved):
-    # a corpus's engine, a pool, a regime's decoding: filling them would rerun finished jobs
-    assert all("engine" not in c for c in resolved["corpora"].values())
+    # a pool, a regime's decoding: filling them would rerun finished jobs
     assert "kind" not in resolved["pools"]["math_eval"]
     assert set(resolved["evals"]["math"]["regimes"]["greedy"]) == {
         "temperature",
@@ -368,12 +367,41 @@ def test_corpus_with_k_zero_names_file_and_key(cfg, repo_root):
 
 
 @pytest.mark.parametrize("section", ["corpora/rft_r2", "evals/math"])
-def test_an_unknown_decode_engine_names_file_and_key(cfg, repo_root, section):
+def test_an_unknown_decoder_or_engine_key_names_file_and_key(cfg, repo_root, section):
     kind, name = section.split("/")
-    cfg[kind][name]["engine"] = "vllm"
+    cfg[kind][name]["engine"] = {"decoder": "vllm"}
     with pytest.raises(ConfigError, match="'hf', 'static'") as e:
         resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, f"{section}/engine/decoder")
+    cfg[kind][name]["engine"] = {"decode_path": "llama"}
+    with pytest.raises(ConfigError, match="decode_path") as e:
+        resolve(cfg, repo_root)
     assert_names(e.value, CONFIG_FILE, f"{section}/engine")
+
+
+def test_engine_settings_resolve_once_the_configs_then_a_suites_corpus_or_arms_over_them(
+    cfg, repo_root, tmp_path
+):
+    """Every job's engine settings come out of resolution whole: the schema's defaults, the
+    config's `engine:` over them, a suite's, corpus's or trained arm's own over those."""
+    cfg["engine"] = {"decoder": "static", "decode_warmup": False}
+    cfg["evals"]["math"]["engine"] = {"decoder": "hf"}
+    cfg["corpora"]["rft_r2"]["engine"] = {"fused_decode": True}
+    arms = tmp_path / "arms"
+    shutil.copytree(repo_root / "config/arms", arms)
+    with (arms / "B3.yaml").open("a") as f:
+        f.write("engine: {train_warmup: false}\n")
+    cfg["arms_dir"] = str(arms)
+    res = resolve(cfg, repo_root)
+    top = {**schema.schema_defaults("engine"), "decoder": "static", "decode_warmup": False}
+    assert res["engine"] == top
+    assert res["evals"]["math"]["engine"] == {**top, "decoder": "hf"}
+    assert res["corpora"]["rft_r2"]["engine"] == {**top, "fused_decode": True}
+    assert res["corpora"]["rft_r1"]["engine"] == top
+    assert res["arms"]["B3"]["engine"] == {**top, "train_warmup": False}
+    assert res["arms"]["B2"]["engine"] == top
+    # a corpus's sampling param carries its settings: a change resamples it
+    assert '"fused_decode":true' in schema.sampling_params(res["corpora"]["rft_r2"])
 
 
 def test_unknown_top_level_key_names_file_and_key(cfg, repo_root):
@@ -631,7 +659,7 @@ def test_a_yaml_syntax_error_in_config_yaml_names_the_line(tmp_path, repo_root, 
     with pytest.raises(
         SystemExit, match=rf"arenaflow config error: {re.escape(str(bad))}:{line + 1}:"
     ):
-        config.main([str(bad)])
+        config_cli.main([str(bad)])
 
 
 def test_a_missing_base_model_names_the_file_line_and_key(cfg, repo_root, tmp_path):

@@ -163,11 +163,11 @@ def test_a_failed_warm_up_is_reported_and_does_not_stop_the_job(where, tmp_path,
     assert "CUDA warm-up failed" in caplog.text
 
 
-def test_no_warm_up_without_cuda_or_when_turned_off(monkeypatch, repo_root):
+def test_no_warm_up_without_cuda_or_when_turned_off(monkeypatch, repo_root, engine_settings):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cuda_warmup.start(str(repo_root / "models/tiny-arith")) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv(cuda_warmup.ENV, "0")
+    engine_settings(train_warmup=False)
     assert cuda_warmup.start(str(repo_root / "models/tiny-arith")) is None
 
 

@@ -240,11 +240,13 @@ def test_unknown_engine_and_wrong_batch_shape_are_refused(policy):
         decoder.run(torch.zeros(3, 8, dtype=torch.long), torch.ones(3, 8))
 
 
-def test_compiled_decode_kernels_under_auto_weigh_the_planned_tokens(policy, monkeypatch):
-    """Unset ARENAFLOW_FUSED is `auto`: a static-engine call plans prompts x k x new tokens,
-    and the compiled kernels are used from AUTO_MIN_TOKENS on; "1" / "0" force them."""
+def test_compiled_decode_kernels_under_auto_weigh_the_planned_tokens(
+    policy, monkeypatch, engine_settings
+):
+    """Engine fused_decode `auto` (the default): a static-engine call plans prompts x k x new
+    tokens, and the compiled kernels are used from AUTO_MIN_TOKENS on; true / false force them."""
     model, tok = policy
-    monkeypatch.delenv(decode.FUSED_ENV, raising=False)
+    engine_settings(fused_decode="auto")
     monkeypatch.setattr(decode, "_planned_tokens", None)
     prompt = chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, "Half of 90?"), True)
     dec = sampling.Decoding(max_new_tokens=5)
@@ -252,7 +254,7 @@ def test_compiled_decode_kernels_under_auto_weigh_the_planned_tokens(policy, mon
     assert decode._planned_tokens == 3 * 2 * 5 and not decode.fused_kernels_on()
     decode.plan(decode.AUTO_MIN_TOKENS)
     assert decode.fused_kernels_on()
-    for setting, planned, on in (("1", 1, True), ("0", 10**9, False)):
-        monkeypatch.setenv(decode.FUSED_ENV, setting)
+    for setting, planned, on in ((True, 1, True), (False, 10**9, False)):
+        engine_settings(fused_decode=setting)
         decode.plan(planned)
         assert decode.fused_kernels_on() is on

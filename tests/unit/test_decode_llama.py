@@ -68,8 +68,10 @@ def test_smollm2_greedy_texts_equal_generate_s_through_the_packed_llama_step(smo
     assert any(s["stopped"] for (s,) in static) and len({s["text"] for (s,) in static}) == 3
 
 
-def test_flex_attention_decodes_smollm2_as_the_grouped_products_and_generate_do(smol, monkeypatch):
-    """ARENAFLOW_DECODE_ATTENTION=flex: FlexAttention over the cache (eager on CPU; compiled,
+def test_flex_attention_decodes_smollm2_as_the_grouped_products_and_generate_do(
+    smol, engine_settings
+):
+    """Engine decode_attention flex: FlexAttention over the cache (eager on CPU; compiled,
     inductor's flex-decoding kernel, on a GPU), 9 query heads over 3 KV heads, left padding
     hidden by its score function."""
     model, tok = smol
@@ -79,19 +81,19 @@ def test_flex_attention_decodes_smollm2_as_the_grouped_products_and_generate_do(
     ]
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=24)
     matmul = sampling.generate(model, tok, prompts, dec, batch_size=3, engine="static")
-    monkeypatch.setenv(llamastep.ATTENTION_ENV, "flex")
+    engine_settings(decode_attention="flex")
     flex = sampling.generate(model, tok, prompts, dec, batch_size=3, engine="static")
     shapes = {d.shape.attention for d in model.__dict__["_arenaflow_decoders"].values()}
     assert shapes == {"matmul", "flex"}  # a decoder apiece, not the first one reused
     assert flex == matmul == sampling.generate(model, tok, prompts, dec, batch_size=3)
 
 
-def test_flex_attention_on_ragged_prompts_and_an_unknown_attention_named(monkeypatch):
+def test_flex_attention_on_ragged_prompts_and_an_unknown_attention_named(engine_settings):
     model = random_llama("cpu")
     ids, mask = ragged()
     runs = []
     for attention in ("matmul", "flex"):
-        monkeypatch.setenv(llamastep.ATTENTION_ENV, attention)
+        engine_settings(decode_attention=attention)
         for dec in (
             sampling.Decoding(temperature=0.0, max_new_tokens=20),
             sampling.Decoding(temperature=0.8, top_p=0.9, max_new_tokens=20),
@@ -104,8 +106,8 @@ def test_flex_attention_on_ragged_prompts_and_an_unknown_attention_named(monkeyp
     assert [until_stop(r, [1, 2]) for r in runs[2]] == greedy_generate(
         model, ids, mask, 20, [1, 2], 0
     )
-    monkeypatch.setenv(llamastep.ATTENTION_ENV, "paged")
-    with pytest.raises(ValueError, match="ARENAFLOW_DECODE_ATTENTION='paged'.*matmul"):
+    engine_settings(decode_attention="paged")
+    with pytest.raises(ValueError, match="decode_attention 'paged'.*matmul"):
         decode.StaticDecoder(model, *ids.shape, 20, dec, [1, 2], 0, compiled=False)
 
 
@@ -166,13 +168,13 @@ def test_on_cuda_the_compiled_step_in_graphs_decodes_as_the_eager_step_and_gener
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_cuda_compiled_flex_attention_decodes_as_the_grouped_products(monkeypatch):
+def test_on_cuda_compiled_flex_attention_decodes_as_the_grouped_products(engine_settings):
     model = random_llama("cuda")
     ids, mask = (t.cuda() for t in ragged(6, (5, 17, 9, 30, 1, 12)))
     dec = sampling.Decoding(max_new_tokens=40)
     got = {}
     for attention in ("matmul", "flex"):
-        monkeypatch.setenv(llamastep.ATTENTION_ENV, attention)
+        engine_settings(decode_attention=attention)
         d = decode.StaticDecoder(model, *ids.shape, 40, dec, [1, 2], 0, step="llama")
         got[attention] = [until_stop(r, [1, 2]) for r in d.run(ids, mask)]
         assert d.path == "llama-compiled+graphs"  # not a fallback
@@ -201,18 +203,18 @@ def test_other_architectures_keep_transformers_modelling_path():
         decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0, step="llama")
 
 
-def test_the_step_switch_runs_the_old_path_and_refuses_unknown_names(monkeypatch):
+def test_the_step_switch_runs_the_old_path_and_refuses_unknown_names(engine_settings):
     model = random_llama("cpu")
     ids, mask = ragged(3)
     dec = sampling.Decoding(max_new_tokens=16)
-    monkeypatch.setenv(decode.STEP_ENV, "hf")
+    engine_settings(decode_step="hf")
     d = decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0)
     assert d.path == "hf"
     assert [until_stop(r, [1, 2]) for r in d.run(ids, mask)] == greedy_generate(
         model, ids, mask, 16, [1, 2], 0
     )
-    monkeypatch.setenv(decode.STEP_ENV, "vllm")
-    with pytest.raises(ValueError, match=r"decode step 'vllm' \(argument or \$ARENAFLOW_DECODE"):
+    engine_settings(decode_step="vllm")
+    with pytest.raises(ValueError, match=r"decode step 'vllm' \(engine decode_step\)"):
         decode.StaticDecoder(model, *ids.shape, 16, dec, [1, 2], 0)
 
 
@@ -272,17 +274,17 @@ def test_a_step_that_fails_to_compile_falls_back_loudly_to_the_old_path(monkeypa
     assert got == greedy_generate(model, ids, mask, 16, [1, 2], 0)
 
 
-def test_the_batch_one_kernels_are_chosen_on_cuda_only_and_bad_switches_are_named(monkeypatch):
+def test_the_batch_one_kernels_are_chosen_on_cuda_only_and_bad_switches_are_named(engine_settings):
     """On CPU every batch keeps torch's products; the switches reject unknown values."""
     model = random_llama("cpu")
     assert llamastep.shape_of(model, 1).small is False
     assert llamastep.shape_of(model, 1).attention == "matmul"
-    monkeypatch.setenv(llamastep.KERNELS_ENV, "on")
-    with pytest.raises(ValueError, match=r"\$ARENAFLOW_DECODE_KERNELS='on': expected 'auto'"):
+    engine_settings(decode_kernels="on")
+    with pytest.raises(ValueError, match=r"engine decode_kernels 'on': expected 'auto'"):
         llamastep.shape_of(model, 1)
-    monkeypatch.setenv(llamastep.KERNELS_ENV, "off")
-    monkeypatch.setenv(llamastep.ATTENTION_ENV, "triton")
-    with pytest.raises(ValueError, match="=triton needs a CUDA model in bf16 or fp16"):
+    engine_settings(decode_kernels="off")
+    engine_settings(decode_attention="triton")
+    with pytest.raises(ValueError, match="triton needs a CUDA model in bf16 or fp16"):
         llamastep.shape_of(model, 1)
 
 
@@ -354,14 +356,14 @@ def test_on_cuda_the_decode_attention_kernel_matches_the_masked_softmax(group, d
     assert (got.double() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
-def _batch_one_tokens(model, ids, monkeypatch, new: int, stops: list[int]) -> dict:
+def _batch_one_tokens(model, ids, engine_settings, new: int, stops: list[int]) -> dict:
     """Greedy tokens of a batch-1 compiled, graphed decoder with the kernels ("auto") and
     without them ("off"), for `ids` and then, through the same decoder (its prompt pass a graph
     replayed on new inputs), for `ids` reversed."""
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=new)
     got = {}
     for kernels in ("auto", "off"):
-        monkeypatch.setenv(llamastep.KERNELS_ENV, kernels)
+        engine_settings(decode_kernels=kernels)
         d = decode.StaticDecoder(model, *ids.shape, new, dec, stops, 0, step="llama")
         assert d.path == "llama-compiled+graphs"  # not a fallback
         assert (d.shape.small, d.shape.attention) == (
@@ -375,21 +377,21 @@ def _batch_one_tokens(model, ids, monkeypatch, new: int, stops: list[int]) -> di
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_cuda_a_bf16_llama_at_batch_one_decodes_through_the_kernels_as_without(monkeypatch):
+def test_on_cuda_a_bf16_llama_at_batch_one_decodes_through_the_kernels_as_without(engine_settings):
     """The compiled step with the batch-1 kernels in its CUDA graphs chooses the tokens that
     inductor's kernels and cuBLAS's products choose. The head is scaled so that the logits are
     far apart (a random model's are near-flat: bf16 rounding alone would flip the arg-max)."""
     model = random_llama("cuda").to(torch.bfloat16)
     model.lm_head.weight.data *= 50
     ids = torch.tensor([[5, 9, 3, 44, 17, 8, 21]], device="cuda")
-    got = _batch_one_tokens(model, ids, monkeypatch, 40, [1, 2])
+    got = _batch_one_tokens(model, ids, engine_settings, 40, [1, 2])
     assert got["auto"] == got["off"]
     assert len(set(got["auto"][0][0])) > 5  # real decoding, not one token repeated
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_cuda_smollm2_at_batch_one_decodes_through_the_kernels_as_without(smol, monkeypatch):
+def test_on_cuda_smollm2_at_batch_one_decodes_through_the_kernels_as_without(smol, engine_settings):
     """A real model in bf16: the compiled step with the batch-1 kernels in its CUDA graphs
     chooses the tokens that inductor's kernels and cuBLAS's products choose."""
     model, tok = smol
@@ -398,6 +400,6 @@ def test_on_cuda_smollm2_at_batch_one_decodes_through_the_kernels_as_without(smo
         chat.render(chat.prompt_messages("You are a helpful assistant.", "Name a colour."), True),
         return_tensors="pt",
     ).input_ids.cuda()
-    got = _batch_one_tokens(model, ids, monkeypatch, 24, [tok.eos_token_id])
+    got = _batch_one_tokens(model, ids, engine_settings, 24, [tok.eos_token_id])
     assert got["auto"] == got["off"]
     assert len(set(got["auto"][0][0])) > 5

@@ -19,9 +19,9 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(params=["tiny", "smollm2"])
-def base(request, repo_root, tmp_path, monkeypatch):
+def base(request, repo_root, tmp_path, monkeypatch, engine_settings):
     # on CPU decode's "auto" step is the packed Llama one; the warm-up is made for "hf"
-    monkeypatch.setenv(decode.STEP_ENV, "hf")
+    engine_settings(decode_step="hf")
     if request.param == "tiny":
         return str(repo_root / "models/tiny-arith")
     from transformers import LlamaConfig
@@ -49,10 +49,10 @@ def test_the_warm_up_decodes_at_the_jobs_rows_and_draws_nothing(base):
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_the_warm_up_leaves_a_step_it_is_not_made_for_to_the_job(base, monkeypatch):
+def test_the_warm_up_leaves_a_step_it_is_not_made_for_to_the_job(base, engine_settings):
     """Under the packed Llama step (which the job compiles) the warm-up runs nothing and says
     why; finish() reports it and marks the wait as a start-up phase of the job."""
-    monkeypatch.setenv(decode.STEP_ENV, "llama")
+    engine_settings(decode_step="llama")
     outcome = {"rows": 2, "new_tokens": 16}
     decode_warmup.run(cuda_warmup.one_layer(base, CPU, native_norms=False), CPU, outcome)
     assert "only 'hf'" in outcome["error"] and "'llama'" in outcome["error"]
@@ -74,7 +74,7 @@ def test_a_warm_up_that_cannot_start_is_reported_not_raised(tmp_path, capsys):
     assert "decode warm-up not done, the first batch pays it" in capsys.readouterr().err
 
 
-def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch):
+def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch, engine_settings):
     """start() launches on the current CUDA device for the static engine only, unless turned
     off (CUDA faked present, launch recorded: this runs without a GPU)."""
     base = str(repo_root / "models/tiny-arith")
@@ -82,20 +82,20 @@ def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(decode_warmup, "launch", lambda *a: launched.append(a) or "thread")
-    monkeypatch.delenv(decode_warmup.ENV, raising=False)
+    engine_settings(decode_warmup=True)
     assert decode_warmup.start(base, 4, 16, "static") == "thread"
     assert launched == [(base, torch.device("cuda", 0), 4, 16)]
     assert decode_warmup.start(base, 4, 16, "hf") is None  # transformers' generate(): not ours
-    monkeypatch.setenv(decode_warmup.ENV, "0")
+    engine_settings(decode_warmup=False)
     assert decode_warmup.start(base, 4, 16, "static") is None
-    monkeypatch.delenv(decode_warmup.ENV)
+    engine_settings(decode_warmup=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert decode_warmup.start(base, 4, 16, "static") is None
     assert len(launched) == 1
 
 
 @pytest.mark.gpu
-def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch):
+def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch, engine_settings):
     """On CUDA, beside the main thread copying a model's weights to the GPU (what the job's load
     does), the warm-up finishes without error and compiles nothing, even where the job would
     compile decode's kernels (no plan yet: fused_kernels_on()); a decoder with CUDA graphs on the
@@ -103,7 +103,7 @@ def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     monkeypatch.setattr(decode, "_planned_tokens", None)
-    monkeypatch.delenv(decode.FUSED_ENV, raising=False)
+    engine_settings(fused_decode="auto")
     assert decode.fused_kernels_on()
     decode._compiled_softmax.cache_clear()  # the compiled softmax, built on its first use
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from arenaflow import io, verify
+from arenaflow import engine, io, schema, verify
 from arenaflow.evals import degeneracy
 from arenaflow.evals import readout as evals
 
@@ -207,7 +207,7 @@ def tiny_readout(tmp_path_factory, repo_root):
     io.write_jsonl(pool, POOL)
     sampled = json.dumps({"temperature": 0.8, "top_p": 1.0, "max_new_tokens": 24})
 
-    def run(name, replicate=0, seed=0, regime=sampled, engine="hf"):
+    def run(name, replicate=0, seed=0, regime=sampled, decoder="hf"):
         out = d / f"{name}.parquet"
         evals.main(
             [
@@ -232,8 +232,8 @@ def tiny_readout(tmp_path_factory, repo_root):
                 "4",
                 "--system-prompt",
                 "You are a careful math tutor.",
-                "--engine",
-                engine,
+                "--engine-json",
+                json.dumps({"decoder": decoder}),
                 "--out",
                 str(out),
             ]
@@ -289,12 +289,15 @@ def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
 
 def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tiny_readout):
     greedy = json.dumps({"temperature": 0.0, "max_new_tokens": 24})
-    hf, static = (tiny_readout(f"g-{e}", regime=greedy, engine=e) for e in ("hf", "static"))
+    hf, static = (tiny_readout(f"g-{e}", regime=greedy, decoder=e) for e in ("hf", "static"))
     pd.testing.assert_frame_equal(pd.read_parquet(static), pd.read_parquet(hf))
-    assert (evals.readout_meta(hf)["engine"], evals.readout_meta(static)["engine"]) == (
-        "hf",
-        "static",
-    )
+    meta = [evals.readout_meta(r)["engine"] for r in (hf, static)]
+    assert [m["decoder"] for m in meta] == ["hf", "static"]
+    # every engine setting is recorded, the schema's defaults where the job set none
+    assert {k: v for k, v in meta[1].items() if k != "decoder"} == {
+        k: v for k, v in schema.schema_defaults("engine").items() if k != "decoder"
+    }
+    assert engine.settings() == schema.schema_defaults("engine")  # the job left nothing set
 
 
 def test_one_process_reads_a_plan_of_regimes_and_replicates_as_separate_runs_do(

@@ -59,9 +59,18 @@ WEIGHTS = ("adapter_model.safetensors", "model.safetensors")
 
 
 def train(
-    out: Path, corpus: Path, hyper: dict, nproc: int = 1, init: str = "base", env=None, check=True
+    out: Path,
+    corpus: Path,
+    hyper: dict,
+    nproc: int = 1,
+    init: str = "base",
+    env=None,
+    check=True,
+    engine=None,
 ):
-    cmd = train_argv(out.parent.name, hyper, corpus, BASE, out, init, nproc=nproc)
+    """A training run in a process of its own; `env`: test knobs (arenaflow.knobs), `engine`: its
+    engine settings."""
+    cmd = train_argv(out.parent.name, hyper, corpus, BASE, out, init, nproc=nproc, engine=engine)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=900, env={**ENV, **(env or {})}
     )
@@ -244,9 +253,7 @@ def test_fused_kernel_graphs_under_zero3_train_to_the_same_weights(corpus, tmp_p
     runs = {}
     for backend in ("aot_eager", None):
         out = tmp_path / f"{backend}" / "final"
-        proc = train(
-            out, corpus, hyper, env={"ARENAFLOW_FUSED_BACKEND": backend} if backend else None
-        )
+        proc = train(out, corpus, hyper, engine={"fused_backend": backend} if backend else None)
         assert ("fused norm and SwiGLU kernels: 7 modules" in proc.stderr) == bool(backend)
         runs[backend] = out
     fused_run, plain = runs["aot_eager"], runs[None]
@@ -268,7 +275,7 @@ def test_fused_kernels_auto_compiles_only_runs_long_enough_to_pay_it_back(corpus
     norms run through torch.rms_norm instead (nothing to compile; the loss curve of every
     default run is held to transformers' modules by the plain-PyTorch reference above)."""
     out = tmp_path / "auto" / "final"
-    proc = train(out, corpus, {**HYPER, "epochs": 1}, env={"ARENAFLOW_FUSED_BACKEND": "aot_eager"})
+    proc = train(out, corpus, {**HYPER, "epochs": 1}, engine={"fused_backend": "aot_eager"})
     assert "norms through torch.rms_norm: 5 (fused_kernels auto, 5 steps)" in proc.stderr
     assert "fused norm and SwiGLU kernels" not in proc.stderr
     assert len(metrics(out)) == 5

@@ -37,7 +37,7 @@ import html
 import json
 from pathlib import Path
 
-from arenaflow import io, paths
+from arenaflow import io, knobs, paths
 from arenaflow import schema as afschema
 from arenaflow.budget import cost as afcost
 from arenaflow.budget import ledger as afbudget
@@ -45,7 +45,7 @@ from arenaflow.rounds import continual
 
 ADMITTED, RAN, REFUSED, BLOCKED = "admitted", "ran", "refused", "blocked"
 REASON = "AssocGrpGRESMinutes"
-ENV = "ARENAFLOW_NOT_ADMITTED"  # the main process's refusals, passed to its jobs
+ENV = knobs.NOT_ADMITTED  # the main process's refusals, passed to its jobs
 
 
 def declared_rounds(cfg: dict) -> dict:

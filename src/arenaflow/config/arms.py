@@ -67,11 +67,11 @@ def template_arms(
     for path in sorted(arms_dir.glob("*.yaml")):
         data = load_yaml(path) or {}
         validate(data, arm_schema, registry, str(path))
-        extra = sorted(set(data) - {"description", "hyper", "priority"})
+        extra = sorted(set(data) - {"description", "hyper", "engine", "priority"})
         if extra:
             raise ConfigError(
                 f"{path}: key '{extra[0]}': a round template's arm sets only description, "
-                "hyper and priority (the template gives its init and corpus)"
+                "hyper, engine and priority (the template gives its init and corpus)"
             )
         out[path.stem] = (filled(arm_schema, data), path)
     return out
@@ -206,6 +206,7 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
         "description": data.get("description", ""),
         "priority": data["priority"],
         "hyper": hyper,
+        "engine": {**cfg["engine"], **data.get("engine", {})},  # the config's, the arm's over
         "file": str(file),
     }
 

@@ -29,6 +29,7 @@ from arenaflow.schema import (
     SCHEMA_DIR,
     ConfigError,
     filled,
+    schema_defaults,
     schema_part,
     schemas,
     validate,
@@ -78,6 +79,7 @@ def resolve(
     cfg = copy.deepcopy(config)
     root = Path(repo_root)
     _resolve_paths(cfg, root, config_file, sources)
+    cfg["engine"] = {**schema_defaults("engine"), **cfg.get("engine", {})}
     arms_dir = Path(cfg["arms_dir"])
     arms_dir = arms_dir if arms_dir.is_absolute() else root / arms_dir
     raw, files = load_arms(arms_dir, arm_schema, registry)
@@ -114,10 +116,8 @@ def resolve(
 
 
 def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_file: str) -> None:
-    """Each corpus names a known pool and a known policy; its defaults are filled, except
-    `engine` (a $ref, not followed here): the corpus is the build_corpus param and its sampling
-    keys the sample_candidates param, and filling it would resample every corpus made without it
-    (arenaflow.candidates reads a missing engine from schema_defaults)."""
+    """Each corpus names a known pool and a known policy; its defaults are filled, its engine
+    settings are the config's with its own over them."""
     corpus_props = schema_part(schema, "corpus")
     for cid, c in cfg["corpora"].items():
         where = f"{config_file}: key 'corpora/{cid}"
@@ -137,6 +137,7 @@ def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_
                 f"or an arm in {arms_dir}"
             )
         cfg["corpora"][cid] = filled(corpus_props, c)
+        cfg["corpora"][cid]["engine"] = {**cfg["engine"], **c.get("engine", {})}
         if "scaffold" in c:  # its marker's default filled: the verify rule passes it
             if c["policy"] == "reference":
                 raise ConfigError(f"{where}/scaffold': policy 'reference' samples nothing")
@@ -155,6 +156,7 @@ def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
                 f"{config_file}: key 'evals/{sid}/pool': unknown pool {suite['pool']!r}"
             )
         suite = cfg["evals"][sid] = filled(schema_part(schema, "suite"), suite, schema["$defs"])
+        suite["engine"] = {**cfg["engine"], **suite.get("engine", {})}
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
         _prompt_regimes(suite, f"{config_file}: key 'evals/{sid}/system_prompts'")

@@ -15,7 +15,6 @@ so that greedy decoding gives generate()'s tokens (tests/unit/test_decode.py).
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
+from arenaflow import engine
 from arenaflow.fused import rms_norm
 
 # the batch-1 kernels need triton, which CUDA builds of torch bring and CPU builds do not, and
@@ -34,14 +34,13 @@ else:
 
 # how a decoding token attends over the cache: "matmul" (two grouped-query products and a
 # masked softmax between them; the default above batch 1), "triton" (arenaflow.decode.kernels'
-# one kernel a layer; the default at batch 1 on CUDA, see KERNELS_ENV) or "flex" (FlexAttention:
-# inductor's flex-decoding kernel; slower on the H200 at batch 1 and 256, BENCHMARKS.md)
-ATTENTION_ENV = "ARENAFLOW_DECODE_ATTENTION"
+# one kernel a layer; the default at batch 1 on CUDA, see engine decode_kernels) or "flex"
+# (FlexAttention: inductor's flex-decoding kernel; slower on the H200 at batch 1 and 256,
+# BENCHMARKS.md); engine decode_attention picks one, or auto
 ATTENTIONS = ("matmul", "triton", "flex")
-# "auto" (default): at batch 1 on CUDA, in bf16/fp16, products, norms, SwiGLU and residual adds
-# run as arenaflow.decode.kernels' GEMVs and the attention as its kernel; "off": inductor's
-# kernels and cuBLAS's products, as at every other batch size
-KERNELS_ENV = "ARENAFLOW_DECODE_KERNELS"
+# engine decode_kernels "auto": at batch 1 on CUDA, in bf16/fp16, products, norms, SwiGLU and
+# residual adds run as arenaflow.decode.kernels' GEMVs and the attention as its kernel; "off":
+# inductor's kernels and cuBLAS's products, as at every other batch size
 
 
 @dataclass(frozen=True)
@@ -123,11 +122,12 @@ def shape_of(model, batch: int | None = None) -> Shape:
     fits = _kernels_fit(model, head_dim)
     wanted = _kernels_wanted()  # checked everywhere: a bad value is named on CPU too
     small = batch == 1 and fits and wanted
-    attention = os.environ.get(ATTENTION_ENV) or ("triton" if small else "matmul")
+    attention = engine.get("decode_attention")
+    attention = ("triton" if small else "matmul") if attention == "auto" else attention
     if attention not in ATTENTIONS:
-        raise ValueError(f"${ATTENTION_ENV}={attention!r}: expected one of {ATTENTIONS}")
+        raise ValueError(f"engine decode_attention {attention!r}: expected one of {ATTENTIONS}")
     if attention == "triton" and not fits:
-        raise ValueError(f"${ATTENTION_ENV}=triton needs a CUDA model in bf16 or fp16")
+        raise ValueError("engine decode_attention triton needs a CUDA model in bf16 or fp16")
     return Shape(
         heads=heads,
         kv_heads=cfg.num_key_value_heads,
@@ -140,9 +140,9 @@ def shape_of(model, batch: int | None = None) -> Shape:
 
 
 def _kernels_wanted() -> bool:
-    want = os.environ.get(KERNELS_ENV) or "auto"
+    want = engine.get("decode_kernels")
     if want not in ("auto", "off"):
-        raise ValueError(f"${KERNELS_ENV}={want!r}: expected 'auto' or 'off'")
+        raise ValueError(f"engine decode_kernels {want!r}: expected 'auto' or 'off'")
     return want == "auto"
 
 

@@ -7,9 +7,9 @@ for the batch, runs the prompt pass eagerly (as a CUDA graph too for the Llama s
 passes: PREFILL_GRAPH_TOKENS), and on CUDA replays each decode step as one CUDA
 graph, captured once per key-length bucket (when a batch first reaches it) so that a step reads
 only the cache rows it can see.
-The step itself is one of two (`step`, or the env ARENAFLOW_DECODE_STEP):
+The step itself is one of two (`step`, or engine decode_step):
 - "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
-  ARENAFLOW_DECODE_STEP=llama, see step_kind): arenaflow.decode.llamastep's
+  decode_step llama, see step_kind): arenaflow.decode.llamastep's
   pure function over packed QKV and gate/up weights, the step's forward (embedding, layers,
   final norm, lm_head) compiled on CUDA as ONE torch.compile(fullgraph=True)
   graph, in inductor's default mode, inside our own per-bucket torch.cuda.CUDAGraph capture
@@ -39,7 +39,6 @@ import contextlib
 import functools
 import inspect
 import math
-import os
 import sys
 import time
 
@@ -47,14 +46,11 @@ import torch
 from transformers import AttentionInterface, StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from arenaflow import fused
+from arenaflow import engine, fused
 from arenaflow.decode import llamastep
 
 ATTENTION = "arenaflow_decode"
 ATTENTION_UNFUSED = "arenaflow_decode_unfused"  # never the compiled softmax (fused=False)
-# On CUDA, "1" / "0" force the compiled norm, SwiGLU and masked-softmax kernels on / off; unset
-# or "auto": on from AUTO_MIN_TOKENS planned tokens (plan())
-FUSED_ENV = "ARENAFLOW_FUSED"
 # Compiling them costs a process ~4-5 s alone and 7-11 s inside a lineage (SmolLM2's corpora on
 # the H200, run 7: first batch 8-13 s against 1.3-2.7 s uncompiled), and saves 5-7 us a generated
 # token (SmolLM2 sampling 37.9k -> 48.0k tokens/s; the 1.2 B shape at batch 256, 7.33 -> 5.67 ms
@@ -111,9 +107,11 @@ def plan(tokens: int) -> None:
 
 
 def fused_kernels_on() -> bool:
-    setting = os.environ.get(FUSED_ENV, "auto")
+    """On CUDA, the compiled norm, SwiGLU and masked-softmax kernels: engine fused_decode true or
+    false, or (auto) from AUTO_MIN_TOKENS planned tokens (plan())."""
+    setting = engine.get("fused_decode")
     if setting != "auto":
-        return setting != "0"
+        return bool(setting)
     return _planned_tokens is None or _planned_tokens >= AUTO_MIN_TOKENS
 
 
@@ -147,9 +145,9 @@ def decoder_for(
     (its graphs are captured once); the least recently used beyond KEEP_DECODERS is dropped."""
     # kept on the model, so that they (and their KV caches) go when it goes
     kept = model.__dict__.setdefault("_arenaflow_decoders", {})
-    # the environment's choices too: a decoder built under another step or attention is another
-    env = tuple(os.environ.get(k) for k in (STEP_ENV, llamastep.ATTENTION_ENV))
-    key = (batch, prompt_len, new_tokens, tuple(stops), pad, env)
+    # the engine's choices too: a decoder built under another step or attention is another
+    chosen = (engine.get("decode_step"), engine.get("decode_attention"))
+    key = (batch, prompt_len, new_tokens, tuple(stops), pad, chosen)
     decoder = kept.pop(key, None) or StaticDecoder(
         model, batch, prompt_len, new_tokens, decoding, stops, pad
     )
@@ -169,25 +167,23 @@ def _decode_attention(model, name: str = ATTENTION):
         model.config._attn_implementation = saved
 
 
-STEP_ENV = "ARENAFLOW_DECODE_STEP"  # "llama" | "hf" | "auto" (default): see the module doc
 STEPS = ("auto", "llama", "hf")
 RECOMPILE_LIMIT = 64  # graphs of the Llama step per process (see compiled_llama_step)
-INDUCTOR_ENV = "ARENAFLOW_DECODE_INDUCTOR"  # extra inductor options (inductor_options)
 
 
 def step_kind(model, step: str | None = None) -> str:
-    """The step a decoder of `model` runs, "llama" or "hf". `step` (else ARENAFLOW_DECODE_STEP,
-    else "auto"): "auto" takes "llama" where arenaflow.decode.llamastep supports the model, on CPU
-    only
-    for now (CUDA: "hf", see below); "llama" for a model it does not support is an error naming
-    the architecture."""
-    want = step or os.environ.get(STEP_ENV) or "auto"
+    """The step a decoder of `model` runs, "llama" or "hf". `step` (else engine decode_step):
+    "auto" takes "llama" where arenaflow.decode.llamastep supports the model, on CPU only for now
+    (CUDA: "hf", see below); "llama" for a model it does not support is an error naming the
+    architecture."""
+    want = step or engine.get("decode_step")
     if want not in STEPS:
-        raise ValueError(f"decode step {want!r} (argument or ${STEP_ENV}): expected one of {STEPS}")
+        raise ValueError(f"decode step {want!r} (engine decode_step): expected one of {STEPS}")
     why = llamastep.unsupported(model) if want != "hf" else None
     if want == "llama" and why:
         raise ValueError(
-            f"the packed Llama decode step cannot decode {why}; use step 'hf' (or unset {STEP_ENV})"
+            f"the packed Llama decode step cannot decode {why}; set engine decode_step to 'hf' "
+            "(or auto)"
         )
     if want == "auto" and not why and model.device.type == "cuda":
         # On the H200 the compiled step decodes x1.2-1.7 faster, and where its bf16 greedy
@@ -252,16 +248,8 @@ def compiled_llama_step():
 
 def inductor_options() -> dict:
     """fallback_random: the exponential race uses aten's generator, as the eager step does.
-    Inductor's default mode otherwise (mm and bmm through cuBLAS, no autotuning at compile);
-    ARENAFLOW_DECODE_INDUCTOR="max_autotune=1,coordinate_descent_tuning=1" (any inductor
-    options, 1/0 for booleans) tries others without a code change."""
-    options: dict = {"fallback_random": True}
-    for item in filter(None, os.environ.get(INDUCTOR_ENV, "").split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"${INDUCTOR_ENV}: {item!r} is not key=value")
-        options[key.strip()] = {"1": True, "0": False}.get(value.strip(), value.strip())
-    return options
+    Inductor's default mode otherwise (mm and bmm through cuBLAS, no autotuning at compile)."""
+    return {"fallback_random": True}
 
 
 class StaticDecoder:

@@ -16,33 +16,32 @@ makes while a capture is open, and compiling belongs to the job.
 Like the training's warm-up (train/cuda_warmup, whose one-layer skeleton this reuses), the side
 thread imports nothing (the skeleton and its classes are built on the calling thread) and draws
 nothing from the global generators (greedy; its prompts come from a private generator). It runs
-only where the job decodes with decode's "hf" step (the CUDA default); off with
-ARENAFLOW_DECODE_WARMUP=0.
+only where the job decodes with decode's "hf" step (the CUDA default); off with engine
+decode_warmup false.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
 import torch
 
-from arenaflow import jobclock
+from arenaflow import engine, jobclock
 
-ENV = "ARENAFLOW_DECODE_WARMUP"
 # tokens a warm-up prompt: the prompt pass's products at rows x PROMPT_LEN pick the large-M
 # kernels a real batch's do (its prompts, left-padded to a multiple of sampling.PROMPT_BUCKET,
 # are not known before the tokenizer has loaded)
 PROMPT_LEN = 128
 
 
-def start(base_model: str, rows: int, new_tokens: int, engine: str) -> threading.Thread | None:
+def start(base_model: str, rows: int, new_tokens: int, decoder: str) -> threading.Thread | None:
     """A started warm-up thread on the current CUDA device for a job whose first batch decodes
-    `rows` rows of up to `new_tokens` tokens with `engine` ("static": arenaflow.decode.static; "hf"
-    has nothing to warm); None without CUDA or when off."""
-    if engine != "static" or os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
+    `rows` rows of up to `new_tokens` tokens with `decoder` ("static": arenaflow.decode.static;
+    "hf" has nothing to warm); None without CUDA or when engine decode_warmup is off."""
+    off = decoder != "static" or not engine.get("decode_warmup")
+    if off or not torch.cuda.is_available():
         return None
     dev = torch.device("cuda", torch.cuda.current_device())
     return launch(base_model, dev, rows, new_tokens)

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from arenaflow import engine as afengine
 from arenaflow import io, jobclock, manifest, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
@@ -412,10 +413,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=suite["seed"])
     r.add_argument("--batch-size", type=int, default=suite["batch_size"])
     r.add_argument(
-        "--engine",
-        choices=["hf", "static"],
-        default=suite["engine"],
-        help="decode loop (arenaflow.decode.sampling)",
+        "--engine-json",
+        default=None,
+        help="the suite's engine settings as JSON (config `engine:`; default: the schema's)",
     )
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
@@ -448,6 +448,11 @@ def _reads(args) -> list[dict]:
 
 def _readout_cmd(args) -> None:
     """Loads the model once for every readout of the plan (an arm's regimes x replicates)."""
+    with afengine.job(args.engine_json):
+        _readouts(args)
+
+
+def _readouts(args) -> None:
     from arenaflow import models
     from arenaflow.decode import sampling
     from arenaflow.decode import warmup as decode_warmup
@@ -457,7 +462,7 @@ def _readout_cmd(args) -> None:
     pool = io.read_jsonl(args.pool)
     batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
     new_tokens = afschema.decoding_of(reads[0]["decoding"])["max_new_tokens"]
-    warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, args.engine)
+    warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, afengine.get("decoder"))
     model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
@@ -481,7 +486,7 @@ def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, floa
         seed,
         args.batch_size,
         desc=f"readout {args.suite}/{args.arm}/{read['regime']}.r{read['replicate']}",
-        engine=args.engine,
+        engine=afengine.get("decoder"),
     )
     seconds = time.perf_counter() - t0  # decoding and scoring
     df.insert(0, "arm", args.arm)
@@ -495,7 +500,7 @@ def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, floa
         "replicate": read["replicate"],
         "seed": seed,
         "batch_size": args.batch_size,
-        "engine": args.engine,
+        "engine": afengine.settings(),
         "pool": args.pool,
         "tokens": tokens,
         "seconds": round(seconds, 3),

@@ -28,11 +28,13 @@ def argv(
     launcher: Sequence[str] | None = None,
     extra: Sequence[str] = (),
     nproc: int = 1,
+    engine: dict | None = None,
 ) -> list[str]:
     """The command line that trains `arm` into `out`, as rules/train.smk writes it (for tests and
     benchmarks): `python -m arenaflow.train ...` for one rank, torchrun --standalone for `nproc`
     on this node (rules/common.smk's launcher), or `launcher` (a launcher's argv up to its -m)
-    in place of either; `extra` adds options (--corpus-id, --mix-json, ...)."""
+    in place of either; `extra` adds options (--corpus-id, --mix-json, ...); `engine` the
+    engine settings (arenaflow.engine; default: the schema's)."""
     if launcher is None:
         torchrun = ["torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
         launcher = [sys.executable, "-m", *(torchrun if nproc > 1 else [])]
@@ -41,6 +43,7 @@ def argv(
         *launcher,
         "arenaflow.train",
         *("--arm", arm, "--params-json", json.dumps(hyper)),
+        *(("--engine-json", json.dumps(engine)) if engine else ()),
         *("--corpus", *map(str, corpora)),
         *extra,
         *("--init", str(init), "--base-model", str(base_model), "--out", str(out)),

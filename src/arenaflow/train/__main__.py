@@ -15,6 +15,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--arm", required=True, help="arm id")
     ap.add_argument("--params-json", required=True, help="the arm's merged hyperparameters as JSON")
     ap.add_argument(
+        "--engine-json",
+        default=None,
+        help="the arm's engine settings as JSON (config `engine:`; default: the schema's)",
+    )
+    ap.add_argument(
         "--checkpoint-every",
         type=int,
         default=None,

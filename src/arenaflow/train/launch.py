@@ -24,7 +24,9 @@ import shutil
 import subprocess
 import sys
 
-PORT_ENV = "ARENAFLOW_RDZV_PORT"
+from arenaflow import knobs
+
+PORT_ENV = knobs.RDZV_PORT
 
 
 def expand_hostlist(nodelist: str) -> list[str]:
@@ -92,7 +94,7 @@ def torchrun_argv(env: dict, nproc_per_node: int, rest: list[str]) -> list[str]:
             f"arenaflow.train.launch: {e.args[0]} is not set; run it under srun in a Slurm job"
         ) from None
     first = expand_hostlist(nodelist)[0]
-    port = int(env.get(PORT_ENV) or 29500 + int(re.sub(r"\D", "", job) or 0) % 1000)
+    port = int(knobs.get(PORT_ENV, env) or 29500 + int(re.sub(r"\D", "", job) or 0) % 1000)
     return [
         sys.executable,
         "-m",

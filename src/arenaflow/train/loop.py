@@ -29,23 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from arenaflow import fused, io, jobclock, manifest, models
+from arenaflow import engine, fused, io, jobclock, knobs, manifest, models
 from arenaflow import schema as afschema
 from arenaflow.train import build_lock, checkpoints, data, heldout, objective
 from arenaflow.train import model as tmodel
 from arenaflow.train.speed import cuda_warmup, grad_norm, lora_fused, lora_grouped, one_rank, rope
 
 log = logging.getLogger("arenaflow.train")
-# fault injection: exit right after this step's checkpoint
-FAIL_AFTER_STEP = "ARENAFLOW_FAIL_AFTER_STEP"
-# verification: save the trained engine's logits on row 0 here
-PROBE_LOGITS = "ARENAFLOW_PROBE_LOGITS"
-# diagnosis: torch.profiler table of this step -> runs/{arm}/profile_rank0.txt
-PROFILE_STEP = "ARENAFLOW_PROFILE_STEP"
-# verification: "aot_eager" traces the fused kernels on CPU too
-FUSED_BACKEND = "ARENAFLOW_FUSED_BACKEND"
-# diagnosis: "1" turns DeepSpeed's bf16 overflow check back on (train_profile_gpu.py's A/B)
-OVERFLOW_CHECK = "ARENAFLOW_BF16_OVERFLOW_CHECK"
 # the ZeRO stage of a one-rank job under zero_stage: auto; why 2, not 0:
 # docs/notes.md#one-rank-zero-stage-2-not-3
 ONE_RANK_STAGE = 2
@@ -112,7 +102,7 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int, world
         # instead (docs/notes.md#bf16-no-overflow-check-a-diverged-run-stops).
         "bf16": {
             "enabled": bf16(hyper, cuda),
-            "check_grad_overflow": os.environ.get(OVERFLOW_CHECK) == "1",
+            "check_grad_overflow": engine.get("bf16_overflow_check"),
         },
         "steps_per_print": 10**9,
         "checkpoint": {"load_universal": universal},
@@ -120,8 +110,9 @@ def deepspeed_config(hyper: dict, cuda: bool, universal: bool, stage: int, world
 
 
 def start_profile(step: int):
-    """A running torch.profiler when PROFILE_STEP names this step, else None."""
-    if os.environ.get(PROFILE_STEP) != str(step):
+    """A running torch.profiler when knobs.PROFILE_STEP names this step, else None (its table
+    goes to runs/{arm}/profile_rank0.txt)."""
+    if knobs.get(knobs.PROFILE_STEP) != str(step):
         return None
     from torch.profiler import ProfilerActivity, profile
 
@@ -270,10 +261,11 @@ def run(args) -> None:
     hyper = afschema.with_hyper_defaults(json.loads(args.params_json))  # defaults: arm.schema.yaml
     if args.checkpoint_every is not None:
         hyper["checkpoint_every"] = args.checkpoint_every
-    r = setup(args, hyper)
-    train(r)
-    save(r)
-    cleanup(r)
+    with engine.job(args.engine_json):
+        r = setup(args, hyper)
+        train(r)
+        save(r)
+        cleanup(r)
 
 
 def expandable_segments() -> None:
@@ -430,7 +422,7 @@ def setup_engine(r: Run) -> None:
         log.info("fused LoRA linears: %d", lora_fused.fuse(net))
         if hyper["grouped_lora"]:
             log.info("grouped LoRA linears (q/k/v, gate/up): %d", lora_grouped.group(net))
-    backend = os.environ.get(FUSED_BACKEND)
+    backend = {"auto": None}.get(engine.get("fused_backend"), engine.get("fused_backend"))
     setting = hyper["fused_kernels"]
     if (r.cuda or backend) and fused.wanted(setting, r.n_steps):  # inductor: gains seen on GPUs
         n = fused.install(net, backend or "inductor")
@@ -596,8 +588,8 @@ def micro_loss(r: Run, micro) -> tuple[torch.Tensor, dict, int, list[int]]:
 
 def save_checkpoint(r: Run, step: int) -> None:
     checkpoints.save(r.engine, r.ckpt_dir, step, r.metrics, r.run_id, r.world, r.stage)
-    if os.environ.get(FAIL_AFTER_STEP) == str(step):
-        log.warning("%s=%d: exiting as if preempted", FAIL_AFTER_STEP, step)
+    if knobs.get(knobs.FAIL_AFTER_STEP) == str(step):  # fault injection, after the checkpoint
+        log.warning("%s=%d: exiting as if preempted", knobs.FAIL_AFTER_STEP, step)
         sys.stdout.flush()
         os._exit(75)
 
@@ -614,7 +606,7 @@ def save(r: Run) -> None:
             manifest.write(tmp, params=r.hyper)
     if r.rank == 0:
         jobclock.event(r.args.out, "committed")
-    if os.environ.get(PROBE_LOGITS):
+    if knobs.get(knobs.PROBE_LOGITS):  # tests: the trained engine's logits on row 0
         # Every rank joins the forward (ZeRO-3 gathers each layer's shards as it runs).
         probe = {
             k: v.to(r.engine.device)
@@ -627,7 +619,7 @@ def save(r: Run) -> None:
         if r.rank == 0:
             torch.save(
                 {"input_ids": probe["input_ids"].cpu(), "logits": logits.float().cpu()},
-                os.environ[PROBE_LOGITS],
+                knobs.get(knobs.PROBE_LOGITS),
             )
 
 
@@ -658,6 +650,7 @@ def training_evidence(r: Run) -> dict:
         "base_revision": r.base_rev,
         "init": Path(args.init).parent.name if args.init != "base" else "base",
         "hyperparameters": r.hyper,
+        "engine": engine.settings(),
         "world_size": r.world,
         "zero_stage": r.stage,
         "device": "cuda" if cuda else "cpu",

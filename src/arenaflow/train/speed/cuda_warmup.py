@@ -32,25 +32,24 @@ H200, session 13; the lineage's fork server had imported both before).
 
 The warm-up draws no random numbers from the global generators (its weights are constants, its
 tokens come from a private generator): the main thread seeds them for the run, and a step that
-drew from them would shift the run's dropout and shuffles by a race. Off with
-ARENAFLOW_CUDA_WARMUP=0.
+drew from them would shift the run's dropout and shuffles by a race. Off with engine
+train_warmup false.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 
 import torch
 
+from arenaflow import engine
 from arenaflow.train import objective
 from arenaflow.train.speed import grad_norm
 
 log = logging.getLogger(__name__)
-ENV = "ARENAFLOW_CUDA_WARMUP"
 
 
 def start(
@@ -60,7 +59,7 @@ def start(
     `shape`: (rows, tokens a row) of the job's largest micro-batch (data.largest_micro_batch);
     `lora`: the job's LoRA settings (hyper["lora"] plus "fused" and "grouped"), None for full
     fine-tuning."""
-    if os.environ.get(ENV, "1") == "0" or not torch.cuda.is_available():
+    if not engine.get("train_warmup") or not torch.cuda.is_available():
         return None
     return launch(base_model, torch.device("cuda", torch.cuda.current_device()), shape, lora)
 
