@@ -27,6 +27,7 @@ import pandas as pd
 
 from arenaflow import io, manifest
 from arenaflow.bundles import sources
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 
 
@@ -95,7 +96,7 @@ def runs_and_training(repeats: int) -> list[dict]:
 def compares(repeats: int) -> list[dict]:
     rows = []
     for path in sorted(Path("compare").rglob("*.json")):
-        srcs = [s["path"] for s in evals.pooled(io.read_json(path))]
+        srcs = [s["path"] for s in comparisons.pooled(io.read_json(path))]
         plain = best(lambda s=srcs: [pd.read_parquet(p) for p in s], repeats)
         checked = best(lambda s=srcs: [evals.read_readout(p) for p in s], repeats)
         hashed = best(lambda s=srcs: [manifest.sha256_file(p) for p in s], repeats)
@@ -113,13 +114,15 @@ def compares(repeats: int) -> list[dict]:
 def nomination_and_bundle(repeats: int) -> list[dict]:
     comps = sorted(map(str, Path("compare").rglob("*.json")))
     noise = sorted(map(str, Path("noise").rglob("*.json")))
-    readouts = sorted({s["path"] for p in comps + noise for s in evals.pooled(io.read_json(p))})
+    readouts = sorted(
+        {s["path"] for p in comps + noise for s in comparisons.pooled(io.read_json(p))}
+    )
     rows = [
         row(
             "nominate (every compare and noise file: an upper bound)",
             f"{len(comps)} compare + {len(noise)} noise seals, {len(readouts)} readouts",
             sum(os.path.getsize(p) for p in comps + noise + readouts),
-            best(lambda: evals.verify_judged(comps, noise, readouts), repeats),
+            best(lambda: comparisons.verify_judged(comps, noise, readouts), repeats),
         )
     ]
     for b in sorted(Path("bundles").glob("*/serving_config.json")):

@@ -84,7 +84,7 @@ rule compare:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.readout compare --suite {wildcards.suite} --regime {wildcards.regime} "
+        "{ZYGOTE}python -m arenaflow.evals.compare compare --suite {wildcards.suite} --regime {wildcards.regime} "
         "--cand {input.cand} --ref {input.ref} --out {output} > {log} 2>&1"
 
 
@@ -99,7 +99,7 @@ rule noise:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.readout noise --suite {wildcards.suite} --regime {wildcards.regime} "
+        "{ZYGOTE}python -m arenaflow.evals.compare noise --suite {wildcards.suite} --regime {wildcards.regime} "
         "--readouts {input} --out {output} > {log} 2>&1"
 
 

@@ -13,6 +13,7 @@ import yaml
 from scipy import stats as sps
 
 from arenaflow import io
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.rounds import bar, nominate
 
@@ -101,7 +102,7 @@ def run_round(tmp_path, bar_, h6=None, extra=None) -> dict:
         c = write(tmp_path / f"{suite}.v749.parquet", "v749", items, cand)
         r = write(tmp_path / f"{suite}.v6141.parquet", "v6141", items, ref)
         out = str(tmp_path / f"compare/{suite}/greedy/v749__v6141.json")
-        evals.main(
+        comparisons.main(
             ["compare", "--suite", suite, "--regime", "greedy", "--cand", c, "--ref", r]
             + ["--out", out]
         )
@@ -181,12 +182,12 @@ def sampled_reads(tmp_path) -> tuple[list, list, list]:
             for k, passed in enumerate((base, second))
         ]
     out = str(tmp_path / "compare/h6/sampled/v749__v6141.json")
-    evals.main(
+    comparisons.main(
         ["compare", "--suite", "h6", "--regime", "sampled", "--cand", *reads["v749"]]
         + ["--ref", *reads["v6141"], "--out", out]
     )
     noise = str(tmp_path / "noise/h6/sampled/v6141.json")
-    evals.main(
+    comparisons.main(
         ["noise", "--suite", "h6", "--regime", "sampled", "--readouts", *reads["v6141"]]
         + ["--out", noise]
     )

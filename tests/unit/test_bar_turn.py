@@ -18,6 +18,7 @@ from test_multiturn import turn_rows
 
 from arenaflow import config as afconfig
 from arenaflow import io
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.rounds import nominate
 
@@ -36,7 +37,7 @@ def judge(tmp_path, bar_: list[dict]) -> dict:
         sides.append(str(tmp_path / f"{arm}.parquet"))
         evals.write_readout(turn_rows(arm, passes), sides[-1], {"arm": arm, "replicate": 0})
     comp = str(tmp_path / "compare/mt/greedy/B__A.json")
-    evals.main(["compare", "--suite", "mt", "--regime", "greedy", "--cand", sides[0]]
+    comparisons.main(["compare", "--suite", "mt", "--regime", "greedy", "--cand", sides[0]]
                + ["--ref", sides[1], "--out", comp])  # fmt: skip
     out = tmp_path / "nominations/r.json"
     nominate.main(

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from arenaflow import engine, io, schema, verify
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import degeneracy
 from arenaflow.evals import readout as evals
 
@@ -34,7 +35,7 @@ def frame(correct, prompts=None, cats=None):
 def test_compare_counts_wins_losses_and_splits_by_category():
     cand = frame([1, 1, 0, 1, 0, 1], cats=["x", "x", "x", "y", "y", "y"])
     ref = frame([0, 1, 1, 0, 0, 1], cats=["x", "x", "x", "y", "y", "y"])
-    res = evals.compare(cand, ref, "t")
+    res = comparisons.compare(cand, ref, "t")
     assert (res["wins"], res["losses"], res["ties_pass"], res["ties_fail"]) == (2, 1, 2, 1)
     assert res["delta"] == pytest.approx(100 * (4 - 3) / 6)
     assert res["by_category"]["x"]["wins"] == 1 and res["by_category"]["x"]["losses"] == 1
@@ -45,12 +46,12 @@ def test_compare_refuses_items_with_different_prompts():
     cand = frame([1, 0])
     ref = frame([1, 0], prompts=["p0", "other"])
     with pytest.raises(ValueError, match="'i1' has a different prompt"):
-        evals.compare(cand, ref, "t")
+        comparisons.compare(cand, ref, "t")
 
 
 def test_compare_refuses_items_read_out_on_one_side_only():
     with pytest.raises(ValueError, match="one side only"):
-        evals.compare(frame([1, 0, 1]), frame([1, 0]), "t")
+        comparisons.compare(frame([1, 0, 1]), frame([1, 0]), "t")
 
 
 @pytest.mark.parametrize("bad", [np.nan, 2])
@@ -65,11 +66,11 @@ def test_compare_refuses_an_outcome_that_is_not_0_or_1_naming_the_readout(bad):
         match=r"^cmp\.json: candidate B3 readouts \('correct'\): 1 of 3 outcomes are "
         rf"not 0/1, e\.g\. {bad} at item 'i1', replicate 1$",
     ):
-        evals.compare(cand, ref, "cmp.json")
+        comparisons.compare(cand, ref, "cmp.json")
     with pytest.raises(
         ValueError, match=r"^cmp\.json: reference B3 readouts \('correct_ref'\): .* item 'i1'"
     ):
-        evals.compare(cand.assign(correct=[1, 0, 0]), cand, "cmp.json")
+        comparisons.compare(cand.assign(correct=[1, 0, 0]), cand, "cmp.json")
 
 
 def test_compare_and_noise_clis_name_the_readout_file_with_a_nan_outcome(tmp_path):
@@ -83,7 +84,7 @@ def test_compare_and_noise_clis_name_the_readout_file_with_a_nan_outcome(tmp_pat
         with pytest.raises(
             ValueError, match=rf"^{bad} \('correct'\): 1 of 3 .* nan at item 'i1', replicate 1$"
         ):
-            evals.main([*argv, "--out", str(tmp_path / "out.json")])
+            comparisons.main([*argv, "--out", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
 
 
@@ -92,7 +93,7 @@ def test_noise_refuses_an_outcome_that_is_not_0_or_1():
     with pytest.raises(
         ValueError, match=r"^n\.json: A readouts \('correct'\): .* 2 at item 'i2', replicate 1$"
     ):
-        evals.noise(df, "n.json")
+        comparisons.noise(df, "n.json")
 
 
 # --- replicates, levels and the noise floor ------------------------------------------------
@@ -123,7 +124,7 @@ def test_structure_flags_truncated_empty_loop_and_fffd():
     assert df["loop"].tolist() == [False, False, True, False]
     assert df["fffd"].tolist() == [False, False, False, True]
     assert df["n_words"].tolist() == [6, 0, 25, 3]
-    lv = evals.levels(df)
+    lv = comparisons.levels(df)
     assert lv["accuracy"] == 50.0 and lv["truncation_rate"] == 25.0 and lv["loop_rate"] == 25.0
     assert lv["mean_words"] == pytest.approx(34 / 4)
 
@@ -135,7 +136,7 @@ def test_compare_pools_replicates_and_reports_each_and_the_t_over_replicates():
     ref_reps = [[1, 0, 1, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0, 1, 0], [1, 0, 1, 0, 1, 0, 1, 0]]
     cand = pd.concat([battery(c, r) for r, c in enumerate(cand_reps)], ignore_index=True)
     ref = pd.concat([battery(c, r) for r, c in enumerate(ref_reps)], ignore_index=True)
-    res = evals.compare(cand, ref, "t")
+    res = comparisons.compare(cand, ref, "t")
     assert res["replicates"] == 3 and res["n"] == 24
     wins = sum(c and not r for cc, rr in zip(cand_reps, ref_reps) for c, r in zip(cc, rr))
     losses = sum(r and not c for cc, rr in zip(cand_reps, ref_reps) for c, r in zip(cc, rr))
@@ -157,7 +158,7 @@ def test_compare_pools_replicates_and_reports_each_and_the_t_over_replicates():
 def test_compare_refuses_replicates_read_out_on_one_side_only():
     cand = pd.concat([battery([1, 0], 0), battery([1, 1], 1)], ignore_index=True)
     with pytest.raises(ValueError, match="one side only"):
-        evals.compare(cand, battery([1, 0], 0), "t")
+        comparisons.compare(cand, battery([1, 0], 0), "t")
 
 
 def test_noise_is_the_arm_against_itself_paired_by_item():
@@ -165,7 +166,7 @@ def test_noise_is_the_arm_against_itself_paired_by_item():
 
     reps = [[1, 1, 0, 1, 0, 1], [1, 0, 0, 1, 1, 1], [0, 1, 0, 1, 0, 1]]
     df = pd.concat([battery(c, r) for r, c in enumerate(reps)], ignore_index=True)
-    res = evals.noise(df.sample(frac=1, random_state=0), "t")  # row order does not matter
+    res = comparisons.noise(df.sample(frac=1, random_state=0), "t")  # row order does not matter
     ref = stats.noise_floor(np.array(reps, bool))
     assert res["replicate_accuracies"] == pytest.approx(ref["replicate_accuracies"])
     assert res["mean_abs_delta"] == pytest.approx(ref["mean_abs_delta"])
@@ -178,9 +179,11 @@ def test_noise_cli_needs_two_replicates_of_one_arm(tmp_path):
     evals.write_readout(battery([1, 0, 1]), p0, {})
     evals.write_readout(battery([1, 0, 1], arm="B"), p1, {})
     with pytest.raises(SystemExit, match=">= 2 replicates"):
-        evals.main(["noise", "--readouts", str(p0), "--out", str(tmp_path / "n.json")])
+        comparisons.main(["noise", "--readouts", str(p0), "--out", str(tmp_path / "n.json")])
     with pytest.raises(SystemExit, match="one arm against itself"):
-        evals.main(["noise", "--readouts", str(p0), str(p1), "--out", str(tmp_path / "n.json")])
+        comparisons.main(
+            ["noise", "--readouts", str(p0), str(p1), "--out", str(tmp_path / "n.json")]
+        )
 
 
 # --- real readouts on the embedded tiny model ----------------------------------------------
@@ -281,7 +284,7 @@ def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
     d1 = d1.sample(frac=1, random_state=0)
     keys = ["item_id", "prompt_sha256", "target_sha256"]
     assert sorted(map(tuple, d0[keys].to_numpy())) == sorted(map(tuple, d1[keys].to_numpy()))
-    res = evals.noise(pd.concat([d0, d1], ignore_index=True), "t")
+    res = comparisons.noise(pd.concat([d0, d1], ignore_index=True), "t")
     assert res["k"] == 2 and res["n"] == len(POOL) and res["replicate_ids"] == [0, 1]
     accuracies = [100 * d["correct"].mean() for d in (d0, d1)]
     assert res["replicate_accuracies"] == pytest.approx(accuracies)
@@ -385,7 +388,7 @@ def test_compare_splits_the_structural_battery_by_category():
     cand["category"] = cats
     ref = battery([1, 0, 0, 1])
     ref["category"] = cats
-    res = evals.compare(cand, ref, "t")
+    res = comparisons.compare(cand, ref, "t")
     x, y = res["by_category"]["x"]["levels"], res["by_category"]["y"]["levels"]
     assert x["cand"]["empty_rate"] == 50.0 and y["cand"]["empty_rate"] == 0.0
     assert y["cand"]["truncation_rate"] == 50.0 and x["cand"]["truncation_rate"] == 0.0

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats as sps
 
 from arenaflow import manifest
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import families
@@ -70,7 +71,7 @@ def oracle(pool, cand, ref, family):
 
 def test_family_table_matches_a_hand_count_and_scipys_binomial_test(sides):
     pool, cand, ref = sides
-    res = evals.compare(cand, ref, "t")
+    res = comparisons.compare(cand, ref, "t")
     table = res["by_family"]
     carried = {c["type"] for r in pool for c in r["constraints"]}
     assert set(table) == carried
@@ -99,7 +100,7 @@ def test_family_counts_are_per_check_not_per_prompt():
             "constraints": [{"type": "word_eq", "n": 50}, {"type": "no_char", "chars": ","}],
         }
     ]
-    res = evals.compare(readout(pool, ["no commas"], "B"), readout(pool, ["a, b"], "A"), "t")
+    res = comparisons.compare(readout(pool, ["no commas"], "B"), readout(pool, ["a, b"], "A"), "t")
     assert (res["wins"], res["losses"]) == (0, 0)
     assert res["by_family"]["no_char"]["wins"] == 1
     assert res["by_family"]["word_eq"]["wins"] == res["by_family"]["word_eq"]["losses"] == 0
@@ -156,7 +157,7 @@ def test_non_ifeval_readouts_get_no_family_table():
             "checks": [None, None],
         }
     )
-    res = evals.compare(df, df, "t")
+    res = comparisons.compare(df, df, "t")
     assert "by_family" not in res and "family_delta_min" not in res
 
 
@@ -166,10 +167,11 @@ def test_the_compare_cli_seals_the_table_and_the_families_cli_prints_it(sides, t
     evals.write_readout(cand, pc, {"arm": "B"})
     evals.write_readout(ref, pr, {"arm": "A"})
     out = tmp_path / "compare/ifeval/greedy/B__A.json"
-    evals.main(["compare", "--cand", str(pc), "--ref", str(pr), "--out", str(out)])
-    record = evals.verify_pooled(out)  # sealed, sources intact
+    comparisons.main(["compare", "--cand", str(pc), "--ref", str(pr), "--out", str(out)])
+    record = comparisons.verify_pooled(out)  # sealed, sources intact
     assert (
-        record["by_family"] == evals.compare(evals.load([pc]), evals.load([pr]), "x")["by_family"]
+        record["by_family"]
+        == comparisons.compare(evals.load([pc]), evals.load([pr]), "x")["by_family"]
     )
     capsys.readouterr()
     families.main([str(out)])

@@ -35,6 +35,7 @@ from arenaflow import candidates, io, manifest, models
 from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
 from arenaflow.corpora import build as corpora
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.pools import math as mathpool
 from arenaflow.rounds import nominate
@@ -280,7 +281,7 @@ def compared(tmp_path) -> dict:
     cand = write_readout(tmp_path / "B3.r0.parquet", "B3", [True, True, True, False] * 6)
     ref = write_readout(tmp_path / "R2d.r0.parquet", "R2d", [True, False, False, False] * 6)
     out = tmp_path / "compare/math/greedy/B3__R2d.json"
-    evals.main(
+    comparisons.main(
         [
             "compare",
             "--suite",
@@ -335,7 +336,7 @@ def test_readout_bit_flip_before_compare(compared, tmp_path):
     flip_bit(Path(compared["cand"]), last_byte_of_column(compared["cand"], "correct"))
     out = tmp_path / "compare/again.json"
     with pytest.raises(manifest.ManifestError, match=r"B3\.r0\.parquet: unreadable readout: .*CRC"):
-        evals.main(
+        comparisons.main(
             ["compare", "--cand", compared["cand"], "--ref", compared["ref"], "--out", str(out)]
         )
     assert not out.exists()
@@ -576,6 +577,7 @@ WRITERS = """
     from arenaflow.bases import tinymodel
     from arenaflow.corpora import build as corpora
     from arenaflow.evals import readout as evals
+    from arenaflow.evals import compare as comparisons
     from arenaflow.pools import math as mathpool
     def readout(path, n):
         df = pd.DataFrame({"arm": "A", "item_id": [f"i{j}" for j in range(n)], "category": "add",

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats as sps
 
 from arenaflow import chat, io, manifest
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import constraints as ifconstraints
@@ -153,7 +154,7 @@ def turn_rows(arm, passes):
 def test_compare_scores_a_conversation_by_all_its_turns_and_reports_each_turn(tmp_path):
     cand = {f"c{i}": [True, True, True, i % 3 != 0] for i in range(12)}  # 8 of 12 pass all
     ref = {f"c{i}": [True, i % 2 == 0, True, True] for i in range(12)}  # 6 of 12 pass all
-    res = evals.compare(turn_rows("B", cand), turn_rows("A", ref), "t")
+    res = comparisons.compare(turn_rows("B", cand), turn_rows("A", ref), "t")
     every = {c: all(v) for c, v in cand.items()}, {c: all(v) for c, v in ref.items()}
     wins = sum(every[0][c] and not every[1][c] for c in cand)
     losses = sum(every[1][c] and not every[0][c] for c in cand)
@@ -168,8 +169,10 @@ def test_compare_scores_a_conversation_by_all_its_turns_and_reports_each_turn(tm
     evals.write_readout(turn_rows("B", cand), paths[0], {})
     evals.write_readout(turn_rows("A", ref), paths[1], {})
     out = tmp_path / "c.json"
-    evals.main(["compare", "--cand", str(paths[0]), "--ref", str(paths[1]), "--out", str(out)])
-    record = evals.verify_pooled(out)
+    comparisons.main(
+        ["compare", "--cand", str(paths[0]), "--ref", str(paths[1]), "--out", str(out)]
+    )
+    record = comparisons.verify_pooled(out)
     assert record["by_turn"]["4"]["losses"] == 4 and record["wins"] == 4
     assert io.read_json(out)["n"] == 12
 

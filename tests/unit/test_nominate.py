@@ -10,6 +10,7 @@ import re
 import pytest
 
 from arenaflow import io
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.rounds import bar, nominate, registry, verdicts
 
@@ -366,7 +367,7 @@ def test_a_readouts_levels_are_exactly_the_level_metrics_a_bar_can_name():
             "n_tokens": [4, 1],
         }
     )
-    assert tuple(evals.levels(df)) == bar.LEVELS
+    assert tuple(comparisons.levels(df)) == bar.LEVELS
 
 
 # --- registration: the bar is written before the readouts it judges ------------------------
@@ -428,7 +429,7 @@ class Round:
         }.items():
             self.readouts.append(write_readout(d / f"{arm}.r0.parquet", arm, correct))
             self.compare.append(str(d / f"compare/math/greedy/{arm}__R2d.json"))
-            evals.main(
+            comparisons.main(
                 [
                     "compare",
                     "--suite",

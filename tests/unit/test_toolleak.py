@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import degeneracy
 from arenaflow.evals import readout as evals
 from arenaflow.instruct import check as ifcheck
@@ -123,7 +124,7 @@ def test_compare_pairs_answer_usable_with_an_exact_sign_test_and_levels_a_bar_ca
     ref = [bad] * 9 + [good] * 3 + [good] * 6 + [bad] * 2
     cand[0] = cand[1] = LEAKS["hermes/qwen"] + " Done."
     cand_df = open_readout(cand, [True] * 20, "B")
-    res = evals.compare(cand_df, open_readout(ref, [True] * 20, "A"), "t")
+    res = comparisons.compare(cand_df, open_readout(ref, [True] * 20, "A"), "t")
     usable = res["answer_usable"]
     assert (usable["wins"], usable["losses"]) == (9, 3)
     assert usable["p_value"] == pytest.approx(sps.binomtest(9, 12).pvalue, rel=1e-12)

@@ -67,7 +67,7 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
     evaluations = []
     for path in (
         args.compare
-    ):  # written by `arenaflow.evals.readout compare`, which records its suite and regime
+    ):  # written by `arenaflow.evals.compare compare`, which records its suite and regime
         c = io.read_json(path)
         evaluations.append({**c, "suite": f"{c['suite']}/{c['regime']}"})
     return {

@@ -38,6 +38,7 @@ from pathlib import Path
 import pandas as pd
 
 from arenaflow import io, manifest
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.evals import stats
 from arenaflow.instruct import check as ifcheck
@@ -151,7 +152,7 @@ def table(pool: list[dict], cand: pd.DataFrame, ref: pd.DataFrame | None, where:
     keys = ["item_id", "replicate", "family"]
     incorrect = {"incorrect": partition(c, cand, f"{where}: candidate")}
     if ref is not None:
-        evals.paired_rows(cand, ref, where)  # same items, same prompts and targets
+        comparisons.paired_rows(cand, ref, where)  # same items, same prompts and targets
         r = per_check(pool, ref, f"{where}: reference")
         incorrect["ref_incorrect"] = partition(r, ref, f"{where}: reference")
         c = c.merge(r, on=keys, suffixes=("", "_ref"), how="inner", validate="one_to_one")
@@ -195,7 +196,10 @@ def main(argv: list[str] | None = None) -> None:
         pool=args.pool,
         cand=str(cand["arm"].iloc[0]) if "arm" in cand else None,
         ref=str(ref["arm"].iloc[0]) if ref is not None and "arm" in ref else None,
-        readouts={"cand": evals._sources(args.cand), "ref": evals._sources(args.ref or [])},
+        readouts={
+            "cand": comparisons._sources(args.cand),
+            "ref": comparisons._sources(args.ref or []),
+        },
     )
     io.write_json(Path(args.out), manifest.seal(record))
     a = record["all"]

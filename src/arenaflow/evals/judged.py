@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from arenaflow import io, manifest
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.evals import stats
 
@@ -82,7 +83,7 @@ def pack(
         raise ValueError(
             f"{where}: both readouts are of arm {labels[0]!r}; a judged read compares two arms"
         )
-    pairs = evals.paired_rows(evals.structured(a), evals.structured(b), where)
+    pairs = comparisons.paired_rows(evals.structured(a), evals.structured(b), where)
     if not 0 < n <= len(pairs):
         raise ValueError(f"{where}: n must be between 1 and the {len(pairs)} paired items, got {n}")
     prompts = {r["id"]: r["prompt"] for r in pool}

@@ -30,6 +30,7 @@ import json
 import pandas as pd
 
 from arenaflow import io, manifest
+from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.evals import stats
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         arm=args.arm,
         prompts=prompts,
         chosen_text=prompts[res["chosen"]],
-        readouts={k: evals._sources(v) for k, v in paths.items()},
+        readouts={k: comparisons._sources(v) for k, v in paths.items()},
     )
     io.write_json(args.out, manifest.seal(res))
     for row in res["table"]:

@@ -1,29 +1,11 @@
-"""Readouts, paired comparisons and noise floors.
+"""Readouts: one arm's answers to a suite's pool under one decoding regime, scored.
+
+One parquet per (suite, arm, regime, replicate), a row per item with its verdict and structural
+battery (see readout()).
 
     python -m arenaflow.evals.readout readout --suite math --arm B3 --pool pools/math_eval.jsonl \
         --base-model DIR [--adapter runs/B3/final] --regime greedy --regime-json '{...}' \
         --replicate 0 --seed 0 --system-prompt S --out readouts/math/B3/greedy.r0.parquet
-    python -m arenaflow.evals.readout compare --suite math --regime served \
-        --cand B3.r0.parquet B3.r1.parquet --ref R2d.r0.parquet R2d.r1.parquet \
-        --out compare/math/served/B3__R2d.json
-    python -m arenaflow.evals.readout noise --suite math --regime served \
-        --readouts R2d.r0.parquet R2d.r1.parquet R2d.r2.parquet --out noise/math/served/R2d.json
-
-A readout is one parquet per (suite, arm, regime, replicate), one row per item (per
-conversation x turn for a multi-turn pool: arenaflow.instruct.multiturn), carrying the
-prompt and target hashes so a comparison can prove both sides saw the same items, and the
-structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
-words, tokens, tool_leak: arenaflow.instruct.toolleak, answer_usable: degeneracy.answer_usable),
-and on
-items with constraints each constraint's verdict (`checks`, arenaflow.instruct.families). Replicate
-r
-decodes with seed + 1000 * r; the same seed gives identical rows.
-The parquet's schema metadata (key "arenaflow") records when and how it was made (for a math
-suite, `verifier`: arenaflow.verify.verifier): nomination checks `created_utc` against the bar's
-registration time.
-
-A comparison pools every replicate (rows are (item, replicate) pairs) and also reports each
-replicate on its own and the paired t over replicates (arenaflow.evals.stats explains each t).
 """
 
 from __future__ import annotations
@@ -42,16 +24,12 @@ from arenaflow import io, jobclock, manifest, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.instruct import families, multiturn, toolleak
-from arenaflow.rounds import bar as afbar
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition:
 # arenaflow.evals.degeneracy;
 # docs/lineages.md#000-two-repetition-measures)
 LOOP_AT = degeneracy.LOOP_THRESHOLD
 rep_ratio = degeneracy.rep_ratio
-# Per-side levels of a comparison (levels() below), in points for rates: the level metrics a
-# bar's clause may name, defined once in arenaflow.rounds.bar.
-LEVELS = afbar.LEVELS
 META_KEY = b"arenaflow"
 
 
@@ -107,7 +85,18 @@ def readout(
 ) -> pd.DataFrame:
     """One row per item. `correct` is the same verdict rejection sampling uses
     (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
-    constraint checked; open-ended, stopped, non-degenerate and long enough."""
+    constraint checked; open-ended, stopped, non-degenerate and long enough.
+
+    A readout is one parquet per (suite, arm, regime, replicate), one row per item (per
+    conversation x turn for a multi-turn pool: arenaflow.instruct.multiturn), carrying the
+    prompt and target hashes so a comparison can prove both sides saw the same items, and the
+    structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
+    words, tokens, tool_leak: arenaflow.instruct.toolleak, answer_usable: degeneracy.answer_usable),
+    and on items with constraints each constraint's verdict (`checks`,
+    arenaflow.instruct.families). Replicate r decodes with seed + 1000 * r; the same seed gives
+    identical rows. The parquet's schema metadata (key "arenaflow") records when and how it was
+    made (for a math suite, `verifier`: arenaflow.verify.verifier): nomination checks
+    `created_utc` against the bar's registration time."""
     from arenaflow import candidates, chat
     from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
 
@@ -217,174 +206,6 @@ def load(paths: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def levels(df: pd.DataFrame) -> dict:
-    """One side's levels over all its rows: rates in points, means in words/tokens. A rate
-    whose column a hand-made frame lacks is None (a bar clause on it is then undefined)."""
-
-    def pct(col: str) -> float | None:
-        if col not in df:
-            return None
-        return float(df[col].astype(bool).mean() * 100) if len(df) else 0.0
-
-    return {
-        "accuracy": pct("correct"),
-        "truncation_rate": pct("truncated"),
-        "empty_rate": pct("empty"),
-        "loop_rate": pct("loop"),
-        "fffd_rate": pct("fffd"),
-        "tool_leak_rate": pct("tool_leak"),
-        "answer_usable_rate": pct("answer_usable"),
-        "mean_words": float(df["n_words"].mean()) if len(df) else 0.0,
-        "mean_tokens": float(df["n_tokens"].mean()) if len(df) else 0.0,
-    }
-
-
-def paired_rows(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> pd.DataFrame:
-    m = cand.merge(
-        ref, on=["item_id", "replicate"], suffixes=("", "_ref"), how="outer", indicator=True
-    )
-    unpaired = m[m["_merge"] != "both"]
-    if len(unpaired):
-        raise ValueError(
-            f"{where}: {len(unpaired)} (item, replicate) pairs are read out on one side "
-            f"only, e.g. {unpaired['item_id'].iloc[0]!r}"
-        )
-    bad = m[
-        (m["prompt_sha256"] != m["prompt_sha256_ref"])
-        | (m["target_sha256"] != m["target_sha256_ref"])
-    ]
-    if len(bad):
-        raise ValueError(
-            f"{where}: item {bad['item_id'].iloc[0]!r} has a different prompt or target "
-            "on the two sides; readouts of different suites cannot be paired"
-        )
-    return m
-
-
-def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
-    """Paired statistics pooled over replicates, per replicate, and per category; items (and
-    replicate indices) must match one to one."""
-    m = paired_rows(cand, ref, where)
-    m["correct"] = outcomes(m, "correct", f"{where}: candidate {_arms(cand)}")
-    m["correct_ref"] = outcomes(m, "correct_ref", f"{where}: reference {_arms(ref)}")
-    extra = {}
-    if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
-        by_family = families.table(m, where)  # at check level, turn by turn in conversations
-        if by_family:
-            extra = {"by_family": by_family, **families.summary(by_family)}
-    if "conversation" in m.columns:  # multi-turn: the outcome is "every turn passes"
-        extra["by_turn"] = multiturn.by_turn(m)
-        m = multiturn.conversations(m)
-    out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
-    out["by_category"] = {
-        c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
-        for c, g in m.groupby("category", sort=True)
-    }
-    per_rep = {
-        r: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
-        for r, g in m.groupby("replicate", sort=True)
-    }
-    out["by_replicate"] = [
-        {"replicate": int(r), **{k: p[k] for k in _PER_REPLICATE}} for r, p in per_rep.items()
-    ]
-    out.update(
-        stats.t_over_replicates(
-            [p["accuracy"] for p in per_rep.values()], [p["ref_accuracy"] for p in per_rep.values()]
-        )
-    )
-    if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
-        out.update(_battery(m, cand, ref, out["by_category"]))
-    out.update(extra)
-    out["replicates"] = int(m["replicate"].nunique())
-    return out
-
-
-_PER_REPLICATE = ("accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")
-_USABLE = ("n", "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value")
-
-
-def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict) -> dict:
-    """The structural battery's paired word counts and each side's levels, overall and per
-    category (written into `by_category`)."""
-    words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
-    out = {"words_delta": float(words.mean()) if len(words) else 0.0}
-    out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
-    out["words_sign_p"] = stats.sign_test(words)
-    out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
-    if "answer_usable" in m and "answer_usable_ref" in m:  # paired, as lineage 002 read it
-        usable = stats.paired(m["answer_usable"].to_numpy(), m["answer_usable_ref"].to_numpy())
-        out["answer_usable"] = {k: usable[k] for k in _USABLE}
-    for c in by_category:  # the battery's rates and lengths per category too
-        by_category[c]["levels"] = {
-            "cand": levels(cand[cand["category"] == c]),
-            "ref": levels(ref[ref["category"] == c]),
-        }
-    return out
-
-
-def _arms(df: pd.DataFrame) -> str:
-    return "/".join(map(str, df["arm"].unique())) + " readouts" if "arm" in df else "readouts"
-
-
-def noise(readouts: pd.DataFrame, where: str) -> dict:
-    """Self vs self: the K replicates of one arm, paired by item
-    (arenaflow.evals.stats.noise_floor)."""
-    outcomes(readouts, "correct", f"{where}: {_arms(readouts)}")  # before NaN or 2 become True
-    wide = readouts.pivot(index="item_id", columns="replicate", values="correct")
-    if wide.isna().any().any():
-        raise ValueError(f"{where}: replicates do not cover the same items")
-    hashes = readouts.groupby("item_id")["prompt_sha256"].nunique()
-    if (hashes > 1).any():
-        raise ValueError(
-            f"{where}: item {hashes[hashes > 1].index[0]!r} has different prompts across replicates"
-        )
-    out = stats.noise_floor(wide.to_numpy(dtype=bool).T)
-    out["replicate_ids"] = [int(c) for c in wide.columns]
-    return out
-
-
-def _sources(paths: list[str]) -> list[dict]:
-    # the sha256 of every pooled readout, so nomination can tell they are still what was pooled
-    return [
-        {
-            "path": p,
-            "created_utc": readout_meta(p).get("created_utc"),
-            "sha256": manifest.sha256_file(p),
-        }
-        for p in paths
-    ]
-
-
-def pooled(record: dict) -> list[dict]:
-    """The readout sources a compare or noise record pooled."""
-    r = record.get("readouts", [])
-    return [*r.get("cand", []), *r.get("ref", [])] if isinstance(r, dict) else list(r)
-
-
-def verify_pooled(path: str | Path) -> dict:
-    """A compare or noise JSON, once its seal holds and every readout it pooled still has the
-    sha256 recorded then; ManifestError names the file that changed. Returns the record."""
-    record = manifest.check_seal(io.read_json(path), path)
-    for src in pooled(record):
-        manifest.check_file(src["path"], src["sha256"], path)
-    return record
-
-
-def verify_judged(compare: list[str], noise: list[str], readouts: list[str]) -> None:
-    """What nomination reads: every compare and noise JSON (verify_pooled), and each readout it
-    judges must be one of those pooled, with the same sha256."""
-    known = {}
-    for path in [*compare, *noise]:
-        for src in pooled(verify_pooled(path)):
-            known[Path(src["path"])] = path
-    stray = [p for p in readouts if Path(p) not in known]
-    if stray:
-        raise manifest.ManifestError(
-            f"{stray[0]}: judged but pooled by none of the compare or noise "
-            "files given, so nothing records its sha256"
-        )
-
-
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -419,19 +240,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
-    c = sub.add_parser("compare", help="paired statistics of a candidate against a reference")
-    c.add_argument("--suite", default=None)
-    c.add_argument("--regime", default=None)
-    c.add_argument("--cand", nargs="+", required=True, help="candidate readouts, one per replicate")
-    c.add_argument("--ref", nargs="+", required=True, help="reference readouts, one per replicate")
-    c.add_argument("--out", required=True, help="compare/{suite}/{regime}/{cand}__{ref}.json")
-    n = sub.add_parser("noise", help="noise floor: one arm's K replicates against each other")
-    n.add_argument("--suite", default=None)
-    n.add_argument("--regime", default=None)
-    n.add_argument(
-        "--readouts", nargs="+", required=True, help="the arm's K >= 2 replicate readouts"
-    )
-    n.add_argument("--out", required=True, help="noise/{suite}/{regime}/{arm}.json")
     return ap
 
 
@@ -513,50 +321,9 @@ def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, floa
     return tokens, seconds
 
 
-def _compare_cmd(args) -> None:
-    cand, ref = load(args.cand), load(args.ref)
-    res = compare(cand, ref, args.out)
-    res.update(
-        suite=args.suite,
-        regime=args.regime,
-        cand=str(cand["arm"].iloc[0]),
-        ref=str(ref["arm"].iloc[0]),
-        readouts={"cand": _sources(args.cand), "ref": _sources(args.ref)},
-    )
-    io.write_json(args.out, manifest.seal(res))
-    t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
-    print(
-        f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, "
-        f"W/L {res['wins']}/{res['losses']}, "
-        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}"
-    )
-
-
-def _noise_cmd(args) -> None:
-    df = load(args.readouts)
-    arms = sorted(df["arm"].unique())
-    if len(arms) != 1:
-        raise SystemExit(f"{args.out}: a noise floor is one arm against itself; got arms {arms}")
-    if df["replicate"].nunique() < 2:
-        raise SystemExit(
-            f"{args.out}: a noise floor needs >= 2 replicates; set the regime's "
-            "replicates to K >= 2 in config evals"
-        )
-    res = noise(df, args.out)
-    res.update(suite=args.suite, regime=args.regime, arm=arms[0], readouts=_sources(args.readouts))
-    io.write_json(args.out, manifest.seal(res))
-    t = "n/a" if res["max_abs_t"] is None else f"{res['max_abs_t']:.2f}"
-    print(
-        f"{arms[0]} vs itself over {res['k']} replicates: accuracies "
-        f"{' / '.join(f'{a:.2f}' for a in res['replicate_accuracies'])}, "
-        f"spread {res['spread']:.2f} pt, "
-        f"mean |delta| {res['mean_abs_delta']:.2f} pt, max |t| {t}"
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    {"readout": _readout_cmd, "compare": _compare_cmd, "noise": _noise_cmd}[args.cmd](args)
+    {"readout": _readout_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

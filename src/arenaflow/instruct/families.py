@@ -107,7 +107,7 @@ def markdown(by_family: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "compare", help="a compare JSON of an ifeval suite (python -m arenaflow.evals.readout)"
+        "compare", help="a compare JSON of an ifeval suite (python -m arenaflow.evals.compare)"
     )
     args = ap.parse_args(argv)
     record = manifest.check_seal(io.read_json(args.compare), args.compare)

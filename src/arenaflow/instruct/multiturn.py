@@ -14,7 +14,7 @@ against constraints[:k]); `checks` the per-constraint verdicts (arenaflow.instru
 `prompt_sha256` hashes what both sides of a comparison share, the system prompt and the user
 messages up to turn k (the rendered prompt also holds each arm's own replies: `context_sha256`).
 
-arenaflow.evals.readout.compare pairs such readouts per conversation: its outcome is "every turn
+arenaflow.evals.compare.compare pairs such readouts per conversation: its outcome is "every turn
 passes" (conversations() below), with each turn's paired accuracy under `by_turn`; levels (the
 structural battery's rates) stay per turn.
 """

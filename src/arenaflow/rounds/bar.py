@@ -66,7 +66,7 @@ LEVELS = (
     "answer_usable_rate",
     "mean_words",
     "mean_tokens",
-)  # what arenaflow.evals.readout.levels() returns per side
+)  # what arenaflow.evals.compare.levels() returns per side
 # the paired statistics the comparison keeps for each turn of a multi-turn suite (by_turn)
 TURN_METRICS = ("delta", "p_value", "t_items", "wins_minus_losses")
 NOISE_STATS = ("mean_abs_delta", "max_abs_delta", "spread", "max_abs_t")

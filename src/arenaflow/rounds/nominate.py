@@ -305,10 +305,10 @@ def _judge_cmd(args, rnd: dict) -> None:
     current = check_against_registry(registration, registry)
     check_registration(args.round, rnd, current, {p: readout_time(p) for p in args.readouts})
     from arenaflow.evals import (
-        readout as evals,  # compare/noise seals and pooled readouts' sha256 first
+        compare as comparisons,  # compare/noise seals and pooled readouts' sha256 first
     )
 
-    evals.verify_judged(args.compare, args.noise, args.readouts)
+    comparisons.verify_judged(args.compare, args.noise, args.readouts)
     result = nominate(args.round, rnd, *_read_judged(args, rnd))
     result["registration"] = {
         "path": args.registration,
