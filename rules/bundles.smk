@@ -1,26 +1,28 @@
 rule build_bundle:
     input:
-        unpack(bundle_inputs),
+        unpack(lambda wc: afdag.bundle_inputs(CFG, wc.bundle, bundle_arm(wc))),
         base=BASE_FILES,
-        template=template_file,  # editing the served template rebuilds the bundle
+        template=lambda wc: afdag.template_file(CFG, REPO, wc.bundle),  # editing the served template rebuilds the bundle
     output:
-        directory("bundles/{bundle}"),
+        directory(afpaths.BUNDLE),
     log:
         "logs/bundles/{bundle}.log",
     conda:
         "../envs/arenaflow.yaml"
     params:
         cfg=lambda wc: as_json(CFG["bundles"][wc.bundle]),
-        source=bundle_source,
+        source=lambda wc: afdag.bundle_source(CFG, wc.bundle),
         # Before the round is judged (a dry run) the inputs are only the checkpoint's output.
         compare=lambda wc, input: input.get("compare", []),
         lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
-        arms=report_arms,  # the card reads the nominating round's LR sweep
+        arms=afrounds.report_arms(CFG),  # the card reads the nominating round's LR sweep
         base=base_dir,
         template=lambda wc, input: input.template[0] if input.template else "chatml",
-        search=prompt_search_flag,
+        search=lambda wc, input: (
+            f"--prompt-search {input.prompt_search}" if "prompt_search" in input.keys() else ""
+        ),
     shell:
-        "{ZYGOTE}python -m arenaflow.bundles.build build --bundle {wildcards.bundle} {params.source} "
+        "python -m arenaflow.bundles.build build --bundle {wildcards.bundle} {params.source} "
         "--lineage-json {params.lineage:q} --arms-json {params.arms:q} --runs runs --corpora corpora --compare {params.compare} "
         "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} {params.search} "
         "--out {output} > {log} 2>&1"

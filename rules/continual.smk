@@ -18,7 +18,7 @@ rule nominee_run:
     params:
         rnd=lambda wc: arm(wc)["round"],
     shell:
-        "{ZYGOTE}python -m arenaflow.rounds.continual nominee --round {params.rnd} --nomination {input.nomination} "
+        "python -m arenaflow.rounds.continual nominee --round {params.rnd} --nomination {input.nomination} "
         "--runs runs --out {output} > {log} 2>&1"
 
 
@@ -29,9 +29,9 @@ rule round_status:
     input:
         lambda wc: continual_walk(wc)["nominations"],
     output:
-        json="rounds/{rnd}.json",
+        json=afpaths.ROUND_STATUS,
         plot=report(
-            "rounds/{rnd}.png",
+            afpaths.ROUND_PLOT,
             caption="../workflow/report/continual.rst",
             category="Continual rounds",
         ),
@@ -45,6 +45,6 @@ rule round_status:
         stop=as_json(CFG.get("continual", {}).get("stop", {})),
         note=lambda wc: continual_walk(wc)["note"],
     shell:
-        "{ZYGOTE}python -m arenaflow.rounds.continual status --round {wildcards.rnd} --rounds-json {params.rounds:q} "
+        "python -m arenaflow.rounds.continual status --round {wildcards.rnd} --rounds-json {params.rounds:q} "
         "--stop-json {params.stop:q} --budget-note={params.note:q} --nominations {input} "
         "--out {output.json} --plot {output.plot} > {log} 2>&1"

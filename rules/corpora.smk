@@ -1,25 +1,28 @@
 rule build_corpus:
     input:
-        unpack(corpus_candidates),
-        pool=corpus_pool,
-        evals=eval_pools,
+        unpack(lambda wc: afdag.corpus_candidates(CFG, wc.corpus)),
+        pool=lambda wc: afdag.corpus_pool(CFG, wc.corpus),
+        evals=lambda wc: afdag.eval_pools(CFG, wc.corpus),
         base=BASE_FILES,
     output:
         # sft.npz or pairs.npz (format: pairs) is listed in the manifest
-        rows="corpora/{corpus}/rows.jsonl",
-        stats="corpora/{corpus}/stats.json",
-        manifest="corpora/{corpus}/manifest.json",
+        rows=afpaths.CORPUS_ROWS,
+        stats=afpaths.CORPUS_STATS,
+        manifest=afpaths.CORPUS_MANIFEST,
     log:
         "logs/corpora/{corpus}.log",
     conda:
         "../envs/arenaflow.yaml"
     params:
         cfg=lambda wc: as_json(CFG["corpora"][wc.corpus]),
-        candidates=candidate_flags,
+        candidates=lambda wc, input: afdag.candidate_flags(
+            input.get("samples"), input.get("verdicts")
+        ),
         evals=lambda wc, input: f"--eval-pools {' '.join(input.evals)}" if input.evals else "",
         system=CFG["system_prompt"],
         base=base_dir,
+        out=lambda wc: afpaths.corpus(wc.corpus),
     shell:
-        "{ZYGOTE}python -m arenaflow.corpora.build --corpus {wildcards.corpus} --pool {input.pool} "
+        "python -m arenaflow.corpora.build --corpus {wildcards.corpus} --pool {input.pool} "
         "{params.candidates} {params.evals} --tokenizer {params.base:q} --system-prompt={params.system:q} "
-        "--params-json {params.cfg:q} --out corpora/{wildcards.corpus} > {log} 2>&1"
+        "--params-json {params.cfg:q} --out {params.out} > {log} 2>&1"

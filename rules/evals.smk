@@ -8,29 +8,26 @@ for _suite in CFG["evals"]:
             f"readout_{_suite}"
         input:
             pool=afpaths.pool(CFG["evals"][_suite]["pool"]),
-            adapter=lambda wc: run_dir(wc.rarm),
+            adapter=lambda wc: afdag.run_dirs(wc.rarm),
             base=BASE_FILES,
         output:
-            suite_readouts(_suite),
+            afdag.suite_readouts(CFG, _suite),
         log:
             f"logs/readouts/{_suite}/{{rarm}}.log",
         conda:
             "../envs/arenaflow.yaml"
         resources:
-            mem_mb=8000,
-            runtime=60,
-            gres="gpu:1",  # Slurm GRES; ignored by local runs
-            local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+            **GPU_JOB,
         params:
             suite=_suite,
-            plan=lambda wc, output, s=_suite: readout_plan(s, output),
-            adapter=lambda wc, input: adapter_flag(input.adapter),
+            plan=lambda wc, output, s=_suite: afdag.readout_plan(CFG, s, output),
+            adapter=lambda wc, input: afdag.adapter_flag(input.adapter),
             seed=CFG["evals"][_suite]["seed"],
             batch=CFG["evals"][_suite]["batch_size"],
             engine=as_json(CFG["evals"][_suite]["engine"]),
             base=base_dir,
         shell:
-            "{ZYGOTE}python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
+            "python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
             "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
             "--engine-json {params.engine:q} > {log} 2>&1"
@@ -41,7 +38,7 @@ for _suite in CFG["evals"]:
 rule readout_search:
     input:
         pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
-        adapter=lambda wc: run_dir(wc.rarm),
+        adapter=lambda wc: afdag.run_dirs(wc.rarm),
         base=BASE_FILES,
     output:
         afpaths.READOUT,
@@ -52,20 +49,17 @@ rule readout_search:
     conda:
         "../envs/arenaflow.yaml"
     resources:
-        mem_mb=8000,
-        runtime=60,
-        gres="gpu:1",  # Slurm GRES; ignored by local runs
-        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+        **GPU_JOB,
     params:
-        regime=decoding,
-        adapter=lambda wc, input: adapter_flag(input.adapter),
+        regime=lambda wc: as_json(afdag.regime_decoding(CFG, wc.suite, wc.regime)),
+        adapter=lambda wc, input: afdag.adapter_flag(input.adapter),
         seed=lambda wc: suite(wc)["seed"],
         batch=lambda wc: suite(wc)["batch_size"],
         engine=lambda wc: as_json(suite(wc)["engine"]),
-        system=readout_system,
+        system=lambda wc: afschema.system_prompt_of(CFG, wc.suite, wc.regime),
         base=base_dir,
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.readout readout --suite {wildcards.suite} --arm {wildcards.rarm} "
+        "python -m arenaflow.evals.readout readout --suite {wildcards.suite} --arm {wildcards.rarm} "
         "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
         "--seed {params.seed} --batch-size {params.batch} --engine-json {params.engine:q} --system-prompt={params.system:q} "
@@ -84,7 +78,7 @@ rule compare:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.compare compare --suite {wildcards.suite} --regime {wildcards.regime} "
+        "python -m arenaflow.evals.compare compare --suite {wildcards.suite} --regime {wildcards.regime} "
         "--cand {input.cand} --ref {input.ref} --out {output} > {log} 2>&1"
 
 
@@ -99,7 +93,7 @@ rule noise:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.compare noise --suite {wildcards.suite} --regime {wildcards.regime} "
+        "python -m arenaflow.evals.compare noise --suite {wildcards.suite} --regime {wildcards.regime} "
         "--readouts {input} --out {output} > {log} 2>&1"
 
 
@@ -117,15 +111,15 @@ rule failure_table:
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
+        "python -m arenaflow.evals.failures --pool {input.pool} --cand {input.cand} --ref {input.ref} "
         "--out {output} > {log} 2>&1"
 
 
 # A multiple-choice capability guard, scored by log-likelihood (lm-eval's acc and acc_norm).
 rule mc_guard:
     input:
-        mc=guard_items,
-        adapter=lambda wc: run_dir(wc.rarm),
+        mc=lambda wc: afdag.in_repo(REPO, CFG["mc_guards"][wc.guard]["items"]),
+        adapter=lambda wc: afdag.run_dirs(wc.rarm),
         base=BASE_FILES,
     output:
         afpaths.GUARD,
@@ -134,22 +128,19 @@ rule mc_guard:
     conda:
         "../envs/arenaflow.yaml"
     resources:
-        mem_mb=8000,
-        runtime=60,
-        gres="gpu:1",  # Slurm GRES; ignored by local runs
-        local_gpus=1,  # what local runs cap (profiles/gpu-local); ignored by the Slurm plugin
+        **GPU_JOB,
     params:
-        adapter=lambda wc, input: adapter_flag(input.adapter),
+        adapter=lambda wc, input: afdag.adapter_flag(input.adapter),
         base=base_dir,
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.mcguard --items {input.mc} --base-model {params.base:q} "
+        "python -m arenaflow.evals.mcguard --items {input.mc} --base-model {params.base:q} "
         "{params.adapter} --arm {wildcards.rarm} --out {output} > {log} 2>&1"
 
 
 # System-prompt search: one arm under each of a suite's system_prompts and none, paired.
 rule prompt_search:
     input:
-        unpack(search_readouts),
+        unpack(lambda wc: afdag.search_readouts(CFG, wc.search)),
     output:
         afpaths.PROMPT_SEARCH,
     log:
@@ -157,7 +148,7 @@ rule prompt_search:
     conda:
         "../envs/arenaflow.yaml"
     params:
-        flags=search_flags,
+        flags=lambda wc, input: afdag.search_flags(CFG, wc.search, input),
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.promptsearch --search {wildcards.search} {params.flags} "
+        "python -m arenaflow.evals.promptsearch --search {wildcards.search} {params.flags} "
         "--out {output} > {log} 2>&1"

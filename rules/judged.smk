@@ -5,11 +5,11 @@
 rule judged_pack:
     input:
         pool=lambda wc: afpaths.pool(CFG["evals"][judged(wc)["suite"]]["pool"]),
-        a=lambda wc: judged_readout(wc, "a"),
-        b=lambda wc: judged_readout(wc, "b"),
+        a=lambda wc: afdag.judged_readout(CFG, wc.read, "a"),
+        b=lambda wc: afdag.judged_readout(CFG, wc.read, "b"),
     output:
-        pairs="judged/{read}/pairs.jsonl",
-        key="judged/{read}.key.json",
+        pairs=afpaths.JUDGED_PAIRS,
+        key=afpaths.JUDGED_KEY,
     log:
         "logs/judged/{read}.pack.log",
     localrule: True
@@ -18,23 +18,24 @@ rule judged_pack:
     params:
         n=lambda wc: judged(wc)["n"],
         seed=lambda wc: judged(wc)["seed"],
+        out=lambda wc: afpaths.judged_dir(wc.read),
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.judged pack --pool {input.pool} --a {input.a} --b {input.b} "
-        "--n {params.n} --seed {params.seed} --out judged/{wildcards.read} --key {output.key} > {log} 2>&1"
+        "python -m arenaflow.evals.judged pack --pool {input.pool} --a {input.a} --b {input.b} "
+        "--n {params.n} --seed {params.seed} --out {params.out} --key {output.key} > {log} 2>&1"
 
 
 rule judged_score:
     input:
-        pairs="judged/{read}/pairs.jsonl",
-        key="judged/{read}.key.json",
-        scores=judged_scores,
+        pairs=afpaths.JUDGED_PAIRS,
+        key=afpaths.JUDGED_KEY,
+        scores=lambda wc: afdag.judged_scores(CFG, wc.read),
     output:
-        "judged/{read}.json",
+        afpaths.JUDGED,
     log:
         "logs/judged/{read}.score.log",
     localrule: True
     conda:
         "../envs/arenaflow.yaml"
     shell:
-        "{ZYGOTE}python -m arenaflow.evals.judged score --pairs {input.pairs} --key {input.key} "
+        "python -m arenaflow.evals.judged score --pairs {input.pairs} --key {input.key} "
         "--scores {input.scores:q} --out {output} > {log} 2>&1"

@@ -4,7 +4,7 @@
 # nominations and bundles take it as they take any arm.
 rule merge_arm:
     input:
-        parents=merge_parents,
+        parents=lambda wc: afdag.merge_parents(arm(wc)),
         arm_file=lambda wc: arm(wc)["file"],
         base=BASE_FILES,
     output:
@@ -20,8 +20,8 @@ rule merge_arm:
         runtime=30,
     params:
         spec=lambda wc: as_json(arm(wc)["merge"]),  # weights and rank: a change reruns the merge
-        parents=merge_flags,
+        parents=lambda wc, input: afdag.merge_flags(arm(wc), input.parents),
         base=base_dir,
     shell:
-        "{ZYGOTE}python -m arenaflow.merge.build --arm {wildcards.arm} {params.parents} "
+        "python -m arenaflow.merge.build --arm {wildcards.arm} {params.parents} "
         "--base-model {params.base:q} --out {output} > {log} 2>&1"

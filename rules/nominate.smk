@@ -26,9 +26,10 @@ rule register_bar:
         "../envs/arenaflow.yaml"
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
+        registry=lambda wc: afpaths.registry(wc.rnd),
     shell:
-        "{ZYGOTE}python -m arenaflow.rounds.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
-        "--registry nominations/registry/{wildcards.rnd}.jsonl --out {output} > {log} 2>&1"
+        "python -m arenaflow.rounds.nominate register --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "--registry {params.registry} --out {output} > {log} 2>&1"
 
 
 # A checkpoint: which arm a bundle serves is known only once the round has been judged. The
@@ -37,9 +38,9 @@ rule register_bar:
 checkpoint nominate:
     input:
         registration=afpaths.REGISTRATION,
-        compare=lambda wc: round_needs(wc)["compare"],
-        noise=lambda wc: round_needs(wc)["noise"],
-        readouts=lambda wc: round_needs(wc)["readouts"],
+        compare=lambda wc: afrounds.round_needs(CFG, wc.rnd)["compare"],
+        noise=lambda wc: afrounds.round_needs(CFG, wc.rnd)["noise"],
+        readouts=lambda wc: afrounds.round_needs(CFG, wc.rnd)["readouts"],
     output:
         update(afpaths.NOMINATION),
     log:
@@ -48,7 +49,8 @@ checkpoint nominate:
         "../envs/arenaflow.yaml"
     params:
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
+        registry=lambda wc: afpaths.registry(wc.rnd),
     shell:
-        "{ZYGOTE}python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
-        "--registration {input.registration} --registry nominations/registry/{wildcards.rnd}.jsonl "
+        "python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
+        "--registration {input.registration} --registry {params.registry} "
         "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} > {log} 2>&1"

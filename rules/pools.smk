@@ -1,7 +1,7 @@
 rule build_pool:
     input:
-        src=pool_file,
-        exclude=pool_excludes,  # read by arenaflow.pools.build from the section's `exclude` ids
+        src=lambda wc: afdag.pool_file(CFG, REPO, wc.pool),
+        exclude=lambda wc: afdag.pool_excludes(CFG, wc.pool),  # read by arenaflow.pools.build from the section's `exclude` ids
     output:
         afpaths.POOL,
     log:
@@ -11,5 +11,5 @@ rule build_pool:
     params:
         cfg=lambda wc: as_json(CFG["pools"][wc.pool]),
     shell:
-        "{ZYGOTE}python -m arenaflow.pools.build --pool {wildcards.pool} --params-json {params.cfg:q} "
+        "python -m arenaflow.pools.build --pool {wildcards.pool} --params-json {params.cfg:q} "
         "--out {output} > {log} 2>&1"

@@ -1,14 +1,24 @@
 """Where the workflow's files live, relative to the results directory (Snakemake's working
 directory). One module owns the layout: rules/*.smk use the patterns as `output:` (their wildcard
-names are the rules' wildcards, constrained in rules/common.smk), and rules/common.smk, bar.py,
-budget.py and the other modules format them with the functions below.
+names are the rules' wildcards, constrained in rules/common.smk), and arenaflow.dag, the bar, the
+budget and the other modules format them with the functions below. Logs are the exception: one
+per job, `logs/<stage>/<key>.log`, written out in each rule and read by no code.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 POOL = "pools/{pool}.jsonl"
+SAMPLES = "candidates/{corpus}/samples.jsonl"
+VERDICTS = "candidates/{corpus}/verdicts.jsonl"
 CORPUS = "corpora/{corpus}"
-RUN = "runs/{arm}/final"
+CORPUS_ROWS = CORPUS + "/rows.jsonl"
+CORPUS_STATS = CORPUS + "/stats.json"
+CORPUS_MANIFEST = CORPUS + "/manifest.json"
+RUN_UNDER_RUNS = "{arm}/final"  # under a runs directory a job is given (--runs runs)
+RUN = "runs/" + RUN_UNDER_RUNS
 READOUT = "readouts/{suite}/{rarm}/{regime}.r{rep}.parquet"
 COMPARE = "compare/{suite}/{regime}/{rarm}__{ref}.json"
 NOISE = "noise/{suite}/{regime}/{rarm}.json"
@@ -16,7 +26,17 @@ FAILURES = "failures/{suite}/{regime}/{rarm}__{ref}.json"
 GUARD = "guards/{guard}/{rarm}.json"
 PROMPT_SEARCH = "prompt_search/{search}.json"
 REGISTRATION = "nominations/{rnd}.bar.json"
+REGISTRY = "nominations/registry/{rnd}.jsonl"  # append-only: registrations and retirements
 NOMINATION = "nominations/{rnd}.json"
+JUDGED_DIR = "judged/{read}"  # the blinded packet
+JUDGED_PAIRS = JUDGED_DIR + "/pairs.jsonl"
+JUDGED_KEY = "judged/{read}.key.json"
+JUDGED = "judged/{read}.json"
+ROUND_STATUS = "rounds/{rnd}.json"
+ROUND_PLOT = "rounds/{rnd}.png"
+REPORT_DIR = "reports/{rnd}"  # a round's page: its figures and nomination table
+BUDGET_TABLE = "budget/table.{ext}"  # json, md, html
+BUNDLE = "bundles/{bundle}"
 # torch.compile's caches (inductor's FX graphs and autotuning, Triton's binaries), shared by a
 # lineage's jobs so that each graph is compiled once per results directory.
 COMPILE_CACHE = {"TORCHINDUCTOR_CACHE_DIR": ".cache/inductor", "TRITON_CACHE_DIR": ".cache/triton"}
@@ -26,12 +46,29 @@ def pool(pool_id: str) -> str:
     return POOL.format(pool=pool_id)
 
 
+def samples(corpus_id: str) -> str:
+    return SAMPLES.format(corpus=corpus_id)
+
+
+def verdicts(corpus_id: str) -> str:
+    return VERDICTS.format(corpus=corpus_id)
+
+
 def corpus(corpus_id: str) -> str:
     return CORPUS.format(corpus=corpus_id)
 
 
+def corpus_manifest(corpus_id: str) -> str:
+    return CORPUS_MANIFEST.format(corpus=corpus_id)
+
+
 def run(arm: str) -> str:
     return RUN.format(arm=arm)
+
+
+def run_under(runs: str | os.PathLike, arm: str) -> Path:
+    """An arm's run directory under the runs directory `runs` (a job's --runs)."""
+    return Path(runs) / RUN_UNDER_RUNS.format(arm=arm)
 
 
 def readout(suite: str, arm: str, regime: str, rep: int) -> str:
@@ -62,5 +99,38 @@ def registration(rnd: str) -> str:
     return REGISTRATION.format(rnd=rnd)
 
 
+def registry(rnd: str) -> str:
+    return REGISTRY.format(rnd=rnd)
+
+
 def nomination(rnd: str) -> str:
     return NOMINATION.format(rnd=rnd)
+
+
+def judged_dir(read: str) -> str:
+    return JUDGED_DIR.format(read=read)
+
+
+def judged_pairs(read: str) -> str:
+    return JUDGED_PAIRS.format(read=read)
+
+
+def round_plot(rnd: str) -> str:
+    return ROUND_PLOT.format(rnd=rnd)
+
+
+def report_dir(rnd: str) -> str:
+    return REPORT_DIR.format(rnd=rnd)
+
+
+def report_page(name: str) -> str:
+    """A file of a round's page, {rnd} left open: an output pattern of rule round_report."""
+    return f"{REPORT_DIR}/{name}"
+
+
+def budget_table(ext: str) -> str:
+    return BUDGET_TABLE.format(ext=ext)
+
+
+def bundle(bundle_id: str) -> str:
+    return BUNDLE.format(bundle=bundle_id)

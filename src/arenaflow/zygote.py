@@ -7,7 +7,7 @@ imported once, each job a fork of that process instead of a fresh interpreter.
 A job's Python imports cost 10-13 s of its 12-19 s start-up on an H200 host (torch 4 s,
 transformers' AutoModel 8 s, which pulls in sklearn, DTensor and dynamo) while its work took
 3-12 s (docs/benchmark-log.md). With config `fork_server` set, every rule's command is
-prefixed with `python -m arenaflow.zygote run --socket S --` (rules/common.smk, ZYGOTE): for a
+prefixed with `python -m arenaflow.zygote run --socket S --` (rules/common.smk): for a
 `python -m arenaflow.<module> ARGS` command the client sends its arguments, working directory,
 environment and standard streams to the server, which forks a child that runs the module as
 __main__ with them; the client waits and exits with the child's status, forwarding
@@ -25,6 +25,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -91,6 +92,15 @@ def _recv(sock: socket.socket, nfds: int = 0) -> tuple[dict | None, list[int]]:
 
 
 # -- the client: `python -m arenaflow.zygote run --socket S -- COMMAND` ---------------------------
+def assignments(argv: list[str]) -> tuple[dict, list[str]]:
+    """A shell command's leading VAR=value words (`OMP_NUM_THREADS=2 python ...`) and the rest."""
+    env = {}
+    while argv and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", argv[0]):
+        key, _, value = argv[0].partition("=")
+        env[key], argv = value, argv[1:]
+    return env, argv
+
+
 def module_invocation(argv: list[str]) -> list[str] | None:
     """[module, *args] of a command `python -m arenaflow.<module> ARGS`, else None (a
     launcher such as torchrun, or interpreter flags: run as it is)."""
@@ -103,6 +113,8 @@ def run(path: str, argv: list[str]) -> None:
     """Run the command `argv` in a fork of the server at `path` and exit with its status; a
     command that is not `python -m arenaflow.<module>`, or a server that does not answer: exec
     the command as it is."""
+    env, argv = assignments(argv)
+    os.environ.update(env)
     invocation = module_invocation(argv)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -134,8 +146,8 @@ def run(path: str, argv: list[str]) -> None:
 
 
 def command(fork_server: str | None) -> str:
-    """The prefix of every rule's command (rules/common.smk, ZYGOTE): nothing, or the client
-    that runs the command through the fork server at `fork_server`."""
+    """The prefix of every rule's command (rules/common.smk's shell.prefix): nothing, or the
+    client that runs the command through the fork server at `fork_server`."""
     if not fork_server:
         return ""
     import shlex

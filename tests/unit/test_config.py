@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 from pathlib import Path
@@ -189,14 +190,19 @@ def test_the_trainer_and_the_budget_fill_a_missing_key_from_the_schema():
     assert budget.train_steps(10, {**h, "max_steps": 3, "nproc": 1}) == 3
 
 
-def test_a_minimal_arm_resolves_to_train_defaults_alone(cfg, arms_copy, repo_root):
+def test_a_minimal_arm_resolves_to_train_defaults_over_the_schema_s(cfg, arms_copy, repo_root):
+    """Resolution fills an arm's hyper whole, once: the schema's defaults, train_defaults over
+    them; the training job's params are that hyper but the scheduler's keys, as sorted JSON."""
     (arms_copy / "M.yaml").write_text("init: base\ncorpus: sft_s1\n")
     res = config.resolve(cfg, repo_root=repo_root, config_file=CONFIG_FILE)
-    assert res["arms"]["M"]["hyper"] == MINIMAL_ARM_HYPER  # no schema default is written into it
-    assert schema.with_hyper_defaults(res["arms"]["M"]["hyper"]) == {
-        **CODE_DEFAULTS,
-        **MINIMAL_ARM_HYPER,
+    assert res["arms"]["M"]["hyper"] == {**CODE_DEFAULTS, **MINIMAL_ARM_HYPER}
+    params = json.loads(res["arms"]["M"]["params_json"])
+    assert params == {
+        k: v for k, v in res["arms"]["M"]["hyper"].items() if k not in schema.RUN_KEYS
     }
+    assert res["arms"]["M"]["params_json"] == json.dumps(
+        params, sort_keys=True, separators=(",", ":")
+    )
 
 
 def test_corpus_defaults_are_filled_from_the_schema(resolved):

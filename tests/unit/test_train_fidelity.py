@@ -129,7 +129,7 @@ def reference_losses(corpus: Path, hyper: dict) -> tuple[list[float], list[dict]
     rows = data.load_corpus(corpus)[0]["sft"]
     torch.manual_seed(hyper["seed"])
     net = tmodel.build(str(BASE), "base", hyper)
-    opt = torch.optim.AdamW(tmodel.param_groups(net, hyper))
+    opt = tmodel.optimizer(net, hyper, fused=None)
     n_steps = data.total_steps(len(rows), hyper, 1)
     sched = get_cosine_with_min_lr_schedule_with_warmup(
         opt, math.ceil(hyper["warmup_ratio"] * n_steps), n_steps, min_lr_rate=hyper["min_lr_ratio"]

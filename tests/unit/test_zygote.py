@@ -184,10 +184,15 @@ def test_only_python_dash_m_arenaflow_commands_are_forked(argv, want):
     assert zygote.module_invocation(argv) == want
 
 
+def test_leading_assignments_go_to_the_command_s_environment():
+    env, rest = zygote.assignments(["OMP_NUM_THREADS=2", "A_B=x=y", "python", "-m", "m", "K=v"])
+    assert env == {"OMP_NUM_THREADS": "2", "A_B": "x=y"} and rest == ["python", "-m", "m", "K=v"]
+
+
 def test_another_command_is_run_as_it_is(tmp_path):
     out = tmp_path / "out.txt"
     proc = subprocess.run(
-        [*zygote.command(str(tmp_path / "none.sock")).split(), "sh", "-c", f"echo ran > {out}"],
-        capture_output=True, text=True,
+        [*zygote.command(str(tmp_path / "none.sock")).split(), "X=ran", "sh", "-c", "echo $X"],
+        stdout=out.open("w"), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.returncode == 0 and out.read_text() == "ran\n" and "zygote" not in proc.stderr

@@ -33,6 +33,7 @@ import sys
 import pulp
 
 from arenaflow import config as afconfig
+from arenaflow import paths
 from arenaflow import schema as afschema
 from arenaflow.budget import admission as afadmission
 from arenaflow.budget import cost as afcost
@@ -143,7 +144,7 @@ def render(p: dict) -> str:
         "GPU-minutes left",
     ]
     if p["chosen"]:
-        lines.append("run: snakemake " + " ".join(f"runs/{a}/final" for a in p["chosen"]))
+        lines.append("run: snakemake " + " ".join(paths.run(a) for a in p["chosen"]))
     by = {st: [a for a, d in p["admission"].items() if d["status"] == st] for st in STATUSES}
     lines.append(
         "the workflow (GrpTRESMins, by priority) starts: "

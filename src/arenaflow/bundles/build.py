@@ -37,7 +37,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from arenaflow import chat, io, manifest, models
+from arenaflow import chat, io, manifest, models, paths
 from arenaflow.bundles.card import card_context, write_card
 from arenaflow.bundles.checks import BundleCheckError, run_checks
 from arenaflow.bundles.sources import (
@@ -102,7 +102,7 @@ def build(args) -> None:
     searched = chosen_prompt(args, cfg)
     nomination = sealed_nomination(args.nomination) if args.nomination else None
     arm = served_arm(args, nomination)
-    run_dir = Path(args.runs) / arm / "final"
+    run_dir = paths.run_under(args.runs, arm)
     evidence = served_evidence(run_dir, Path(args.runs))
     corpus_dir = (
         None

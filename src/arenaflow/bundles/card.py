@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jinja2
 
-from arenaflow import io, manifest
+from arenaflow import io, manifest, paths
 from arenaflow.bundles.sources import MERGE, TRAINING, evidence_corpora, evidence_file
 from arenaflow.decode import sampling
 from arenaflow.rounds import sweep
@@ -21,7 +21,7 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
     runs, corpora = Path(args.runs), Path(args.corpora)
     training, corpus_ids = [], []
     for a in reversed([arm, *lineage]):
-        run = runs / a / "final"
+        run = paths.run_under(runs, a)
         if evidence_file(run) == MERGE:
             training.append(_merge_row(a, io.read_json(run / MERGE)))
             continue

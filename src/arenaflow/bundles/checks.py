@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jinja2
 
-from arenaflow import chat, io, manifest, models
+from arenaflow import chat, io, manifest, models, paths
 from arenaflow.bundles.sources import MERGE, TRAINING, weight_files
 from arenaflow.decode import sampling
 
@@ -186,7 +186,7 @@ def _check_mixture(evidence: dict, corpora: Path) -> str:
 
 def _check_merge_parents(evidence: dict, runs: Path) -> str:
     for p in evidence["parents"]:
-        files = manifest.verify(runs / p["arm"] / "final")["files"]
+        files = manifest.verify(paths.run_under(runs, p["arm"]))["files"]
         for name, sha in p["files_sha256"].items():
             if files.get(name, {}).get("sha256") != sha:
                 raise BundleCheckError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arenaflow import io, manifest, models
+from arenaflow import io, manifest, models, paths
 
 TRAINING, MERGE = "training_evidence.json", "merge_evidence.json"  # a trained arm's, a merge's
 NOMINEE = (
@@ -51,7 +51,7 @@ def disk_lineage(runs: Path, arm: str) -> list[str]:
         if a == "base" or a in out:
             continue
         out.append(a)
-        run = runs / a / "final"
+        run = paths.run_under(runs, a)
         ev = io.read_json(run / evidence_file(run))
         todo += [p["arm"] for p in ev["parents"]] if "parents" in ev else [ev["init"]]
     return out
@@ -59,7 +59,7 @@ def disk_lineage(runs: Path, arm: str) -> list[str]:
 
 def real_arm(runs: Path, arm: str) -> str:
     """The arm a round's nominee copied (itself for any other arm)."""
-    alias = runs / arm / "final" / NOMINEE
+    alias = paths.run_under(runs, arm) / NOMINEE
     return io.read_json(alias)["arm"] if alias.exists() else arm
 
 
@@ -71,7 +71,7 @@ def served_evidence(run_dir: Path, runs: Path) -> dict:
         return io.read_json(run_dir / TRAINING)
     ev, parent = io.read_json(run_dir / MERGE), run_dir
     while evidence_file(parent) == MERGE:
-        parent = runs / io.read_json(parent / MERGE)["parents"][0]["arm"] / "final"
+        parent = paths.run_under(runs, io.read_json(parent / MERGE)["parents"][0]["arm"])
     trained = io.read_json(parent / TRAINING)
     hyper = {"method": "lora" if ev["output"] == "adapter" else "full", "objective": "merge"}
     if ev["output"] == "adapter":
@@ -97,7 +97,7 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
     the card), their corpora, and the sealed compare JSONs the card reports."""
     who, corpora = f"bundle {args.bundle}", set()
     for a in [arm, *lineage]:
-        run = Path(args.runs) / a / "final"
+        run = paths.run_under(args.runs, a)
         manifest.require(run, who)
         # a round's nominee (an arm's init or a corpus's policy) is a copy of an arm that the
         # lineage holds too: verified there, with its corpora

@@ -25,6 +25,7 @@ from arenaflow.schema import (
     filled,
     load_yaml,
     merge,
+    result_hyper,
     validate,
     with_hyper_defaults,
 )
@@ -178,8 +179,10 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
     if data["init"] != BASE and data["init"] not in raw:
         raise ConfigError(f"{where} 'init': {data['init']!r} is not 'base' or an arm in {arms_dir}")
     mix = _mixture(cfg, data["corpus"], where)
-    hyper = merge(cfg["train_defaults"], data.get("hyper", {}))
-    objective = with_hyper_defaults(hyper)["objective"]
+    # the schema's defaults, config.yaml's train_defaults over them, the arm's own over those:
+    # the one place a training's hyperparameters are filled (the job takes them as they are)
+    hyper = with_hyper_defaults(merge(cfg["train_defaults"], data.get("hyper", {})))
+    objective = hyper["objective"]
     for cid in mix:
         fmt = cfg["corpora"][cid]["format"]
         if (objective in PREFERENCE_OBJECTIVES) != (fmt == "pairs"):
@@ -187,13 +190,12 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
                 f"{where} 'hyper/objective': {objective!r} cannot train on corpus {cid!r} "
                 f"(format {fmt!r}); dpo/simpo need format 'pairs', sft needs 'sft'"
             )
-    filled = with_hyper_defaults(hyper)
-    if filled["grouped_lora"] and not filled["fused_lora"]:  # its members fall back to fused's
+    if hyper["grouped_lora"] and not hyper["fused_lora"]:  # its members fall back to fused's
         raise ConfigError(
             f"{where} 'hyper/grouped_lora': true needs fused_lora true (train/lora_grouped "
             "groups lora_fused's linears)"
         )
-    if filled["heldout_rows"] and objective != "sft":
+    if hyper["heldout_rows"] and objective != "sft":
         raise ConfigError(
             f"{where} 'hyper/heldout_rows': a held-out loss needs objective 'sft', "
             f"not {objective!r}"
@@ -206,6 +208,7 @@ def _trained_arm(cfg: dict, data: dict, file: Path, raw: dict, arms_dir: Path) -
         "description": data.get("description", ""),
         "priority": data["priority"],
         "hyper": hyper,
+        "params_json": result_hyper(hyper),  # the training job's --params-json
         "engine": {**cfg["engine"], **data.get("engine", {})},  # the config's, the arm's over
         "file": str(file),
     }

@@ -242,6 +242,7 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
             )
         for key, msg in afbar.validate(rnd, replicates, known_arms, turns):
             raise ConfigError(f"{where}/{key}': {msg}")
+        rnd["bar_resolved"] = afbar.resolve(rnd)  # every default and arm named, once
 
 
 def _check_suite_regime(cfg: dict, where: str, suite: str, regime: str) -> None:

@@ -45,6 +45,7 @@ import json
 import operator
 
 from arenaflow import manifest, paths
+from arenaflow.schema import schema_defaults
 
 PAIRED = (
     "delta",
@@ -78,13 +79,17 @@ def bar_sha256(bar: list[dict]) -> str:
     return manifest.sha256_text(json.dumps(bar, sort_keys=True, separators=(",", ":")))
 
 
+def clauses(rnd: dict) -> list[dict]:
+    """The round's bar as resolved: by arenaflow.config once for the whole workflow (the rules
+    pass it in the round's JSON as `bar_resolved`), else here (a round written by hand)."""
+    return rnd["bar_resolved"] if "bar_resolved" in rnd else resolve(rnd)
+
+
 def resolve(rnd: dict) -> list[dict]:
     """The bar with every default made explicit and every arm named, so its sha256 changes
     when any part of its meaning does (a clause, the incumbent, the control, a default regime).
     A noise floor's `times` defaults as config.schema.yaml says (not filled into the config: the
     round is a rule param and its bar is registered as written)."""
-    from arenaflow.schema import schema_defaults  # here: arenaflow.config imports this module
-
     out = []
     for i, c in enumerate(rnd["bar"], start=1):
         vs = c.get("vs", "incumbent" if c["metric"] in PAIRED else "none")
@@ -185,7 +190,7 @@ def comparisons_needed(rnd: dict) -> list[tuple[str, str, str, str]]:
     need = []
     for cand in rnd["candidates"]:
         need.append((rnd["suite"], rnd["regime"], cand, rnd["incumbent"]))
-        for c in resolve(rnd):
+        for c in clauses(rnd):
             need.append((c["suite"], c["regime"], cand, c["against"] or rnd["incumbent"]))
     return list(dict.fromkeys(need))
 
@@ -194,7 +199,7 @@ def requirements(rnd: dict, replicates) -> dict[str, list[str]]:
     """Paths the judgement reads: compare and noise JSONs, and the candidates' readouts (whose
     creation times the registration must precede)."""
     need = comparisons_needed(rnd)
-    noise = [(c["suite"], c["regime"], c["noise"]["arm"]) for c in resolve(rnd) if "noise" in c]
+    noise = [(c["suite"], c["regime"], c["noise"]["arm"]) for c in clauses(rnd) if "noise" in c]
     readouts = [
         paths.readout(s, cand, r, k)
         for s, r, cand in dict.fromkeys((s, r, c) for s, r, c, _ in need)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from arenaflow import paths
 from arenaflow.schema import NOMINEE, round_ids
 
 
@@ -68,7 +69,7 @@ def write_nominee(rnd: str, nomination: str, runs: Path, out: Path) -> dict:
         raise SystemExit(
             f"round {rnd} kept 'base', which has no weights for a nominee reference to use"
         )
-    src = runs / promoted / "final"
+    src = paths.run_under(runs, promoted)
     record = manifest.require(src, f"round {rnd}'s nominee")
     real = io.read_json(src / ALIAS)["arm"] if (src / ALIAS).exists() else promoted
     with io.atomic_dir(out) as tmp:

@@ -93,7 +93,7 @@ def check_bar(round_id: str, rnd: dict, registered: dict | None, where: str) -> 
     config retires that registration."""
     if registered is None:
         return
-    sha, reg_sha = bar_sha256(bar.resolve(rnd)), registered["bar_sha256"]
+    sha, reg_sha = bar_sha256(bar.clauses(rnd)), registered["bar_sha256"]
     if sha != reg_sha and not _retirement(rnd, reg_sha):
         raise RegistrationError(
             f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) "
@@ -161,7 +161,7 @@ def check_registration(
             f"round {round_id}: the registration is for round {registration.get('round')!r}"
         )
     sha, reg_sha, reg_at = (
-        bar_sha256(bar.resolve(rnd)),
+        bar_sha256(bar.clauses(rnd)),
         registration["bar_sha256"],
         registration["registered_utc"],
     )

@@ -22,7 +22,7 @@ def utcnow() -> str:
 
 def register(round_id: str, rnd: dict, now: str | None = None) -> dict:
     """The registration record of a round's bar (not yet in any registry)."""
-    resolved = bar.resolve(rnd)
+    resolved = bar.clauses(rnd)
     return {
         "round": round_id,
         "bar": rnd["bar"],

@@ -19,7 +19,7 @@ def judge(candidate: str, rnd: dict, compares: dict, noises: dict | None = None)
     primary = compares[(rnd["suite"], rnd["regime"], candidate, rnd["incumbent"])]
     clauses = [
         bar.judge_clause(c, candidate, rnd["incumbent"], compares, noises or {})
-        for c in bar.resolve(rnd)
+        for c in bar.clauses(rnd)
     ]
     return {
         "arm": candidate,
@@ -81,7 +81,7 @@ def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = 
             for v in verdicts
         )
         reason = f"no candidate clears the bar; the incumbent {promoted} stays ({fails})"
-    resolved = bar.resolve(rnd)
+    resolved = bar.clauses(rnd)
     return {
         "round": round_id,
         "suite": rnd["suite"],

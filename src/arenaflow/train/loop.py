@@ -258,7 +258,14 @@ class Run:
 
 def run(args) -> None:
     """Setup, train, save, clean up (the phases of a torchtune recipe)."""
-    hyper = afschema.with_hyper_defaults(json.loads(args.params_json))  # defaults: arm.schema.yaml
+    hyper = json.loads(args.params_json)  # whole as resolved (arenaflow.config), but RUN_KEYS
+    defaults = afschema.hyper_defaults()
+    missing = sorted(set(defaults) - set(hyper) - set(afschema.RUN_KEYS))
+    if missing:  # a run by hand with a partial hyper: arm.schema.yaml's defaults for the rest
+        log.warning("hyperparameters not given, the schema's defaults used: %s", missing)
+    # the scheduler's keys reach the job as resources (checkpoint_every below), not as params
+    filled = [*missing, *afschema.RUN_KEYS]
+    hyper = {**{k: defaults[k] for k in filled if k in defaults}, **hyper}
     if args.checkpoint_every is not None:
         hyper["checkpoint_every"] = args.checkpoint_every
     with engine.job(args.engine_json):
@@ -441,7 +448,7 @@ def setup_engine(r: Run) -> None:
     jobclock.mark(r.args.out, "setup")  # data plan, leaves, fused kernels
     r.engine, r.optimizer, _, _ = deepspeed.initialize(
         model=net,
-        optimizer=torch.optim.AdamW(tmodel.param_groups(net, hyper), fused=r.cuda or None),
+        optimizer=tmodel.optimizer(net, hyper, fused=r.cuda or None),
         # A callable, so the schedule wraps DeepSpeed's optimizer; DeepSpeed's own
         # WarmupCosineLR runs one step behind
         # (docs/notes.md#separate-learning-rates-and-the-scheduler).

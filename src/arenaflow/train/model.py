@@ -111,6 +111,11 @@ def mark_zero3_leaves(model, hyper: dict, where: str) -> list[str]:
     return leaf
 
 
+def optimizer(model, hyper: dict, fused: bool | None) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters in named groups (param_groups)."""
+    return torch.optim.AdamW(param_groups(model, hyper), fused=fused)
+
+
 def param_groups(model, hyper: dict) -> list[dict]:
     """Named AdamW groups: 'lora' (or 'all' for full FT) at lr, 'modules_to_save' at lm_head_lr."""
     head, rest = [], []
