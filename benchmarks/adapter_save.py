@@ -5,7 +5,7 @@ set-up, then written by safetensors with PEFT's config file).
 
     python benchmarks/adapter_save.py [--layers 30 --reps 7 --cpu --out results.json]
 
-Issue 15: a SmolLM2-135M training on the H200 spends 0.09-0.16 s in PEFT's save with the GPU idle
+A SmolLM2-135M training on the H200 spends 0.09-0.16 s in PEFT's save with the GPU idle
 (BENCHMARKS.md, runs 60-62: the save's `weights` part), against 0.6-0.9 s of steps for the
 shortest arm, R220. PEFT walks the whole model (its state dict, the tuner's key prefixes, the
 tensor-parallel check), clones every tensor that shares storage with another (under ZeRO-1/2 all
@@ -17,10 +17,10 @@ one-rank ZeRO-2 bf16 DeepSpeed engine, as a job's are, and times the saves, alte
 order, into fresh directories of one temporary directory; all must hold the same adapter bytes.
 Prints the median seconds of each and PEFT's over each other's.
 
-Measured (BENCHMARKS.md): session 29, before the engine held the weights here, the one copy was
+Measured (docs/benchmark-log.md): before the engine held the weights here, the one copy was
 slower than PEFT's own on the H200 (x0.75-0.76) as on CPU: the per-tensor copies are not what the
-save spends. Session 31, CPU, the weights held by the engine: PEFT's 51-54 ms, arenaflow's
-20-21 ms (x2.5-2.6), the same bytes. Session 32, H200: PEFT's 63-97 ms, arenaflow's 32-43 ms
+save spends. On CPU, the weights held by the engine: PEFT's 51-54 ms, arenaflow's
+20-21 ms (x2.5-2.6), the same bytes. On the H200: PEFT's 63-97 ms, arenaflow's 32-43 ms
 (x2.0-2.2); the adapter's views moved to the host in one copy of their flat buffer first were
 slower (48-61 ms), so safetensors still copies each.
 """

@@ -1,4 +1,4 @@
-"""How long the host takes to collate a training micro-batch (issue 15): train/data.collate, one
+"""How long the host takes to collate a training micro-batch: train/data.collate, one
 scatter over every token, against the row-by-row fill it replaced, on the same rows.
 
     python benchmarks/collate_cpu.py [--rows 264 --min-len 40 --max-len 100 --repeat 50]

@@ -1,4 +1,4 @@
-"""GPU smoke check of the static decode loop (issue 23), short enough for one device call.
+"""GPU smoke check of the static decode loop, short enough for one device call.
 
     timeout 230 python benchmarks/decode_check.py --out $OUT/decode_check.json
         [--paths static,static-cublas,static-flex,static-hf] [--batches 1,256] [--new-tokens 128]

@@ -1,4 +1,4 @@
-"""What a readout's decoder costs before its first token, on one GPU (issue 15).
+"""What a readout's decoder costs before its first token, on one GPU.
 
     python benchmarks/decode_prepare_gpu.py [--batch 600 --prompt 128 --new-tokens 160]
         [--warmups 2,1] [--decode-warmup] [--out results.json]

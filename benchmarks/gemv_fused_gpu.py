@@ -1,4 +1,4 @@
-"""arenaflow.decode.kernels' GEMVs on one GPU, each kind of product alone (issue 23).
+"""arenaflow.decode.kernels' GEMVs on one GPU, each kind of product alone.
 
     python benchmarks/gemv_fused_gpu.py
 

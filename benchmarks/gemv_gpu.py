@@ -1,4 +1,4 @@
-"""Batch-1 decode products on one GPU: cuBLAS (F.linear) against an autotuned Triton GEMV (#23).
+"""Batch-1 decode products on one GPU: cuBLAS (F.linear) against an autotuned Triton GEMV.
 
     python benchmarks/gemv_gpu.py [--out gemv.json]
 

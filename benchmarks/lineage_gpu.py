@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct's whole lineage on one GPU, measured (issue 15).
+"""SmolLM2-135M-Instruct's whole lineage on one GPU, measured against its speed targets.
 
     python benchmarks/lineage_gpu.py            # imports the model if missing, runs bundles/B3f
     python benchmarks/lineage_gpu.py --no-zygote    # every job a fresh process, as Slurm runs it
@@ -12,7 +12,7 @@ config/config.yaml + config/smollm2-gpu.yaml into a fresh results directory, wit
 `--resources local_gpus=<--gpu-slots>` (GPU jobs that may share the GPU at once; the profile's
 own cap is 1) and `--set-resources train_arm:local_gpus=<--train-slots>` (slots one training
 holds), every job a fork of an arenaflow.zygote server (`--no-zygote`: a fresh process each; the
-defaults are the setting that met issue 15's three targets, BENCHMARKS.md run 33), while a
+defaults are the setting that met the three targets, docs/benchmark-log.md run 33), while a
 thread reads the GPU's utilisation every 0.5 s (pynvml, else nvidia-smi).
 Snakemake's output is kept with a timestamp per line (bench/snakemake.log): when each job was
 started and finished. Each GPU job (sample_candidates, train_arm, readout) appends to
@@ -33,7 +33,8 @@ busy target takes that for a job that worked alone (job_busy). The critical chai
 jobs each started by the previous one's end, back from the last: what the DAG's wall time is made
 of.
 Writes benchmarks/results/lineage_gpu-<date>.json (or --out) and prints a markdown table, the
-targets of issue 15 last.
+three targets last (the whole DAG in 240 s, every GPU job >= 50 % busy after its load, the
+slowest arm >= 100k tokens/s).
 
 A lineage longer than one device call runs in legs: `--deadline` (seconds from this script's own
 start, so that the model import and the fork server's imports count) stops Snakemake and reports
@@ -1202,7 +1203,9 @@ def main(argv: list[str] | None = None) -> int:
         "beside sampling and readouts; default: only the slots limit them",
     )
     ap.add_argument(
-        "--micro-batch", type=int, help="train_defaults.micro_batch_size (issue 15 ran 16)"
+        "--micro-batch",
+        type=int,
+        help="train_defaults.micro_batch_size (the first GPU lineage ran 16)",
     )
     ap.add_argument(
         "--set",

@@ -1,11 +1,11 @@
-"""Several lineage_gpu.py reports side by side: did a setting change the lineage's speed (issue 15)?
+"""Several lineage_gpu.py reports side by side: did a setting change the lineage's speed?
 
     python benchmarks/lineage_runs.py benchmarks/results/lineage_gpu-2026-12-05-run6[3-7].json
     ... --arm arm=R220      # the arm to follow (default: the slowest in steady tokens/s, per run)
 
 One run is not an answer on a shared GPU host: the same code's R220 step took 0.134 s in one run
 and 0.196 s in the next (BENCHMARKS.md, runs 63-67). This prints, as markdown, one row a run
-(its variant: the `--set` overrides it ran with; the DAG's wall time; which of issue 15's three
+(its variant: the `--set` overrides it ran with; the DAG's wall time; which of the three speed
 targets it met; the followed arm's median step, own GPU-busy fraction and steady tokens/s), then
 one row a variant with the medians, and, where there are two variants, a two-sided Mann-Whitney
 U test of the arm's step time between them (exact for small samples; runs of one lease are not

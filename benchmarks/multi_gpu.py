@@ -8,7 +8,7 @@ With the model and corpus builders of gpu_bench.py, for LoRA and full fine-tunin
 1. one run on 1 GPU (grad_accum = gpus) and one on `gpus` GPUs (grad_accum 1) at the same
    global batch, through `python -m arenaflow.train` / `torchrun -m arenaflow.train`: per-step
    losses compared (bf16: relative tolerance --rtol), tokens/s, and scaling efficiency =
-   (tokens/s on N GPUs / N) / tokens/s on 1 GPU (issue 24's target: 85 % for full fine-tuning
+   (tokens/s on N GPUs / N) / tokens/s on 1 GPU (the target: 85 % for full fine-tuning
    at 8, printed as a target line);
 2. the N-GPU LoRA adapter reloaded with PeftModel.from_pretrained, as a server would, and its
    logits on row 0 compared with the trained engine's (ARENAFLOW_PROBE_LOGITS);
@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_bench  # noqa: E402  (a sibling script, not a package)
 
-TARGET_EFFICIENCY = 0.85  # issue 24: full fine-tuning at 8 GPUs
+TARGET_EFFICIENCY = 0.85  # full fine-tuning at 8 GPUs
 
 
 def hyper(method: str, micro: int, accum: int, steps: int, seq: int, **extra) -> dict:
@@ -227,7 +227,7 @@ def report(args, res: dict) -> None:
             f"{res['resume']['weights_rel_diff']:.2e}"
         )
     full = res.get("full", {}).get("scaling_efficiency")
-    if args.device == "cuda" and full is not None:  # issue 24's target, at 8 GPUs
+    if args.device == "cuda" and full is not None:  # the target, at 8 GPUs
         print(
             f"target full fine-tuning scaling efficiency >= {TARGET_EFFICIENCY:.0%} at {n} "
             f"GPUs: {full:.1%} -> {'MET' if full >= TARGET_EFFICIENCY else 'NOT MET'}"

@@ -2,7 +2,7 @@
 
     python benchmarks/overflow_check_cpu.py [--layers 30 --steps 20 --out results.json]
 
-Issue #15: a SmolLM2-135M LoRA step on an H200 is bound by the host's kernel launches (~0.25 s a
+A SmolLM2-135M LoRA step on an H200 is bound by the host's kernel launches (~0.25 s a
 step whatever its tokens; BENCHMARKS.md). Its profile showed DeepSpeed's ZeRO-1/2 overflow check
 (`has_overflow_partitioned_grads_serial`: amax, amin, two isfinite, a logical and, a not and an
 add per gradient tensor) run over all 420 LoRA tensors every step: bf16 needs no loss scaling,

@@ -1,4 +1,4 @@
-"""Where a one-rank SmolLM2-135M LoRA step's time goes on one GPU (issue 15), by set-up.
+"""Where a one-rank SmolLM2-135M LoRA step's time goes on one GPU, by set-up.
 
     python benchmarks/train_profile_gpu.py --out-dir $OUT/train_profile [--rows 512 --seq 80
         --steps 6 --profile-step 4 --setups stage2,stage2-unfused,stage3]
@@ -31,7 +31,7 @@ SETUPS = {  # (hyper, engine settings); fused kernels named: `auto` would leave 
     "stage2": ({"zero_stage": 2, "fused_kernels": True}, {}),
     "stage2-unfused": ({"zero_stage": 2, "fused_kernels": False}, {}),
     "stage3": ({"zero_stage": 3, "fused_kernels": True}, {}),
-    # DeepSpeed's bf16 overflow check, off by default since session 12 (BENCHMARKS.md)
+    # DeepSpeed's bf16 overflow check, off by default (docs/benchmark-log.md, runs 12-14)
     "stage2-overflow-check": (
         {"zero_stage": 2, "fused_kernels": True},
         {"bf16_overflow_check": True},

@@ -1,4 +1,4 @@
-"""Where a one-rank LoRA training's start-up goes on a GPU (issue 15), outside the workflow.
+"""Where a one-rank LoRA training's start-up goes on a GPU, outside the workflow.
 
     python benchmarks/train_startup_gpu.py [nccl] [profile] [cudnn] [nowarm]
 

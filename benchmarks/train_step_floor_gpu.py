@@ -1,4 +1,4 @@
-"""How fast can a one-rank LoRA step of R2d's size be (issue 15)? arenaflow's DeepSpeed step,
+"""How fast can a one-rank LoRA step of R2d's size be? arenaflow's DeepSpeed step,
 against the same step in plain PyTorch, and that step captured as one CUDA graph.
 
     python benchmarks/train_step_floor_gpu.py [--rows 100 --seq 72 --steps 10]
@@ -464,7 +464,7 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=0,
         help="allocate and free this much GPU memory first (before the engine's build, which "
-        "empties the cache again: BENCHMARKS.md, session 26)",
+        "empties the cache again: docs/benchmark-log.md, runs 43-45)",
     )
     ap.add_argument("--cprofile", metavar="DIR", help="write the first two steps' host profiles")
     ap.add_argument("--trace", metavar="DIR", help="the first two steps' torch.profiler traces")

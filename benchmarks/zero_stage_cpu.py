@@ -5,7 +5,7 @@ shape.
     python benchmarks/zero_stage_cpu.py [--models tiny,smollm2 --steps 10 --repeats 2
                                          --stages 0 --out results.json]
 
-Issue #15: on one H200 a SmolLM2-135M LoRA step is host-bound (self CPU 543 ms, self CUDA
+On one H200 a SmolLM2-135M LoRA step is host-bound (self CPU 543 ms, self CUDA
 111 ms; BENCHMARKS.md), and ZeRO-3's module hooks are ~100 ms of it, though a job of one rank
 partitions nothing. This times the same `python -m arenaflow.train` run (zero3_hooks_cpu.py's)
 with (a) stage 3 as it was the default (leaf modules auto, fused LoRA, the schema's persistence

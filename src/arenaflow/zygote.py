@@ -42,7 +42,7 @@ PRELOAD = (
     "peft",
     "deepspeed",
     # deepspeed.initialize imports it (its optimizer check), and with it torch._inductor: 2.7-4 s
-    # of every training job's start-up on the H200 (session 10)
+    # of every training job's start-up on the H200 (docs/benchmark-log.md, runs 7-8)
     "deepspeed.runtime.zero.muon.muon_optimizer",
     "pandas",
     "pyarrow.parquet",

@@ -47,7 +47,7 @@ def test_dry_run_lists_the_whole_lineage(built):
 
 def test_the_round_page_reads_the_dose_line_and_the_soup_with_k_replicates(built):
     """r3's report page: every merge read out as served K = 3 times (a noise floor each), and
-    the merges page drawn (issue 19)."""
+    the merges page drawn."""
     res, arms = built["results"], built["arms"]
     snakemake("reports/r3/merges.png", results=res, arms=arms)
     assert (res / "reports/r3/merges.png").read_bytes()[:4] == b"\x89PNG"

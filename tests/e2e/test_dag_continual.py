@@ -1,5 +1,5 @@
 """Continual rounds through Snakemake on CPU (the `dag` tier): the smallest DAG's round r3 with a
-bar nothing can clear, then the template's rounds r4 and r5 (issue 20). r3 keeps its incumbent,
+bar nothing can clear, then the template's rounds r4 and r5. r3 keeps its incumbent,
 so r4 samples from and starts at R2d's weights; r4 keeps its incumbent too, and the stop rule
 (one round kept) ends the run before r5 submits anything.
 """

@@ -174,7 +174,7 @@ def test_resource_and_selection_keys_rerun_no_gpu_job_and_lr_reruns_the_chain(bu
 
 
 def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built, tmp_path):
-    """Issue 17's probes through Snakemake: r3's bar edited, with --forcerun nominate or readout,
+    """Custody probes through Snakemake: r3's bar edited, with --forcerun nominate or readout,
     is refused before any job runs, and the registration, the registry and the nomination stay
     byte for byte; the bar put back, nothing is left to do; a hand-edited `promoted` stops the
     DAG; the bundle's model card cites the seal."""
@@ -260,7 +260,7 @@ def test_the_report_after_the_main_job_is_written_where_asked(built, tmp_path):
 
 
 def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(built, tmp_path):
-    """Issue 17's probe: one flipped bit in runs/B3/final's adapter (its mtime kept, as a disk
+    """A custody probe: one flipped bit in runs/B3/final's adapter (its mtime kept, as a disk
     error would), then B3's greedy readout made again on the way to the bundle. The readout job
     fails naming the file; no compare, nomination or bundle is rewritten. Then all is put back.
     The readout is forced (--forcerun): merely deleted, Snakemake leaves it missing here, since
@@ -332,7 +332,7 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
 
 def test_a_merge_arm_is_bundled_and_reloads_as_a_trained_arm_is(built):
     """bundles/Bdose serves dose-a1p5 (tests/e2e/mini.yaml): the merged adapter byte for byte,
-    its merge evidence, a card that lists the merge, a reload that passes (issue 19)."""
+    its merge evidence, a card that lists the merge, a reload that passes."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

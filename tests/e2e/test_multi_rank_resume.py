@@ -1,4 +1,4 @@
-"""benchmarks/multi_gpu.py's checks on gloo ranks (issue 24's resume 8 -> 4 -> 8, at 4 -> 2 -> 4).
+"""benchmarks/multi_gpu.py's checks on gloo ranks (its resume 8 -> 4 -> 8, at 4 -> 2 -> 4).
 
 The GPU runs need hardware CI lacks; the same script with `--device cpu` runs every check but the
 rates: 4 ranks against 1 at the same global batch, the reloaded adapter, and a LoRA run killed

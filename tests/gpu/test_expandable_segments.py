@@ -1,8 +1,8 @@
 """A training's CUDA allocator grows one segment in place (expandable segments), set after torch
 is loaded, as under the fork server; a user's own allocator setting is left alone.
 
-Needs one CUDA GPU; skipped elsewhere (CI has none). The same check ran inline on the H200 in
-session 18 (BENCHMARKS.md, runs 19-22: one segment of 3,080 MiB with it, 2,048 + 1,024 without)."""
+Needs one CUDA GPU; skipped elsewhere (CI has none). The same check ran inline on the H200
+(docs/benchmark-log.md, runs 19-22: one segment of 3,080 MiB with it, 2,048 + 1,024 without)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def test_arm_hyper_overrides_train_defaults_and_keeps_the_rest(resolved, raw_cfg
 
 # The defaults the code used before arm.schema.yaml held them (train/loop.py DEFAULTS, budget.py's
 # .get(..., 1), config.py's objective 'sft'), and config.yaml's train_defaults as a minimal arm
-# resolved to before issue 18.
+# resolved to before arm.schema.yaml held the defaults.
 CODE_DEFAULTS = {
     "objective": "sft",
     "beta": 0.1,
@@ -127,7 +127,7 @@ CODE_DEFAULTS = {
     "lm_head_lr": None,
     "checkpoint_every": 0,
     "zero3_persistence_threshold": 100000,
-    "zero_stage": "auto",  # issue 15: stage 3 on several ranks, 2 on one (train/loop.py)
+    "zero_stage": "auto",  # stage 3 on several ranks, 2 on one (train/loop.py)
     "length_bucketing": True,
     "zero3_leaf_modules": "auto",
     "fused_lora": True,
@@ -137,7 +137,7 @@ CODE_DEFAULTS = {
     "nproc": 1,
     "nodes": 1,
     "epochs": 1,
-    "heldout_rows": 0,  # issue 22: no held-out rows unless an arm asks
+    "heldout_rows": 0,  # no held-out rows unless an arm asks
     "heldout_every": 0,
 }
 MINIMAL_ARM_HYPER = {
@@ -627,7 +627,7 @@ def test_a_judged_read_resolves_its_replicate_and_scores_path(cfg, repo_root):
     assert j["replicate"] == 0 and j["scores"] == str(repo_root / "config/judged/B3_vs_R2d.csv")
 
 
-# --- YAML and path errors name the file and the line (issue 17) ---------------------------
+# --- YAML and path errors name the file and the line ------------------------------------
 
 
 def test_a_yaml_syntax_error_in_an_arm_file_names_file_line_and_column(cfg, arms_copy, repo_root):

@@ -1,5 +1,5 @@
 """Merge and dose arms in the config: resolved with their weights and lineage, and every bad
-one refused before any job, naming the file and key (issue 19)."""
+one refused before any job, naming the file and key."""
 
 from __future__ import annotations
 

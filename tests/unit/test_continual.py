@@ -1,6 +1,6 @@
 """arenaflow.rounds.continual: round templates and nominee references resolve before any job, every
 template typo is refused naming the key, a round that keeps its incumbent hands the incumbent's
-weights to the next round, and the stop rules (issue 20)."""
+weights to the next round, and the stop rules."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def test_compare_refuses_items_read_out_on_one_side_only():
 
 @pytest.mark.parametrize("bad", [np.nan, 2])
 def test_compare_refuses_an_outcome_that_is_not_0_or_1_naming_the_readout(bad):
-    # issue 16: bool(nan) is True, so a NaN outcome used to count as a correct answer
+    # bool(nan) is True, so a NaN outcome used to count as a correct answer
     cand, ref = (
         frame([1, bad, 0]).assign(arm="B3", replicate=1),
         frame([1, 0, 0]).assign(arm="R2d", replicate=1),

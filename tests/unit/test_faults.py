@@ -1,5 +1,5 @@
 """Fault injection: every consumer verifies what it reads, and every writer leaves a whole
-output or none (issue 17, chain of custody).
+output or none (chain of custody).
 
 Each probe injects one fault and checks one of two outcomes:
 - refused: the step fails naming the changed file, and writes nothing downstream;

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_bench.py's tie-aware greedy check (issue 23): a bf16 decoder may leave
+"""benchmarks/gpu_bench.py's tie-aware greedy check: a bf16 decoder may leave
 generate()'s tokens where two logits round past each other, and nowhere else.
 
 The oracle: the same random Llama decoded greedily in float32 and in bf16 by transformers'

@@ -63,8 +63,8 @@ CASES = [
     ('He said "stop." Then left.', {"type": "sent", "n": 2}, True, ""),
     ("One. Two. Three", {"type": "sent", "n": 2}, False, "sent: 3 sentences, expected 2"),
     ("Just one.", {"type": "sent", "n": 2}, False, "sent: 1 sentence, expected 2"),
-    # issue 16: titles, Latin abbreviations, initials, dotted abbreviations before a lowercase
-    # word and list markers do not end a sentence; decimals never did
+    # blind-review cases: titles, Latin abbreviations, initials, dotted abbreviations before a
+    # lowercase word and list markers do not end a sentence; decimals never did
     ("Dr. Smith met Mr. Jones, e.g. at work.", {"type": "sent", "n": 1}, True, ""),
     ("The U.S. economy grew 3.5 percent. Prof. Lee agreed.", {"type": "sent", "n": 2}, True, ""),
     ("J. R. R. Tolkien wrote it at 9 a.m. sharp.", {"type": "sent", "n": 1}, True, ""),
@@ -175,7 +175,7 @@ CASES = [
         "postscript: no line starts with 'P.S.'",
     ),
     ("Body.\nP.P.S. more", {"type": "postscript", "marker": "P.P.S."}, True, ""),
-    # issue 16: markdown around the marker still starts the line with it
+    # a blind review's case: markdown around the marker still starts the line with it
     ("Body text.\n\n**P.S.** See you soon.", {"type": "postscript"}, True, ""),
     ("Body text.\n\n*P.S. See you soon.*", {"type": "postscript"}, True, ""),
     ("Body text.\n\n> P.S. See you soon.", {"type": "postscript"}, True, ""),
@@ -238,7 +238,7 @@ CASES = [
         False,
         "json_keys: not valid JSON (Expecting value at line 1 column 1)",
     ),
-    # issue 16: the closing fence on the JSON's line, a one-line fence, CRLF line ends
+    # a blind review's cases: the closing fence on the JSON's line, a one-line fence, CRLF line ends
     (
         '```json\n{"title": "T",\n "year": 1}```',
         {"type": "json_keys", "keys": ["title", "year"]},
@@ -601,7 +601,7 @@ POSTSCRIPTS = ("P.S. {}", "**P.S.** {}", "*P.S. {}*", "> P.S. {}", "> **P.S.** {
 
 
 def test_oracle_postscript(ifeval):
-    # the markdown forms of issue 16 too: IFEval finds the marker anywhere in a line, so on a
+    # the blind review's markdown forms too: IFEval finds the marker anywhere in a line, so on a
     # line of its own it agrees with ours
     rng = random.Random(3)
     texts = [
@@ -660,7 +660,7 @@ def test_oracle_json(ifeval):
             "tags": rng.sample(WORDS, 3),
         }
         text = json.dumps(obj, indent=rng.choice([None, 2]))
-        if i % 3 == 0:  # the fence shapes of issue 16: closing backticks on the JSON's line,
+        if i % 3 == 0:  # the blind review's fence shapes: closing backticks on the JSON's line,
             # one-line fences, CRLF line ends
             text = rng.choice(
                 [

@@ -1,5 +1,5 @@
 """benchmarks/lineage_runs.py reads lineage_gpu.py's reports as they came back from the H200
-(runs 63-67 of BENCHMARKS.md, session 32: two fused runs, three with grouped LoRA). Its numbers
+(runs 63-67 of docs/benchmark-log.md: two fused runs, three with grouped LoRA). Its numbers
 must be the ones read off those runs by hand for BENCHMARKS.md's table, its test scipy's on them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from scipy.stats import mannwhitneyu
 REPO = Path(__file__).resolve().parents[2]
 RUNS = [REPO / f"benchmarks/results/lineage_gpu-2026-12-05-run{n}.json" for n in range(63, 68)]
 GROUPED = "train_defaults.grouped_lora=True"
-# BENCHMARKS.md, "runs 63-67 (session 32)": R220's median step and own busy fraction
+# docs/benchmark-log.md, runs 63-67: R220's median step and own busy fraction
 BY_HAND = {
     63: (0.134, 0.60),
     64: (0.153, 0.54),

@@ -248,7 +248,7 @@ def _acc(correct: int, n: int = 153) -> float:
 
 
 def test_t_over_replicates_is_none_for_deltas_equal_up_to_float_rounding():
-    # issue 16: one item better out of 153 in both replicates. The two deltas differ in the
+    # a blind-review case: one item better out of 153 in both replicates. The deltas differ in the
     # 14th digit, and scipy's t on them is 9.2e13 (p 7e-15): a bar on t would pass on it.
     cand, ref = [_acc(101), _acc(103)], [_acc(100), _acc(102)]
     deltas = np.subtract(cand, ref)
@@ -274,7 +274,7 @@ def test_t_over_replicates_is_none_for_deltas_equal_up_to_float_rounding():
     ],
 )
 def test_paired_refuses_outcomes_that_are_not_0_or_1_naming_the_readout(bad, shown):
-    # issue 16: bool(nan) is True, so a NaN outcome used to count as correct
+    # bool(nan) is True, so a NaN outcome used to count as correct
     with pytest.raises(
         ValueError, match=r"^readouts/x\.parquet: \d of 3 outcomes are not 0/1, e\.g\. " + shown
     ):

@@ -191,7 +191,7 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_and_a_live_ones_kept(tmp
 
 def test_the_lock_watch_thread_imports_nothing(tmp_path):
     """An import on the watch thread deadlocked with init_distributed's imports on the main
-    thread, each holding a module lock (this repo's CI, session 21): in a fresh interpreter, the
+    thread, each holding a module lock (seen in this repo's CI): in a fresh interpreter, the
     thread clears a stale lock without importing anything."""
     import os
     import subprocess

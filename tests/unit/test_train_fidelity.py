@@ -320,7 +320,7 @@ def test_zero3_leaf_classes_resolve_auto_and_refuse_a_class_the_model_lacks():
 @pytest.mark.parametrize("stage", ["auto", 3])
 def test_profile_step_writes_the_profilers_table_next_to_the_run(corpus, tmp_path, stage):
     """The profiler's table of step 2; ZeRO-3's module hook functions show in it, and are gone
-    from a one-rank run under zero_stage: auto (stage 2; issue #15)."""
+    from a one-rank run under zero_stage: auto (stage 2)."""
     out = tmp_path / "P" / "final"
     train(
         out,

@@ -1,4 +1,4 @@
-"""benchmarks/train_step_floor_gpu.py (issue 15) compares arenaflow's one-rank DeepSpeed step
+"""benchmarks/train_step_floor_gpu.py compares arenaflow's one-rank DeepSpeed step
 with the same step in plain PyTorch; the comparison means something only if both take the same
 steps. On CPU in float32 they must: the same losses, step after step, to float32's rounding;
 arenaflow's step as it was before its norms went through torch.rms_norm and its gradient norm
@@ -69,7 +69,7 @@ def test_adamw_state_made_before_the_first_step_takes_the_same_steps(monkeypatch
 
 
 def test_the_jobs_objective_over_bucketed_shapes_takes_transformers_steps(tmp_path):
-    """--shapes and the deepspeed-job set-up reproduce a job's steps (issue 15): micro-batches of
+    """--shapes and the deepspeed-job set-up reproduce a job's steps: micro-batches of
     a new shape each step, the loss through objective.sft_sum. That loss, over the supervised
     tokens, is transformers' own mean: both take the same steps, shape after shape."""
     out = tmp_path / "floor.json"

@@ -225,7 +225,7 @@ def test_loose_comparison_refuses_answers_that_are_not_a_number():
     assert check("so 12 apples", "12")["loose"] and check("75%", "75")["loose"]
 
 
-# --- issue 16: each defect of the old `loose` verdict -------------------------------------
+# --- each defect a blind review found in the old `loose` verdict ---------------------------
 
 
 @pytest.mark.parametrize(

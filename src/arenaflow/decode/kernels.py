@@ -1,4 +1,4 @@
-"""Triton kernels for the batch-1 decode step on CUDA (issue #23); imported only there.
+"""Triton kernels for the batch-1 decode step on CUDA; imported only there.
 
 At batch 1 a decode step is bound by reading the weights once, and the compiled Llama step spent
 1.00 of its 1.28 ms of kernels in cuBLAS's matrix products, whose small-M tiles read the weights
@@ -88,7 +88,7 @@ def _gemv_kernel(
 # one config per kind of product, fixed: with an autotune list the compiled step's GEMVs took
 # 0.96 ms a step on the H200 where the same kernels autotuned eagerly took 0.78 ms, so the configs
 # no longer depend on how inductor autotunes. Each won the eager autotune over 5 configs on the
-# 1.2 B shape's products there (BENCHMARKS.md, issue 23), but for down, whose winner was BLOCK_N 1
+# 1.2 B shape's products there (docs/benchmark-log.md), but for down, whose winner was BLOCK_N 1
 # and which shares o's kind: wider rows pay back where more than x is read beside the weights
 # (the norm's weight, up's rows)
 GEMV_CONFIGS = {  # (norm, swiglu): BLOCK_N, BLOCK_K, warps

@@ -1,4 +1,4 @@
-"""A Llama-family forward pass as one pure function over packed weights (issue #23).
+"""A Llama-family forward pass as one pure function over packed weights.
 
 transformers' modelling code runs a decode step as ~775 small kernels (per layer: two norms,
 rotary cat/mul, a cache index_copy, masks, residual adds, seven projections). Written as one

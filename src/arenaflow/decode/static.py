@@ -8,7 +8,7 @@ passes: PREFILL_GRAPH_TOKENS), and on CUDA replays each decode step as one CUDA
 graph, captured once per key-length bucket (when a batch first reaches it) so that a step reads
 only the cache rows it can see.
 The step itself is one of two (`step`, or engine decode_step):
-- "llama" (plain LlamaForCausalLM; issue #23; the default on CPU, opt-in on CUDA with
+- "llama" (plain LlamaForCausalLM; the default on CPU, opt-in on CUDA with
   decode_step llama, see step_kind): arenaflow.decode.llamastep's
   pure function over packed QKV and gate/up weights, the step's forward (embedding, layers,
   final norm, lm_head) compiled on CUDA as ONE torch.compile(fullgraph=True)

@@ -66,7 +66,7 @@ def ensure_dist_env() -> None:
 def zero_stage(hyper: dict, world: int) -> int:
     """The ZeRO stage a run of `world` ranks uses: the arm's `zero_stage`, 'auto' resolved.
     A one-rank ZeRO-3 job partitions nothing, yet its hooks around every module run each step:
-    a host-bound SmolLM2-135M LoRA step on an H200 spent ~100 ms of 543 in them (issue #15).
+    a host-bound SmolLM2-135M LoRA step on an H200 spent ~100 ms of 543 in them.
     Stage 2 takes the same optimizer steps (equal losses, BENCHMARKS.md) without them, and its
     checkpoints still resume on several ranks (train/checkpoints.py)."""
     setting = hyper["zero_stage"]

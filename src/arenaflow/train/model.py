@@ -68,7 +68,7 @@ def attention_kernels() -> None:
     """Training's attention runs on SDPA's flash kernel (causal_logits passes no mask), or the
     memory-efficient one, never cuDNN's. On Hopper PyTorch 2.11 ranks cuDNN first, and cuDNN
     plans each new shape on the host: 1.3 s of a SmolLM2 LoRA job's first step on the H200,
-    in a lineage whose trainings are 1-6 steps long (BENCHMARKS.md, issue 15)."""
+    in a lineage whose trainings are 1-6 steps long (docs/benchmark-log.md)."""
     import torch
 
     torch.backends.cuda.enable_cudnn_sdp(False)

@@ -22,7 +22,7 @@ def causal_logits(model, batch: dict) -> torch.Tensor:
     those real, so the padding mask changes no position that carries loss (the pads' own
     outputs are never read: label -100). Without it SDPA runs its causal flash kernel; with it,
     PyTorch picks cuDNN's masked attention on Hopper, whose plan for each new shape cost 1.3 s
-    of a SmolLM2 LoRA job's first step on the H200 (BENCHMARKS.md, issue 15)."""
+    of a SmolLM2 LoRA job's first step on the H200 (docs/benchmark-log.md)."""
     return model(input_ids=batch["input_ids"]).logits
 
 

@@ -28,7 +28,7 @@ parameters on the meta device) on the calling thread, and the thread only alloca
 steps it. transformers' lazy top-level module is not safe to import from two threads at once: a
 thread importing the model class while the main thread imported peft failed the job with
 "cannot import name 'AutoModel' from 'transformers'" (a fresh `python -m arenaflow.train` on the
-H200, session 13; the lineage's fork server had imported both before).
+H200; the lineage's fork server had imported both before).
 
 The warm-up draws no random numbers from the global generators (its weights are constants, its
 tokens come from a private generator): the main thread seeds them for the run, and a step that
@@ -245,9 +245,9 @@ INPUT_GRADS = True
 # Tokens of the warm-up step when the job's micro-batch is not known: enough rows x length that
 # cuBLAS picks (and loads) the large-M kernels a real micro-batch uses; the first real step paid
 # ~60 ms more in its products than the second without it (profile of a first step on the H200,
-# BENCHMARKS.md, session 13). At the job's own micro-batch shape the warm-up also takes from the
-# driver the memory of its vocabulary-sized logits, which the cache keeps for the first step:
-# 31-34 GiB of a SmolLM2 LoRA training's ~55 GiB peak at 512 rows, and the first step of a
+# docs/benchmark-log.md, runs 12-14). At the job's own micro-batch shape the warm-up also takes
+# from the driver the memory of its vocabulary-sized logits, which the cache keeps for the first
+# step: 31-34 GiB of a SmolLM2 LoRA training's ~55 GiB peak at 512 rows, and the first step of a
 # training alone on the H200 went from 0.59-0.70 s to 0.44-0.61 s (BENCHMARKS.md, runs 23-24).
 # One layer at the job's shape needs less than the job's step: nothing is held that the job
 # would not take.

@@ -3,7 +3,7 @@
 The stage-1/2 optimizer of DeepSpeed 0.19 (get_grad_norm_direct) computes the norm it clips by
 one gradient tensor at a time: a float32 copy and a norm each, two kernels per tensor, ~840 a step
 for SmolLM2's 420 LoRA tensors, each launched by the host. A one-rank SmolLM2 LoRA step on an H200
-is bound by its launches (BENCHMARKS.md, issue 15). torch._foreach_norm computes the same
+is bound by its launches (docs/benchmark-log.md). torch._foreach_norm computes the same
 per-tensor norms, in float32, in a few launches; the sum of their squares, the all-reduce over
 ranks, the root and the inf/NaN mask stay DeepSpeed's. Only the order of float32 additions
 differs.

@@ -25,7 +25,7 @@ class LoraLinearFunction(torch.autograd.Function):
     """y = x W^T + b + s (x A^T) B^T, for x [..., in], W [out, in], A [r, in], B [out, r]. The
     scaling s rides in the products' alpha (applied to their float32 sums) rather than in a
     multiply of its own: two kernel launches fewer per adapted Linear and step, which a host-bound
-    step of a small model feels (BENCHMARKS.md, issue 15)."""
+    step of a small model feels (docs/benchmark-log.md)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, lora_a, lora_b, scaling: float):
