@@ -2,7 +2,7 @@
 # One-time set-up on a fresh machine: arenaflow and its engines at the versions of the lock.
 #
 #   bash scripts/setup.sh                         # the lock (requirements/lock-cpu.txt)
-#   ARENAFLOW_UNLOCKED=1 bash scripts/setup.sh    # the newest releases pyproject.toml allows
+#   bash scripts/setup.sh --unlocked              # the newest releases pyproject.toml allows
 #
 # A host that already has torch (a GPU host with its CUDA build) keeps it: the lock's CPU torch
 # line is left out there, and every other pin applies.
@@ -11,7 +11,13 @@ cd "$(dirname "$0")/.."
 pip=(python -m pip install --quiet)
 has_torch() { python -c "import torch" 2>/dev/null; }
 
-if [ "${ARENAFLOW_UNLOCKED:-0}" = 1 ]; then
+unlocked=0
+case "${1:-}" in
+  --unlocked) unlocked=1 ;;
+  "") ;;
+  *) echo "usage: bash scripts/setup.sh [--unlocked]" >&2; exit 2 ;;
+esac
+if [ "$unlocked" = 1 ]; then
   # The CPU wheel first: a bare `torch` requirement can pull a multi-GB CUDA build.
   has_torch || "${pip[@]}" "$(grep '^torch==' requirements/lock-cpu.txt)"
   # ...and held there: an eager upgrade would otherwise replace it with that CUDA build (it did,

@@ -123,11 +123,9 @@ def _hyper_defaults(schema_dir: Path) -> dict:
 
 def hyper_defaults(schema_dir: Path = SCHEMA_DIR) -> dict:
     """The `default` of every hyper key in arm.schema.yaml: the one place a hyperparameter's
-    default lives. Config resolution, the trainer (arenaflow.train.loop) and the GPU-minute
-    estimate (arenaflow.budget.ledger) read a key missing from an arm's hyper here. Resolution does
-    not
-    write them into the resolved hyper: that hyper is the train rule's param, and adding keys
-    to it would rerun every trained arm."""
+    default lives. Config resolution fills an arm's hyper from here, whole (arenaflow.config);
+    the trainer fills only what a hand-run job was not given, and the GPU-minute estimate
+    (arenaflow.budget.cost) what a hand-made arm lacks."""
     return copy.deepcopy(_hyper_defaults(Path(schema_dir)))
 
 
