@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import yaml
 
-from arenaflow import configref, schema
-from arenaflow.configref import COMMAND, Reference
+from arenaflow import schema
+from arenaflow.configref import document, walk
+from arenaflow.configref.document import COMMAND
+from arenaflow.configref.walk import Reference
 
-DOC = configref.SCHEMA_DIR.parents[1] / "docs" / "configuration.md"
+DOC = schema.SCHEMA_DIR.parents[1] / "docs" / "configuration.md"
 # schema keywords whose values are schemas (or lists of them); `if` is a condition, not keys
 SUBSCHEMAS = ("additionalProperties", "items", "propertyNames", "then", "else", "not", "$defs")
 ALTERNATIVES = ("oneOf", "anyOf", "allOf", "prefixItems")
@@ -51,7 +53,7 @@ def cell_value(cell: str):
 
 
 def test_committed_reference_is_current():
-    assert DOC.read_text() == configref.render(), (
+    assert DOC.read_text() == document.render(), (
         f"docs/configuration.md does not match workflow/schemas; regenerate it: {COMMAND}"
     )
 
@@ -63,18 +65,18 @@ def test_reference_says_it_is_generated_and_how():
 
 def test_cli_writes_what_render_returns(tmp_path, capsys):
     out = tmp_path / "configuration.md"
-    assert configref.main(["--out", str(out)]) == 0
-    assert out.read_text() == configref.render()
-    configref.main([])
-    assert capsys.readouterr().out == configref.render()
+    assert document.main(["--out", str(out)]) == 0
+    assert out.read_text() == document.render()
+    document.main([])
+    assert capsys.readouterr().out == document.render()
 
 
 # --- the schemas --------------------------------------------------------------------------
 
 
 def test_every_property_has_a_description():
-    docs = configref.load()
-    missing = [k.path for k in configref.all_keys(docs) if not k.described]
+    docs = document.load()
+    missing = [k.path for k in document.all_keys(docs) if not k.described]
     for file, doc in docs.items():
         missing += [
             f"{file}#{loc}"
@@ -86,8 +88,8 @@ def test_every_property_has_a_description():
 
 def test_every_property_of_the_schemas_is_listed():
     """Each property written in the schemas (outside `if` conditions) ends some listed path."""
-    docs = configref.load()
-    listed = {k.path.rsplit(".", 1)[-1] for k in configref.all_keys(docs)}
+    docs = document.load()
+    listed = {k.path.rsplit(".", 1)[-1] for k in document.all_keys(docs)}
     absent = sorted(
         f"{file}#{loc}"
         for file, doc in docs.items()
@@ -230,5 +232,5 @@ def test_alternatives_ranges_and_markdown_escapes():
         "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1},
     }
     assert ref.type_of("toy.yaml", mixed) == "map from string to (number in [0, 1])"
-    assert configref.prose("a <b> | *c* `x <y> | z`") == "a \\<b> \\| \\*c\\* `x <y> \\| z`"
-    assert configref.yaml_value(">") == "'>'" and configref.yaml_value([1, "a"]) == "[1, a]"
+    assert walk.prose("a <b> | *c* `x <y> | z`") == "a \\<b> \\| \\*c\\* `x <y> \\| z`"
+    assert walk.yaml_value(">") == "'>'" and walk.yaml_value([1, "a"]) == "[1, a]"
