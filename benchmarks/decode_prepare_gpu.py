@@ -32,6 +32,7 @@ from zero_stage_cpu import SHAPES  # sibling script
 
 from arenaflow.decode import sampling
 from arenaflow.decode import static as decode
+from arenaflow.decode import steps as decode_steps
 from arenaflow.decode import warmup as decode_warmup
 
 GREEDY = sampling.Decoding(temperature=0.0, max_new_tokens=160)
@@ -55,7 +56,7 @@ def measure(model, args, warmups: int) -> dict:
     mask = torch.ones_like(ids)
     shape = (args.batch, args.prompt, args.new_tokens)
     row = {"warmups": warmups}
-    decode.plan(args.batch * args.new_tokens)  # as sampling.generate plans a readout's batch
+    decode_steps.plan(args.batch * args.new_tokens)  # as sampling.generate plans a readout's batch
     shared = decode.decoder_for(model, *shape, GREEDY, [-1], 0)
     row["greedy_first_s"] = timed(shared, ids, mask)
     row["greedy_second_s"] = timed(decode.decoder_for(model, *shape, GREEDY, [-1], 0), ids, mask)

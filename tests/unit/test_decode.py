@@ -23,6 +23,7 @@ from arenaflow import chat, models
 from arenaflow.bases import tinymodel
 from arenaflow.decode import sampling
 from arenaflow.decode import static as decode
+from arenaflow.decode import steps as decode_steps
 
 BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 VOCAB = 384
@@ -247,14 +248,14 @@ def test_compiled_decode_kernels_under_auto_weigh_the_planned_tokens(
     tokens, and the compiled kernels are used from AUTO_MIN_TOKENS on; true / false force them."""
     model, tok = policy
     engine_settings(fused_decode="auto")
-    monkeypatch.setattr(decode, "_planned_tokens", None)
+    monkeypatch.setattr(decode_steps, "_planned_tokens", None)
     prompt = chat.render(chat.prompt_messages(tinymodel.SYSTEM_PROMPT, "Half of 90?"), True)
     dec = sampling.Decoding(max_new_tokens=5)
     sampling.generate(model, tok, [prompt] * 3, dec, k=2, engine="static")
-    assert decode._planned_tokens == 3 * 2 * 5 and not decode.fused_kernels_on()
-    decode.plan(decode.AUTO_MIN_TOKENS)
-    assert decode.fused_kernels_on()
+    assert decode_steps._planned_tokens == 3 * 2 * 5 and not decode_steps.fused_kernels_on()
+    decode_steps.plan(decode_steps.AUTO_MIN_TOKENS)
+    assert decode_steps.fused_kernels_on()
     for setting, planned, on in ((True, 1, True), (False, 10**9, False)):
         engine_settings(fused_decode=setting)
-        decode.plan(planned)
-        assert decode.fused_kernels_on() is on
+        decode_steps.plan(planned)
+        assert decode_steps.fused_kernels_on() is on

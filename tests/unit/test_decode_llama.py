@@ -23,6 +23,7 @@ from arenaflow import chat, models
 from arenaflow.bases import tinymodel
 from arenaflow.decode import llamastep, sampling
 from arenaflow.decode import static as decode
+from arenaflow.decode import steps as decode_steps
 from arenaflow.fused import rms_norm
 
 
@@ -261,7 +262,7 @@ def test_a_step_that_fails_to_compile_falls_back_loudly_to_the_old_path(monkeypa
 
         return step
 
-    monkeypatch.setattr(decode, "compiled_llama_step", broken)
+    monkeypatch.setattr(decode_steps, "compiled_llama_step", broken)
     model = random_llama("cpu")
     ids, mask = ragged(5)
     dec = sampling.Decoding(max_new_tokens=16)

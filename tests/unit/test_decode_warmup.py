@@ -10,6 +10,7 @@ import torch
 from arenaflow import fused, jobclock
 from arenaflow.decode import sampling
 from arenaflow.decode import static as decode
+from arenaflow.decode import steps as decode_steps
 from arenaflow.decode import warmup as decode_warmup
 from arenaflow.train.speed import cuda_warmup
 
@@ -102,10 +103,10 @@ def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch, e
     loaded model then decodes greedy as one without graphs does."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    monkeypatch.setattr(decode, "_planned_tokens", None)
+    monkeypatch.setattr(decode_steps, "_planned_tokens", None)
     engine_settings(fused_decode="auto")
-    assert decode.fused_kernels_on()
-    decode._compiled_softmax.cache_clear()  # the compiled softmax, built on its first use
+    assert decode_steps.fused_kernels_on()
+    decode_steps._compiled_softmax.cache_clear()  # the compiled softmax, built on its first use
     dev = torch.device("cuda", torch.cuda.current_device())
     thread = decode_warmup.launch(base, dev, 8, 16)
     torch.manual_seed(0)
@@ -113,8 +114,8 @@ def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch, e
     model = model.to(dev, torch.bfloat16).eval()
     said = decode_warmup.finish(thread)
     assert "error" not in said, said.get("error")
-    assert decode._compiled_softmax.cache_info().currsize == 0
-    decode.plan(8 * 16)  # the decoders below as a job this small runs them: not compiled
+    assert decode_steps._compiled_softmax.cache_info().currsize == 0
+    decode_steps.plan(8 * 16)  # the decoders below as a job this small runs them: not compiled
     ids = torch.randint(3, model.config.vocab_size, (8, 32), device=dev)
     mask = torch.ones_like(ids)
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=16)

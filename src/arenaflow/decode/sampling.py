@@ -14,6 +14,7 @@ import torch
 
 from arenaflow import models
 from arenaflow.decode import static as decode
+from arenaflow.decode import steps as decode_steps
 
 PROMPT_BUCKET = 32  # static engine: prompts are left-padded to a multiple of this
 
@@ -83,7 +84,7 @@ def generate(
         raise ValueError(f"engine {engine!r}: expected 'hf' or 'static'")
     model.eval()
     if engine == "static":
-        decode.plan(len(prompts) * k * decoding.max_new_tokens)
+        decode_steps.plan(len(prompts) * k * decoding.max_new_tokens)
     stops = stop_token_ids(tokenizer)
     pad = models.pad_id(tokenizer)
     out: list[list[dict]] = []

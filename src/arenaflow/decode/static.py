@@ -1,64 +1,25 @@
 """The static decode loop: arenaflow.decode.sampling's fast path (`engine="static"`).
+Over 400 lines: StaticDecoder is one loop over fixed-address buffers that its CUDA graphs capture.
 
-transformers' generate() launches every layer's kernels from Python at each step (~20 ms a step
-on an H200 whatever the batch: BENCHMARKS.md), and with a padding mask its SDPA path copies each
-grouped-query KV head once per query head at every step. This loop preallocates the KV cache
-for the batch, runs the prompt pass eagerly (as a CUDA graph too for the Llama step's small
-passes: PREFILL_GRAPH_TOKENS), and on CUDA replays each decode step as one CUDA
-graph, captured once per key-length bucket (when a batch first reaches it) so that a step reads
-only the cache rows it can see.
-The step itself is one of two (`step`, or engine decode_step):
-- "llama" (plain LlamaForCausalLM; the default on CPU, opt-in on CUDA with
-  decode_step llama, see step_kind): arenaflow.decode.llamastep's
-  pure function over packed QKV and gate/up weights, the step's forward (embedding, layers,
-  final norm, lm_head) compiled on CUDA as ONE torch.compile(fullgraph=True)
-  graph, in inductor's default mode, inside our own per-bucket torch.cuda.CUDAGraph capture
-  (not mode="reduce-overhead": its cudagraph trees skip graphs that mutate non-parameter inputs,
-  which the KV cache and token buffers are, and re-record on new input addresses; ours keeps
-  one graph per bucket over fixed buffers). Compiled with `fallback_random`, so the exponential
-  race draws from aten's stream exactly as the eager step does. A compile failure on CUDA falls
-  back, with a log line, to "hf". On CPU the same function runs eagerly (`compiled=True` tests
-  the compiled one).
-- "hf": transformers' modelling code with its StaticCache, arenaflow.fused's norm and SwiGLU
-  kernels and a grouped-query decode attention registered as a transformers AttentionInterface
-  (the path before #23; every other architecture takes it).
-Both attend one query token over the cache with a grouped-query product that reads each KV head
-once. The token choice (`choose`: greedy, or temperature, top-p and repetition penalty) runs
-apart from the forward, on CUDA as a small graph of its own per decoding, reading the step's
-logits from a fixed buffer: one decoder (its KV cache and per-bucket graphs) serves every
-decoding of its shape, so a readout's served regime does not capture the forward again after
-its greedy one (at SmolLM2's readout shape on the H200 a first sampled batch cost 0.37-0.54 s
-over a replayed one through a decoder of its own, 0.01-0.04 s through the greedy one's:
-benchmarks/decode_prepare_gpu.py). Tests hold greedy output to generate()'s. Sampling draws
-from the same distributions as generate() but from another random stream.
+generate() launches every layer's kernels from Python at each step (~20 ms a step on an H200
+whatever the batch: BENCHMARKS.md). StaticDecoder preallocates a batch's KV cache and on CUDA
+replays each step (arenaflow.decode.steps) from CUDA graphs captured per key-length bucket;
+decoder_for keeps one per shape. Tests hold greedy output to generate()'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import inspect
 import math
 import sys
 import time
 
 import torch
-from transformers import AttentionInterface, StaticCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers import StaticCache
 
 from arenaflow import engine, fused
-from arenaflow.decode import llamastep
+from arenaflow.decode import llamastep, steps
 
-ATTENTION = "arenaflow_decode"
-ATTENTION_UNFUSED = "arenaflow_decode_unfused"  # never the compiled softmax (fused=False)
-# Compiling them costs a process ~4-5 s alone and 7-11 s inside a lineage (SmolLM2's corpora on
-# the H200, run 7: first batch 8-13 s against 1.3-2.7 s uncompiled), and saves 5-7 us a generated
-# token (SmolLM2 sampling 37.9k -> 48.0k tokens/s; the 1.2 B shape at batch 256, 7.33 -> 5.67 ms
-# a step). A plan counts every row's max_new_tokens, but rows stop early: those corpora planned
-# 1.28-2.56 M tokens and generated 12-15 % of them, so the compile pays back from about 8 M
-# planned tokens (BENCHMARKS.md); below that a job spends it with the GPU idle.
-AUTO_MIN_TOKENS = 8_000_000
-_planned_tokens: int | None = None
 KV_BUCKET = 32  # key positions per captured graph: a step reads < 32 cache rows it cannot see
 SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has stopped
 # prompt tokens (batch x prompt length) up to which the Llama step's prompt pass is replayed as a
@@ -73,66 +34,6 @@ PREFILL_GRAPH_TOKENS = 4096
 # first bucket, the prompt pass and the choice; a later bucket's first real step is its one
 # (StaticDecoder._forward_graph)
 CAPTURE_WARMUPS = 1
-
-
-def _attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, fused_ok=True, **kwargs
-):
-    """One query token attends over the first `attention_mask.shape[-1]` cache rows.
-
-    query [B, H, 1, D]; key/value: the whole static cache [B, H_kv, L, D]; the bool mask
-    [B, 1, 1, S] marks the rows each sequence may see. The prompt pass goes to SDPA. The
-    softmax is compiled where fused_kernels_on() and `fused_ok`."""
-    if query.shape[2] > 1:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    batch, heads, _, dim = query.shape
-    kv_heads, seen = key.shape[1], attention_mask.shape[-1]
-    # [B, H_kv, group, D] x [B, H_kv, D, S]: the query heads sharing a KV head read it together
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    scores = torch.matmul(q, key[:, :, :seen].transpose(-1, -2))
-    compiled = fused_ok and query.is_cuda and fused_kernels_on()
-    softmax = _compiled_softmax() if compiled else masked_softmax
-    probs = softmax(scores, attention_mask.view(batch, 1, 1, seen), scaling)
-    out = torch.matmul(probs, value[:, :, :seen])
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
-
-
-def plan(tokens: int) -> None:
-    """The tokens this process is about to decode (prompts x k x max_new_tokens, at most),
-    which `auto` weighs against the compile."""
-    global _planned_tokens
-    _planned_tokens = tokens
-
-
-def fused_kernels_on() -> bool:
-    """On CUDA, the compiled norm, SwiGLU and masked-softmax kernels: engine fused_decode true or
-    false, or (auto) from AUTO_MIN_TOKENS planned tokens (plan())."""
-    setting = engine.get("fused_decode")
-    if setting != "auto":
-        return bool(setting)
-    return _planned_tokens is None or _planned_tokens >= AUTO_MIN_TOKENS
-
-
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, scaling: float) -> torch.Tensor:
-    return (scores.float() * scaling).masked_fill(~mask, float("-inf")).softmax(-1).to(scores.dtype)
-
-
-@functools.cache
-def _compiled_softmax():
-    # one kernel instead of five (scale, mask, softmax, casts): ~0.7 ms of a 4.5 ms step at
-    # batch 256
-    return torch.compile(masked_softmax, dynamic=True)
-
-
-AttentionInterface.register(ATTENTION, _attention)
-AttentionInterface.register(ATTENTION_UNFUSED, functools.partial(_attention, fused_ok=False))
-
-
-def _cache_keyword(model) -> str:
-    # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns)
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 KEEP_DECODERS = 4  # per model: each holds a KV cache for its batch
@@ -157,106 +58,15 @@ def decoder_for(
     return decoder.use(decoding)
 
 
-@contextlib.contextmanager
-def _decode_attention(model, name: str = ATTENTION):
-    saved = model.config._attn_implementation
-    model.config._attn_implementation = name
-    try:
-        yield
-    finally:
-        model.config._attn_implementation = saved
-
-
-STEPS = ("auto", "llama", "hf")
-RECOMPILE_LIMIT = 64  # graphs of the Llama step per process (see compiled_llama_step)
-
-
-def step_kind(model, step: str | None = None) -> str:
-    """The step a decoder of `model` runs, "llama" or "hf". `step` (else engine decode_step):
-    "auto" takes "llama" where arenaflow.decode.llamastep supports the model, on CPU only for now
-    (CUDA: "hf", see below); "llama" for a model it does not support is an error naming the
-    architecture."""
-    want = step or engine.get("decode_step")
-    if want not in STEPS:
-        raise ValueError(f"decode step {want!r} (engine decode_step): expected one of {STEPS}")
-    why = llamastep.unsupported(model) if want != "hf" else None
-    if want == "llama" and why:
-        raise ValueError(
-            f"the packed Llama decode step cannot decode {why}; set engine decode_step to 'hf' "
-            "(or auto)"
-        )
-    if want == "auto" and not why and model.device.type == "cuda":
-        # On the H200 the compiled step decodes x1.2-1.7 faster, and where its bf16 greedy
-        # output leaves generate()'s it is at a rounding tie (gpu_bench's tie-aware check), but
-        # its first call compiles for 52-86 s cold, 12-13 s warm (BENCHMARKS.md), which a
-        # lineage's short readouts cannot pay back: "auto" keeps "hf" there
-        return "hf"
-    return "hf" if want == "hf" or why else "llama"
-
-
-def choose(logits: torch.Tensor, st: dict, d, pad: int) -> None:
-    """Picks each row's next token from float32 logits [B, V] and records it in the decoder's
-    buffers `st` (token, finished, seen, out, written, stops); `d` is a sampling.Decoding."""
-    penalised = d.repetition_penalty != 1.0  # st["seen"] is then set (StaticDecoder.use)
-    if penalised:  # transformers' RepetitionPenaltyLogitsProcessor
-        p = d.repetition_penalty
-        logits = torch.where(st["seen"], torch.where(logits < 0, logits * p, logits / p), logits)
-    if d.temperature <= 0:
-        nxt = logits.argmax(-1)
-    else:
-        probs = (logits / d.temperature).softmax(-1)
-        if d.top_p < 1.0:  # keep the most likely tokens until their mass reaches top_p
-            top, order = probs.sort(-1, descending=True)
-            top = top.masked_fill(top.cumsum(-1) - top > d.top_p, 0.0)
-            probs = torch.zeros_like(probs).scatter_(-1, order, top)
-        # argmax(p / E), E ~ Exp(1), is a draw from p (the exponential race); unlike
-        # torch.multinomial it never synchronises with the host, so it can be graph-captured
-        nxt = (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-    nxt = torch.where(st["finished"], pad, nxt)
-    st["finished"].bitwise_or_((nxt[:, None] == st["stops"]).any(-1))
-    if penalised:
-        st["seen"].scatter_(1, nxt[:, None], True)
-    st["out"].index_copy_(1, st["written"], nxt[:, None])
-    st["written"].add_(1)
-    st["token"].copy_(nxt[:, None])
-
-
-def llama_step(weights, shape, cache, fwd: dict, seen_rows, tables, logits) -> None:
-    """A decode step's forward as a pure function of tensors (compiled as one graph on CUDA):
-    feeds fwd["token"] at cache row fwd["cursor"], attending over the cache rows `seen_rows`
-    (0..S-1) that are up to the cursor and not left padding (fwd["visible"]), writes the
-    float32 logits into `logits` and advances the position and cursor; `choose` picks the token.
-    S is a tensor's size, not an int, so that one compiled graph serves every bucket."""
-    mask = llamastep.decode_mask(shape, fwd["visible"], fwd["cursor"], seen_rows)
-    rows = fwd["cursor"].view(1)
-    logits.copy_(
-        llamastep.forward(weights, shape, cache, fwd["token"], fwd["position"], rows, mask, tables)
-    )
-    fwd["position"].add_(1)
-    fwd["cursor"].add_(1)
-
-
-@functools.cache
-def compiled_llama_step():
-    # one compiled function for every decoder, so that dynamo's cache serves all of them.
-    # Batch 1 compiles apart; past dynamo's recompile limit (default 8) a fullgraph compile
-    # raises (and the decoder falls back to step "hf"), so the limit is raised
-    cfg = torch._dynamo.config
-    cfg.recompile_limit = max(cfg.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(llama_step, fullgraph=True, options=inductor_options())
-
-
-def inductor_options() -> dict:
-    """fallback_random: the exponential race uses aten's generator, as the eager step does.
-    Inductor's default mode otherwise (mm and bmm through cuBLAS, no autotuning at compile)."""
-    return {"fallback_random": True}
-
-
 class StaticDecoder:
     """Decodes batches of `batch` left-padded prompts of `prompt_len` tokens, `new_tokens` each.
 
     Built once per shape and reused across batches and decodings: on CUDA its forward's graphs
-    are captured on first use, and a small graph of the token choice per decoding. `decoding`
+    are captured on first use, and a small graph of the token choice per decoding, which reads
+    the forward's logits from a fixed buffer; so a readout's served regime does not capture the
+    forward again after its greedy one (at SmolLM2's readout shape on the H200 a first sampled
+    batch cost 0.37-0.54 s over a replayed one through a decoder of its own, 0.01-0.04 s through
+    the greedy one's: benchmarks/decode_prepare_gpu.py). `decoding`
     is an arenaflow.decode.sampling.Decoding (`use` sets another); `stops` the stop token ids; `pad`
     fills positions after a row stopped. `step` "auto" | "llama" | "hf" (step_kind); `graphs`
     False runs steps without CUDA graphs on a GPU too, `compiled` False the Llama step
@@ -315,7 +125,7 @@ class StaticDecoder:
         self.use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.prepared = False  # compiled and captured (_ready)
-        if step_kind(model, step) == "llama":
+        if steps.step_kind(model, step) == "llama":
             self._setup_llama(dev.type == "cuda" if compiled is None else compiled)
         else:
             self._setup_hf(fused)
@@ -345,15 +155,15 @@ class StaticDecoder:
     def _setup_hf(self, fused_ok: bool = True) -> None:
         m = self.model
         self.compiled = False
-        self.attention = ATTENTION if fused_ok else ATTENTION_UNFUSED
-        self.cache_keyword = _cache_keyword(m)
+        self.attention = steps.ATTENTION if fused_ok else steps.ATTENTION_UNFUSED
+        self.cache_keyword = steps.cache_keyword(m)
         self.cache = StaticCache(config=m.config, max_cache_len=self.length)
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
             raise ValueError(
                 f"{type(m).__name__}: the static decode loop supports full attention "
                 "layers only; set `engine: hf` for sliding-window models"
             )
-        if m.device.type == "cuda" and fused_kernels_on() and fused_ok:
+        if m.device.type == "cuda" and steps.fused_kernels_on() and fused_ok:
             fused.install(m)  # a step is ~1,200 small kernels without (BENCHMARKS.md)
         self.path = "hf" + ("+graphs" if self.use_graphs else "")
 
@@ -368,15 +178,15 @@ class StaticDecoder:
         """The step's forward: its logits into self.logits, the position and cursor advanced."""
         if self.path.startswith("llama"):
             seen_rows = self.rows[:seen]
-            fn = llama_step
+            fn = steps.llama_step
             if self.compiled:
-                fn = compiled_llama_step()
+                fn = steps.compiled_llama_step()
                 self._mark_dynamic(seen_rows)
             fn(self.weights, self.shape, self.kv, self.fwd, seen_rows, self.tables, self.logits)
             return
         st = self.st
         mask = self.visible[:, :seen] & (self.rows[:seen] <= st["cursor"])
-        with _decode_attention(self.model, self.attention):
+        with steps.decode_attention(self.model, self.attention):
             logits = self.model(
                 input_ids=st["token"],
                 position_ids=st["position"],
@@ -390,7 +200,7 @@ class StaticDecoder:
         st["cursor"].add_(1)
 
     def _choose(self) -> None:
-        choose(self.logits, self.st, self.decoding, self.pad)
+        steps.choose(self.logits, self.st, self.decoding, self.pad)
 
     def _mark_dynamic(self, seen_rows: torch.Tensor) -> None:
         """Compiles the step for any bucket (rows seen), batch and cache length, so that one
@@ -628,7 +438,7 @@ class StaticDecoder:
         self._set_cache_rows(0)
         wide = torch.zeros(*mask.shape[:2], self.length, dtype=torch.bool, device=mask.device)
         wide[:, :, : self.prompt_len] = mask  # transformers' mask spans the whole static cache
-        with _decode_attention(self.model, self.attention):
+        with steps.decode_attention(self.model, self.attention):
             logits = self.model(
                 input_ids=input_ids,
                 position_ids=positions,

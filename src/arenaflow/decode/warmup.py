@@ -73,6 +73,7 @@ def run(model, dev: torch.device, outcome: dict) -> None:
     `outcome`."""
     from arenaflow.decode import sampling
     from arenaflow.decode import static as decode
+    from arenaflow.decode import steps as decode_steps
     from arenaflow.train.speed import cuda_warmup
 
     if model is None:
@@ -82,8 +83,8 @@ def run(model, dev: torch.device, outcome: dict) -> None:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)  # the current device is per thread
         model = cuda_warmup.filled(model, dev).eval()
-        if decode.step_kind(model) != "hf":
-            raise ValueError(f"decode step {decode.step_kind(model)!r}: only 'hf' is warmed")
+        if decode_steps.step_kind(model) != "hf":
+            raise ValueError(f"decode step {decode_steps.step_kind(model)!r}: only 'hf' is warmed")
         gen = torch.Generator(device=dev).manual_seed(0)
         shape = (outcome["rows"], PROMPT_LEN)
         ids = torch.randint(0, model.config.vocab_size, shape, device=dev, generator=gen)
