@@ -41,7 +41,7 @@ from overflow_check_cpu import smollm2_lora
 
 from arenaflow import models
 from arenaflow.train import model as tmodel
-from arenaflow.train.loop import ensure_dist_env
+from arenaflow.train.dist import ensure_dist_env
 from arenaflow.train.speed import lora_fused
 
 FILES = models.ADAPTER_FILES

@@ -6,7 +6,7 @@ A SmolLM2-135M LoRA step on an H200 is bound by the host's kernel launches (~0.2
 step whatever its tokens; BENCHMARKS.md). Its profile showed DeepSpeed's ZeRO-1/2 overflow check
 (`has_overflow_partitioned_grads_serial`: amax, amin, two isfinite, a logical and, a not and an
 add per gradient tensor) run over all 420 LoRA tensors every step: bf16 needs no loss scaling,
-so `bf16.check_grad_overflow` is off in train/loop.py and `check_finite()` stops a diverged run
+so `bf16.check_grad_overflow` is off in train/dist.py and `check_finite()` stops a diverged run
 instead. This builds SmolLM2-135M's shape (random weights, bf16, LoRA r 64 on all seven
 projections, ZeRO stage 2 on one gloo rank, as `zero_stage: auto` runs it), takes one backward,
 then times `engine.step()` (the optimizer step, where the check runs) with the check on and off,
@@ -26,7 +26,7 @@ import torch
 from gpu_bench import LORA  # sibling scripts
 from zero_stage_cpu import SHAPES
 
-from arenaflow.train.loop import ensure_dist_env
+from arenaflow.train.dist import ensure_dist_env
 
 SMOLLM2 = SHAPES["smollm2"]
 

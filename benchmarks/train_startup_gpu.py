@@ -81,7 +81,7 @@ def main() -> None:
         "train_micro_batch_size_per_gpu": 512,
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": 2},
-        "bf16": {"enabled": True, "check_grad_overflow": False},  # as train/loop.py runs it
+        "bf16": {"enabled": True, "check_grad_overflow": False},  # as train/dist.py sets it
     }
     trainable = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=1e-4, fused=True)

@@ -13,7 +13,7 @@ measures what would: SmolLM2-135M's shape with random weights (zero_stage_cpu.SH
 on all seven projections (gpu_bench.LORA) through arenaflow's fused LoRA function, the same rows
 and AdamW (lr 1e-4, clipping at 1.0) in every set-up:
 - deepspeed: what `python -m arenaflow.train` runs on one rank (ZeRO stage 2, bf16 with fp32
-  master weights, train/loop.deepspeed_config: no contiguous gradient bucket on one rank; norms
+  master weights, train/dist.deepspeed_config: no contiguous gradient bucket on one rank; norms
   through torch.rms_norm, as fused.install_native_norms routes them; the rotary embedding as
   one autograd node, train/rope; the gradient norm of train/grad_norm; one rank's identity
   all-reduce skipped, train/one_rank);
@@ -67,7 +67,7 @@ from zero_stage_cpu import SHAPES
 from arenaflow import fused
 from arenaflow.train import model as tmodel
 from arenaflow.train import objective
-from arenaflow.train.loop import deepspeed_config, ensure_dist_env, expandable_segments
+from arenaflow.train.dist import deepspeed_config, ensure_dist_env, expandable_segments
 from arenaflow.train.speed import grad_norm, lora_fused, lora_grouped, one_rank, rope
 
 LR, CLIP = 1e-4, 1.0
@@ -88,7 +88,7 @@ def build(
         lora_grouped.group(net)
     if native_norms:
         fused.install_native_norms(net)
-    if job_rope:  # as train/loop.setup_engine: the rotary embedding as one autograd node
+    if job_rope:  # as train/setup.setup_engine: the rotary embedding as one autograd node
         rope.install(net)
     else:  # transformers' own, whatever a set-up before this one installed
         modeling_llama.apply_rotary_pos_emb = getattr(

@@ -21,7 +21,7 @@ pytestmark = [
 # a fresh process: torch loaded first, then the loop's setting, then the first allocations
 PROBE = """
 import torch
-from arenaflow.train.loop import expandable_segments
+from arenaflow.train.dist import expandable_segments
 expandable_segments()
 a = torch.empty(2**28, device="cuda")
 b = torch.empty(2**29, device="cuda")

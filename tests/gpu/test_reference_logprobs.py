@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arenaflow import models
-from arenaflow.train import loop
+from arenaflow import models, schema
+from arenaflow.train import setup
 
 pytestmark = [
     pytest.mark.gpu,
@@ -29,15 +29,38 @@ def _pairs(vocab: int, n: int) -> dict:
     return {side: [row(8 + 3 * i) for i in range(n)] for side in ("chosen", "rejected")}
 
 
+class Engine(torch.nn.Module):
+    """What the reference reads of DeepSpeed's engine: the model's forward and its device."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    @property
+    def device(self):
+        return next(self.module.parameters()).device
+
+    def forward(self, **batch):
+        return self.module(**batch)
+
+
+def reference(model, pairs: dict) -> dict:
+    """setup.reference_logprobs of `pairs` on one rank, as a DPO job's set-up computes them."""
+    hyper = {**schema.hyper_defaults(), "seq_len": 64, "micro_batch_size": 4}
+    hyper.update(seed=0, grad_accum=1)
+    run = setup.Run(args=None, hyper=hyper, cuda=False, rank=0, world=1, corpus=pairs)
+    run.engine = Engine(model)
+    return setup.reference_logprobs(run)
+
+
 def test_reference_logprobs_on_cuda_match_cpu():
     base = str(Path(__file__).resolve().parents[2] / "models/tiny-arith")
     pairs = _pairs(models.load_tokenizer(base).vocab_size, 10)
-    hyper = {"seq_len": 64, "micro_batch_size": 4}
     # the same float32 weights on both devices (load_base on CUDA loads bf16: the H200 run of
     # this test compared two different models, 0.2 % apart)
     model = models.load_base(base, torch.device("cpu")).float().eval()
-    on = {"cpu": loop.reference_logprobs(model, pairs, hyper, pad_id=0)}
-    on["cuda"] = loop.reference_logprobs(model.cuda(), pairs, hyper, pad_id=0)
+    on = {"cpu": reference(model, pairs)}
+    on["cuda"] = reference(model.cuda(), pairs)
     for side in ("chosen", "rejected"):
         assert on["cuda"][side].device.type == "cpu"  # the loop moves each micro-batch's share
         torch.testing.assert_close(on["cuda"][side], on["cpu"][side], rtol=2e-3, atol=2e-2)

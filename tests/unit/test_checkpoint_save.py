@@ -13,7 +13,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from arenaflow.train.loop import free_port
+from arenaflow.train.dist import free_port
 
 RANK = textwrap.dedent(
     """

@@ -127,13 +127,13 @@ CODE_DEFAULTS = {
     "lm_head_lr": None,
     "checkpoint_every": 0,
     "zero3_persistence_threshold": 100000,
-    "zero_stage": "auto",  # stage 3 on several ranks, 2 on one (train/loop.py)
+    "zero_stage": "auto",  # stage 3 on several ranks, 2 on one (train/dist.py)
     "length_bucketing": True,
     "zero3_leaf_modules": "auto",
     "fused_lora": True,
     "grouped_lora": False,
     "fused_kernels": "auto",  # compiled when the steps pay it back (arenaflow.fused)
-    "precision": "auto",  # bf16 on GPUs, fp32 on CPU (train/loop.py bf16)
+    "precision": "auto",  # bf16 on GPUs, fp32 on CPU (train/dist.py bf16)
     "nproc": 1,
     "nodes": 1,
     "epochs": 1,

@@ -17,7 +17,7 @@ SCRIPT = r"""
 import copy, json, sys
 import deepspeed, torch
 from arenaflow.train.speed import grad_norm
-from arenaflow.train.loop import deepspeed_config, ensure_dist_env
+from arenaflow.train.dist import deepspeed_config, ensure_dist_env
 
 ensure_dist_env()
 deepspeed.init_distributed(dist_backend="gloo")

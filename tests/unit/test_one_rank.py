@@ -17,7 +17,7 @@ import json, sys
 import deepspeed, torch
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 from arenaflow.train.speed import one_rank
-from arenaflow.train.loop import deepspeed_config, ensure_dist_env
+from arenaflow.train.dist import deepspeed_config, ensure_dist_env
 
 ensure_dist_env()
 deepspeed.init_distributed(dist_backend="gloo")

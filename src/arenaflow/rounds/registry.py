@@ -28,7 +28,7 @@ def register(round_id: str, rnd: dict, now: str | None = None) -> dict:
         "bar": rnd["bar"],
         "bar_resolved": resolved,
         "bar_sha256": bar_sha256(resolved),
-        "round_config": rnd,
+        "round_config": {k: v for k, v in rnd.items() if k != "bar_resolved"},  # as written
         "registered_utc": now or utcnow(),
         "code": manifest.code_version(),
     }

@@ -1,5 +1,5 @@
 """Train one arm: LoRA or full fine-tuning, SFT or preferences (DPO, SimPO), on DeepSpeed ZeRO
-(stage 3 across ranks, 2 on one: loop.zero_stage).
+(stage 3 across ranks, 2 on one: dist.zero_stage).
 
     python -m arenaflow.train --arm B3 --params-json '{...}' --corpus corpora/rft_r3 \\
         --init runs/R2d/final --base-model models/tiny-arith --out runs/B3/final

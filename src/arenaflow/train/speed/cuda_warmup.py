@@ -13,7 +13,7 @@ it did (`refill` reads it once the engine is built).
 On CUDA the step also holds, from its one layer's forward to the end of its backward, what the
 job's other layers will save for their backward (the bytes the one layer saved, times the other
 layers): the caching allocator then holds the job's first-step peak before that step. A training
-grows its cache by expandable segments (train/loop.expandable_segments), each new piece mapped
+grows its cache by expandable segments (train/dist.expandable_segments), each new piece mapped
 from the driver on the host while the GPU waits. DeepSpeed's ZeRO-1/2 optimizer empties the cache
 while it builds (torch.cuda.empty_cache() per parameter group,
 deepspeed/runtime/zero/stage_1_and_2.py), which with expandable segments unmaps every free page,
@@ -167,7 +167,7 @@ def one_layer(
 ):
     """The base's architecture with one layer in `dev`'s dtype, its parameters on the meta device
     (nothing allocated or initialised: no generator is drawn from), its norms through
-    torch.rms_norm as a training too short to compile them has them (train/loop.setup_engine;
+    torch.rms_norm as a training too short to compile them has them (train/setup.setup_engine;
     `native_norms` False keeps the architecture's own, as arenaflow.decode.static's unfused step
     does).
     With `lora`, the job's adapters on it (dropout left out: on CUDA it would draw from the run's

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-1/2 on one rank: its gradient all-reduce is the identity, so it is skipped.
 
-Without a contiguous gradient bucket (train/loop.deepspeed_config: one rank has none), the
+Without a contiguous gradient bucket (train/dist.deepspeed_config: one rank has none), the
 stage-1/2 optimizer of DeepSpeed 0.19 reduces each bucket of gradients through
 buffered_reduce_fallback: it flattens the bucket into a new tensor, divides it by the number of
 ranks, all-reduces it, and copies each gradient back from the result, one copy per tensor (420
