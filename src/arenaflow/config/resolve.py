@@ -1,12 +1,10 @@
-"""Load, validate and resolve arenaflow's config before any job runs.
+"""resolve(): a config validated and every name, default and derived value filled, once.
 
-config.yaml is validated against workflow/schemas/config.schema.yaml, each arms_dir/<arm>.yaml
-against arm.schema.yaml (additionalProperties: false everywhere, IDs that cannot escape a
-path). Then every name is resolved: a corpus's pool and policy, an arm's init and corpus, a
-round's arms, a bundle's arm or round, a judged read's suite, regime and arms. An unknown name
-or a lineage cycle raises ConfigError with the file and key at fault.
-
-    python -m arenaflow.config config/config.yaml   # validate and print the lineage of each arm
+The order matters: paths first, then round templates and nominee references become plain config
+(arenaflow.config.continual), arm overrides, pools' checks, corpora, arms (arenaflow.config.arms),
+suites, rounds (each bar resolved), judged reads, prompt searches, guards, the budget, bundles;
+regimes read out as served last, once the bundles' serving blocks are filled. Every job's
+params and engine settings come out of it whole: a job fills nothing resolution filled.
 """
 
 from __future__ import annotations
