@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from arenaflow import candidates, chat, config, manifest
+from arenaflow import candidates, chat, config, manifest, schema
 from arenaflow.bases import tinymodel
 from arenaflow.corpora import build as corpora
 from arenaflow.decode import sampling
@@ -139,7 +139,7 @@ def test_config_fills_the_marker_and_refuses_a_reference_scaffold(repo_root):
         "system": "draft then FINAL:",
         "marker": "FINAL:",
     }
-    assert '"scaffold"' in config.sampling_params(res["corpora"]["rft_r1"])
+    assert '"scaffold"' in schema.sampling_params(res["corpora"]["rft_r1"])
     cfg = copy.deepcopy(raw)
     cfg["corpora"]["sft_s1"]["scaffold"] = {"system": "x"}
     with pytest.raises(config.ConfigError, match=r"corpora/sft_s1/scaffold'.*reference"):
