@@ -20,7 +20,9 @@ for _suite in CFG["evals"]:
             **GPU_JOB,
         params:
             suite=_suite,
-            plan=lambda wc, output, s=_suite: afdag.readout_plan(CFG, s, output),
+            # of the wildcards alone: Snakemake's params trigger skips a param that reads the
+            # job's input or output, and a regime's decoding must rerun its readouts
+            plan=lambda wc, s=_suite: afdag.readout_plan(CFG, s, wc.rarm),
             adapter=lambda wc, input: afdag.adapter_flag(input.adapter),
             seed=CFG["evals"][_suite]["seed"],
             batch=CFG["evals"][_suite]["batch_size"],

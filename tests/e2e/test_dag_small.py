@@ -171,6 +171,21 @@ def test_resource_and_selection_keys_rerun_no_gpu_job_and_lr_reruns_the_chain(bu
     assert not {r for r, _ in jobs} & {"sample_candidates", "verify_candidates"}
     trained = {wc for r, wc in plan({"train_defaults": {"lr": 5.0e-4}}) if r == "train_arm"}
     assert trained == {"arm=R220", "arm=R2d", "arm=B3"}  # S1 and B3 set their own lr; B3 descends
+    # a regime's decoding, and the serving block a regime reads out as served, rerun the readouts
+    # of every arm the bundle's lineage reads, then what judges and cites them
+    read = {wc for r, wc in plan({}) if r == "readout_math"}
+    assert read == set()
+    for edit in (
+        {"evals": {"math": {"regimes": {"greedy": {"max_new_tokens": 40}}}}},
+        {"bundles": {"B3f": {"serving": {"temperature": 0.5}}}},
+    ):
+        jobs = plan(edit)
+        read = {wc for r, wc in jobs if r == "readout_math"}
+        assert {"rarm=B3", "rarm=R2d", "rarm=dose-a1p5"} <= read, (edit, jobs)
+        assert ("build_bundle", "bundle=B3f") in jobs and not {r for r, _ in jobs} & {
+            "train_arm",
+            "sample_candidates",
+        }
 
 
 def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built, tmp_path):

@@ -61,7 +61,8 @@ def test_merge_and_mixture_flags_keep_the_config_s_order(cfg):
 def test_a_suite_s_readout_plan_holds_each_regime_and_replicate_once(cfg):
     reads = stages.suite_reads(cfg, "math")
     outs = [paths.readout("math", "B3", g, r) for g, r in reads]
-    plan = json.loads(stages.readout_plan(cfg, "math", outs))
+    assert outs == [o.format(rarm="B3") for o in stages.suite_readouts(cfg, "math")]
+    plan = json.loads(stages.readout_plan(cfg, "math", "B3"))
     assert [(p["regime"], p["replicate"], p["out"]) for p in plan] == [
         (g, r, o) for (g, r), o in zip(reads, outs)
     ]

@@ -143,9 +143,9 @@ def regime_decoding(cfg: dict, suite: str, regime: str) -> dict:
     return {k: r[k] for k in schema.DECODING_KEYS if k in r}
 
 
-def readout_plan(cfg: dict, suite: str, outputs: list[str]) -> str:
-    """readout_<suite>'s --plan: each read's decoding and system turn. One job makes them all: a
-    new regime or replicate reruns the arm's readouts."""
+def readout_plan(cfg: dict, suite: str, arm: str) -> str:
+    """readout_<suite>'s --plan for `arm`: each read's decoding, system turn and output. One job
+    makes them all: a new regime or replicate reruns the arm's readouts."""
     return schema.stage_json(
         [
             {
@@ -153,9 +153,9 @@ def readout_plan(cfg: dict, suite: str, outputs: list[str]) -> str:
                 "decoding": regime_decoding(cfg, suite, g),
                 "replicate": r,
                 "system_prompt": schema.system_prompt_of(cfg, suite, g),
-                "out": out,
+                "out": paths.readout(suite, arm, g, r),
             }
-            for (g, r), out in zip(suite_reads(cfg, suite), outputs)
+            for g, r in suite_reads(cfg, suite)
         ]
     )
 
