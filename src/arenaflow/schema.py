@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -47,7 +48,30 @@ def schemas(schema_dir: Path) -> tuple[dict, dict, Registry]:
     return loaded["config.schema.yaml"], loaded["arm.schema.yaml"], registry
 
 
+def non_finite(data, path: tuple = ()) -> tuple | None:
+    """The path of the first NaN or infinite number in `data` (YAML's .nan and .inf are numbers
+    to JSON Schema, and nothing downstream can use them), or None."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return path
+    items = (
+        data.items()
+        if isinstance(data, dict)
+        else enumerate(data)
+        if isinstance(data, list)
+        else ()
+    )
+    for k, v in items:
+        found = non_finite(v, (*path, k))
+        if found is not None:
+            return found
+    return None
+
+
 def validate(data, schema: dict, registry: Registry, where: str) -> None:
+    bad = non_finite(data)
+    if bad is not None:
+        key = "/".join(map(str, bad))
+        raise ConfigError(f"{where}: key '{key}': {dig(data, bad)} is not a finite number")
     validator = jsonschema.Draft202012Validator(schema, registry=registry)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
@@ -55,6 +79,12 @@ def validate(data, schema: dict, registry: Registry, where: str) -> None:
         key = "/".join(str(p) for p in e.absolute_path) or "(top level)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(f"{where}: key '{key}': {e.message}{more}")
+
+
+def dig(data, path: tuple):
+    for k in path:
+        data = data[k]
+    return data
 
 
 def filled(schema: dict, data: dict, defs: dict | None = None) -> dict:

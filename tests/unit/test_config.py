@@ -283,6 +283,24 @@ def test_negative_lr_names_file_and_key(cfg, arms_copy, repo_root):
     assert_names(e.value, path, "hyper/lr")
 
 
+@pytest.mark.parametrize("text", [".nan", ".inf", "-.inf"])
+def test_a_non_finite_number_names_its_file_and_key(cfg, arms_copy, repo_root, text):
+    """YAML's .nan and .inf are numbers to JSON Schema (a NaN lr trained to "diverged", a NaN
+    serving temperature shipped as `NaN`, which is not JSON): refused, in an arm file and in
+    the config, naming the key."""
+    value = yaml.safe_load(text)
+    path = edit_arm(arms_copy, "B2", hyper={"lr": value})
+    assert f"lr: {text}" in path.read_text()  # as a user writes it
+    with pytest.raises(ConfigError, match="is not a finite number") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, path, "hyper/lr")
+    edit_arm(arms_copy, "B2", hyper={"lr": 2.5e-4})
+    cfg["bundles"]["B3f"]["serving"]["temperature"] = value
+    with pytest.raises(ConfigError, match="is not a finite number") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "bundles/B3f/serving/temperature")
+
+
 def test_grouped_lora_without_fused_lora_names_file_and_key(cfg, arms_copy, repo_root):
     path = edit_arm(arms_copy, "B2", hyper={"grouped_lora": True, "fused_lora": False})
     with pytest.raises(ConfigError, match="needs fused_lora") as e:
