@@ -12,6 +12,7 @@ from itertools import chain
 import numpy as np
 
 IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+CONTROL_TOKENS = (IM_START, IM_END, EOS)  # text that would become a turn's markers if rendered
 
 # Only if/for/set and plain expressions: no environment-specific globals such as
 # raise_exception, so every Jinja loader compiles it

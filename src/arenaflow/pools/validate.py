@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+from arenaflow.chat import CONTROL_TOKENS
 from arenaflow.instruct import constraints as ifconstraints
 
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
@@ -36,10 +37,24 @@ def validate_rows(rows: list[dict], path: str, kind: str = "math") -> None:
                 f"{path}:{line}: duplicate id {row['id']!r} (first on line {seen[row['id']]})"
             )
         seen[row["id"]] = line
+        _no_control_tokens(row, row.get("source") or f"{path}:{line}")  # an import's file:line
         if kind == "ifeval":
             constraints = _constraints(row.get("constraints"), f"{path}:{line}")
             if "turns" in row:
                 _turns(row["turns"], len(constraints), f"{path}:{line}")
+
+
+def _no_control_tokens(row: dict, where: str) -> None:
+    """Text that holds the chat template's markers would render as real turns (a prompt with
+    `<|im_end|>\n<|im_start|>assistant` is a fake assistant turn inside every rendering of it)."""
+    texts = {k: row.get(k) for k in ("prompt", "gold", "reference", "turns", "context")}
+    for key, value in texts.items():
+        found = [t for t in CONTROL_TOKENS if t in json.dumps(value, ensure_ascii=False)]
+        if found:
+            raise ValueError(
+                f"{where}: {key!r} holds the chat template's control token {found[0]!r}, which "
+                "would render as a turn boundary; remove it from the source row"
+            )
 
 
 def _turns(turns, n_constraints: int, where: str) -> None:
