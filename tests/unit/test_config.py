@@ -283,6 +283,22 @@ def test_negative_lr_names_file_and_key(cfg, arms_copy, repo_root):
     assert_names(e.value, path, "hyper/lr")
 
 
+def test_an_id_too_long_for_a_path_is_refused_before_any_job(cfg, arms_copy, repo_root):
+    """A 240-character bundle id failed late, on a temporary path; an arm file's name too."""
+    cfg["bundles"]["b" * 240] = cfg["bundles"].pop("B3f")
+    with pytest.raises(ConfigError, match="is too long") as e:
+        resolve(cfg, repo_root)
+    assert_names(e.value, CONFIG_FILE, "bundles")
+    cfg["bundles"]["B3f"] = cfg["bundles"].pop("b" * 240)
+    long_arm = arms_copy / f"{'a' * 101}.yaml"
+    long_arm.write_text((arms_copy / "B2.yaml").read_text())
+    with pytest.raises(ConfigError, match="is too long") as e:
+        resolve(cfg, repo_root)
+    assert f"{long_arm}: file name" in str(e.value)
+    long_arm.rename(arms_copy / f"{'a' * 100}.yaml")  # the longest an id may be
+    assert "a" * 100 in resolve(cfg, repo_root)["arms"]
+
+
 @pytest.mark.parametrize("text", [".nan", ".inf", "-.inf"])
 def test_a_non_finite_number_names_its_file_and_key(cfg, arms_copy, repo_root, text):
     """YAML's .nan and .inf are numbers to JSON Schema (a NaN lr trained to "diverged", a NaN

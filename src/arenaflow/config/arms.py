@@ -41,7 +41,7 @@ def load_arms(arms_dir: Path, arm_schema: dict, registry: Registry) -> tuple[dic
         arm = path.stem
         validate(
             {"id": arm},
-            {"properties": {"id": {"pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$"}}},
+            {"properties": {"id": {"$ref": "arm.schema.yaml#/$defs/id"}}},
             registry,
             f"{path}: file name",
         )
