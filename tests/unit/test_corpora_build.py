@@ -25,7 +25,7 @@ def test_rows_sharing_a_prompt_with_an_eval_item_are_dropped_and_named(tmp_path,
     )
     rec = json.loads((tmp_path / "c/stats.json").read_text())["decontamination"]
     assert rec["dropped"] == 1 and rec["dropped_ids"] == [
-        {"id": rows[3]["id"], "eval_id": "eval-7"}
+        {"id": rows[3]["id"], "eval_id": "eval-7", "rule": "exact"}
     ]
     assert stats["rows"] == 19
     kept = [json.loads(x)["id"] for x in (tmp_path / "c/rows.jsonl").read_text().splitlines()]
