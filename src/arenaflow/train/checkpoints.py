@@ -10,6 +10,19 @@ checkpoint is first converted to DeepSpeed's world-size-free *universal* format
 A checkpoint of another configuration is discarded; one that differs only in its global batch
 because the world size changed is refused, with the numbers, since discarding it would silently
 throw away the run's progress.
+
+Every checkpoint directory carries a sha256 manifest (arenaflow.manifest) recording its tag,
+step, world size, ZeRO stage and the run's identity and fingerprint. Rank 0 writes it once every
+rank has written its shards, and `fingerprint.json`, which names the checkpoint to resume, only
+after it: a checkpoint without its manifest is incomplete, and the run starts over as it does
+when `fingerprint.json` is missing. Before DeepSpeed reads anything (the universal conversion
+included), rank 0 verifies the planned checkpoint and every rank receives the outcome: a file
+that differs from the manifest (a flipped bit, a shard copied from another step), or a manifest
+of another step or run, stops the job with a ManifestError naming the file. The job is refused,
+never restarted from step 0, so the checkpoint is kept for inspection; deleting the checkpoints
+directory starts the run over. A universal conversion carries its own manifest, naming the
+manifest digest of the checkpoint it was converted from: a conversion of other contents is
+redone, one whose files changed is refused like the checkpoint.
 """
 
 from __future__ import annotations
@@ -61,6 +74,7 @@ class Plan:
     universal: bool = False  # it was written at another world size or ZeRO stage
     ranks: int = 1  # the world size and ZeRO stage it was written at
     stage: int = 3
+    digest: str | None = None  # its manifest's digest, verified by plan()
 
 
 def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
@@ -94,8 +108,74 @@ def plan(ckpt_dir: Path, run: dict, world: int, stage: int) -> Plan:
         discard(ckpt_dir)
         return Plan()
     written = meta.get("zero_stage", 3)  # absent: written before zero_stage existed, at 3
+    if not (ckpt_dir / meta["tag"] / manifest.MANIFEST).exists():
+        log.warning(
+            "%s: no %s (killed while saving, or written before checkpoints had manifests); "
+            "starting over",
+            ckpt_dir / meta["tag"],
+            manifest.MANIFEST,
+        )
+        return Plan()
+    digest = on_rank0(lambda: check(ckpt_dir, meta, run), world)
     universal = meta["world_size"] != world or written != stage
-    return Plan(meta["tag"], universal, meta["world_size"], written)
+    return Plan(meta["tag"], universal, meta["world_size"], written, digest)
+
+
+def record(tag: str, step: int, run: dict, world: int, stage: int) -> dict:
+    """What a checkpoint's manifest says it is, beside its files."""
+    return {
+        "tag": tag,
+        "step": step,
+        "fingerprint": fingerprint(run),
+        "world_size": world,
+        "zero_stage": stage,
+    }
+
+
+def refused(where: Path, ckpt_dir: Path, e: manifest.ManifestError) -> manifest.ManifestError:
+    return manifest.ManifestError(
+        f"resume refused {where}: {e}; the job stops rather than load it or start over: "
+        f"delete {ckpt_dir} to train from step 0"
+    )
+
+
+def check(ckpt_dir: Path, meta: dict, run: dict) -> str:
+    """The digest of checkpoint meta["tag"]'s manifest, once its files match it and it records
+    the checkpoint that `fingerprint.json` (meta) names, of this run; else a ManifestError
+    naming the file."""
+    where = ckpt_dir / meta["tag"]
+    try:
+        rec = manifest.verify(where)
+        step = meta["tag"].removeprefix("step_")  # the tag save() gave it; anything else: None
+        step = int(step) if step.isdigit() else None
+        want = record(meta["tag"], step, run, meta["world_size"], meta.get("zero_stage", 3))
+        got = {k: rec.get("checkpoint", {}).get(k) for k in want}
+        if got != want:
+            odd = ", ".join(f"{k} {got[k]} (expected {want[k]})" for k in want if got[k] != want[k])
+            raise manifest.ManifestError(
+                f"{where / manifest.MANIFEST}: records {odd}, against {ckpt_dir / META} and this "
+                "run (a checkpoint copied from another step or run)"
+            )
+    except manifest.ManifestError as e:
+        raise refused(where, ckpt_dir, e) from None
+    return rec["digest"]
+
+
+def on_rank0(fn, world: int):
+    """fn() computed by rank 0 alone, returned on every rank; its ManifestError or SystemExit is
+    raised on every rank, so no rank waits at a collective for one that stopped, and every
+    rank's log names the file."""
+    box = [None, None]
+    if int(os.environ["RANK"]) == 0:
+        try:
+            box[0] = fn()
+        except (manifest.ManifestError, SystemExit) as e:
+            box[1] = e
+    if world > 1:  # also the other ranks' wait for rank 0
+        torch.distributed.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        raise box[1]
+    return box[0]
 
 
 def discard(ckpt_dir: Path) -> None:
@@ -108,52 +188,75 @@ def discard(ckpt_dir: Path) -> None:
 def to_universal(ckpt_dir: Path, p: Plan, world: int, stage: int) -> None:
     """Rank 0 converts checkpoint p.tag to the universal format once (kept if already done), to
     resume it on `world` ranks at ZeRO `stage`; all ranks wait."""
-    tag = p.tag
-    done = ckpt_dir / f"{tag}_universal"
-    if int(os.environ["RANK"]) == 0 and not done.is_dir():
-        tmp = ckpt_dir / f".{tag}_universal.partial"
-        shutil.rmtree(tmp, ignore_errors=True)
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "deepspeed.checkpoint.ds_to_universal",
-                "--input_folder",
-                str(ckpt_dir / tag),
-                "--output_folder",
-                str(tmp),
-                "--num_extract_workers",
-                "2",
-                "--num_merge_workers",
-                "1",
-                # A ZeRO-1/2 checkpoint (a one-rank job's, zero_stage: auto) lacks the
-                # version record Megatron-DeepSpeed adds; ZeRO-3's conversion ignores it.
-                "--inject_missing_state",
-            ],
-            capture_output=True,
-            text=True,
-        )
+    on_rank0(lambda: universal_of(ckpt_dir, p, world, stage), world)
+
+
+def universal_of(ckpt_dir: Path, p: Plan, world: int, stage: int) -> None:
+    done = ckpt_dir / f"{p.tag}_universal"
+    if done.is_dir() and converted_from(done) == p.digest:
         try:
-            if proc.returncode:
-                raise RuntimeError(proc.stderr[-3000:])
-            name_both_stages(tmp)
-        except (RuntimeError, KeyError, OSError, StopIteration) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise SystemExit(
-                f"{ckpt_dir / tag}: could not convert this checkpoint, written by {p.ranks} ranks "
-                f"at ZeRO stage {p.stage}, to DeepSpeed's universal format to resume it on "
-                f"{world} ranks at stage {stage} (zero_stage resolves to 2 on one rank, 3 on "
-                f"several); set zero_stage: {p.stage} to keep its stage, or delete {ckpt_dir} to "
-                f"start over:\n{e!r}"
-            ) from None
-        tmp.rename(done)
-        log.info(
-            "converted %s to the universal format for %d ranks at ZeRO stage %d",
-            ckpt_dir / tag,
-            world,
-            stage,
-        )
-    torch.distributed.barrier()
+            manifest.verify(done)
+        except manifest.ManifestError as e:
+            raise refused(done, ckpt_dir, e) from None
+        return
+    # absent, or converted from other contents of the tag (a run that started over): redone
+    # from the checkpoint just verified
+    shutil.rmtree(done, ignore_errors=True)
+    tmp = ckpt_dir / f".{p.tag}_universal.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        convert(ckpt_dir / p.tag, tmp)
+    except (RuntimeError, KeyError, OSError, StopIteration) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise SystemExit(
+            f"{ckpt_dir / p.tag}: could not convert this checkpoint, written by {p.ranks} ranks "
+            f"at ZeRO stage {p.stage}, to DeepSpeed's universal format to resume it on "
+            f"{world} ranks at stage {stage} (zero_stage resolves to 2 on one rank, 3 on "
+            f"several); set zero_stage: {p.stage} to keep its stage, or delete {ckpt_dir} to "
+            f"start over:\n{e!r}"
+        ) from None
+    manifest.write(tmp, extra={"checkpoint": {"tag": p.tag, "converted_from": p.digest}})
+    tmp.rename(done)
+    log.info(
+        "converted %s to the universal format for %d ranks at ZeRO stage %d",
+        ckpt_dir / p.tag,
+        world,
+        stage,
+    )
+
+
+def converted_from(universal: Path) -> str | None:
+    """The manifest digest of the checkpoint `universal` was converted from (None: unknown)."""
+    try:  # an unreadable manifest: unknown too, and the conversion is redone
+        return io.read_json(universal / manifest.MANIFEST)["checkpoint"]["converted_from"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def convert(source: Path, out: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(source),
+            "--output_folder",
+            str(out),
+            "--num_extract_workers",
+            "2",
+            "--num_merge_workers",
+            "1",
+            # A ZeRO-1/2 checkpoint (a one-rank job's, zero_stage: auto) lacks the
+            # version record Megatron-DeepSpeed adds; ZeRO-3's conversion ignores it.
+            "--inject_missing_state",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    name_both_stages(out)
 
 
 def name_both_stages(universal: Path) -> None:
@@ -205,7 +308,8 @@ def zero3_to_zero12(zero: Path, shapes: dict, step) -> None:
 
 
 def resume(engine, ckpt_dir: Path, p: Plan) -> tuple[int, list]:
-    """(step, metrics so far) from the planned checkpoint, or (0, [])."""
+    """(step, metrics so far) from the planned checkpoint, or (0, []). plan() verified the
+    checkpoint and to_universal() its conversion: nothing is loaded unverified."""
     if p.tag is None:
         return 0, []
     groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
@@ -243,11 +347,24 @@ def save(
     engine, ckpt_dir: Path, step: int, metrics: list, run: dict, world: int, stage: int
 ) -> None:
     tag = f"step_{step:06d}"
+    rank0 = int(os.environ["RANK"]) == 0
+    if rank0:  # a tag saved again (a run that started over) holds this save's files alone
+        for old in (ckpt_dir / tag, ckpt_dir / f"{tag}_universal"):
+            shutil.rmtree(old, ignore_errors=True)
+    if world > 1:
+        torch.distributed.barrier()
     engine.save_checkpoint(
         str(ckpt_dir), tag=tag, client_state={"step": step, "metrics": metrics, "tag": tag}
     )
-    if int(os.environ["RANK"]) == 0:
-        io.write_json(
+    # The manifest lists the files on disk, so every rank's shards come first: ours, not a
+    # detail of the DeepSpeed version's save (0.19's happens to end in a barrier)
+    if world > 1:
+        torch.distributed.barrier()
+    if rank0:
+        manifest.write(
+            ckpt_dir / tag, params=run, extra={"checkpoint": record(tag, step, run, world, stage)}
+        )
+        io.write_json(  # after the manifest: it names a checkpoint only once that is complete
             ckpt_dir / META,
             {
                 "fingerprint": fingerprint(run),
