@@ -1,11 +1,13 @@
-# A round's registered bar never changes (arenaflow.rounds.nominate). Checked here, while the DAG is
-# built, so an edited bar stops even `snakemake -n` before any job starts: Snakemake records the
-# params a job ran with even when it fails, so a refused job would leave the edit looking current.
+# A round's registered bar never changes (arenaflow.rounds.nominate), and a deleted registry does
+# not make the round new (arenaflow.rounds.registry). Checked here, while the DAG is built, so an
+# edited bar or a lost registration stops even `snakemake -n` before any job starts: Snakemake
+# records the params a job ran with even when it fails, so a refused job would leave the edit
+# looking current.
 for _rid, _rnd in CFG["rounds"].items():
+    _noms = REPO / CFG["results_dir"] / "nominations"
     try:
-        afnominate.check_bar(
-            _rid, _rnd, *afnominate.registered(REPO / CFG["results_dir"] / "nominations", _rid)
-        )
+        afnominate.check_lost(_noms, _rid, _rnd)
+        afnominate.check_bar(_rid, _rnd, *afnominate.registered(_noms, _rid))
     except afnominate.RegistrationError as e:
         raise WorkflowError(f"arenaflow: {e}") from None
 
@@ -13,7 +15,8 @@ for _rid, _rnd in CFG["rounds"].items():
 # The bar, its sha256 and a UTC time, from the round's config alone (no inputs), so it is
 # written before the readouts it judges: priority puts it first among the jobs ready at start.
 # The registry (not an output: Snakemake never deletes it) keeps the first registration of each
-# round; a rerun copies it out again, with its original time. update(): a refused job leaves
+# round; a rerun copies it out again, with its original time. Only
+# `python -m arenaflow.rounds.reregister` changes it. update(): a refused job leaves
 # the previous file in place instead of deleting it.
 rule register_bar:
     output:

@@ -10,7 +10,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 # Entry points that read config files named on their command line, as Snakemake does.
-CONFIG_READERS = {"arenaflow.budget.plan"}
+CONFIG_READERS = {"arenaflow.budget.plan", "arenaflow.rounds.reregister"}
 
 
 def module_name(path: Path) -> str:

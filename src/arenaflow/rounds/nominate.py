@@ -14,11 +14,13 @@ The record is an append-only registry, nominations/registry/{round}.jsonl (`--re
 no rule declares as an output, so Snakemake never deletes it: `register` appends the round's
 bar (defaults resolved, arenaflow.rounds.bar), its sha256 and a UTC time the first time it sees the
 round, and from then on copies that entry to `--out`. A different bar for a registered round is
-refused, whatever the readouts' times; a new round id is the way to change a bar, or an explicit
-retirement in the round's config (`retire: [{bar_sha256, reason}]`), which the registry records
-before the new bar is registered (readouts must then be made after the new registration).
-Restoring the registered bar makes the round work again. rules/nominate.smk applies the same
-check while the DAG is built, so a changed bar stops even `snakemake -n`.
+refused, whatever the readouts' times; a new round id is the way to change a bar, or the explicit,
+logged `python -m arenaflow.rounds.reregister --round r3 --reason ...`, which retires the
+registration in force and registers the config's bar (readouts must then be made after it).
+Restoring the registered bar makes the round work again. A deleted or replaced registry does not
+start the round afresh: `register` and `judge` refuse while the journal or the round's
+nomination records a registration the registry lost (arenaflow.rounds.registry's check_traces).
+rules/nominate.smk applies both checks while the DAG is built, so they stop even `snakemake -n`.
 
 `judge` refuses (exit 1) when `--registration` is not the registry's entry, when the config's
 bar is not the registered bar, or when any candidate readout it judges was created before the
@@ -36,9 +38,10 @@ sealed: `inputs` holds the sha256 of the registration and of every comparison, n
 readout judged, and `digest` the sha256 of the record itself (canonical JSON, without `digest`).
 A bundle is built only from a nomination whose seal and inputs verify (load_sealed).
 
-This module holds the command line, the checks that refuse a changed bar and the seal (rules/*.smk
-call check_bar, registered and load_sealed while the DAG is built); the verdicts and the promotion
-are arenaflow.rounds.verdicts', the registration record and the registry's reading
+This module holds the command line, the checks that refuse a changed bar and the seal
+(rules/*.smk call check_bar, registered, check_lost and load_sealed while the DAG is built); the
+verdicts and the promotion are arenaflow.rounds.verdicts', the registration record, the
+registry's and the journal's reading and writing, the traces check and the re-registration
 arenaflow.rounds.registry's.
 """
 
@@ -54,18 +57,27 @@ from pathlib import Path
 from arenaflow import io, manifest
 from arenaflow.rounds import bar
 from arenaflow.rounds.bar import bar_sha256
-from arenaflow.rounds.registry import active, read_registry, register, registry_path, utcnow
+from arenaflow.rounds.registry import (
+    RegistrationError,
+    active,
+    backfill_journal,
+    check_traces,
+    read_registry,
+    recorded,
+    register,
+    registry_path,
+    reregister_hint,
+)
+from arenaflow.rounds.registry import record as record_event
 from arenaflow.rounds.verdicts import nominate, promote
 
-HONEST = (
-    "A round's registered bar cannot change: a new round id is the honest way to change a "
-    "bar (registered before the readouts it judges), or retire this registration explicitly "
-    "under the round in the config: retire: [{bar_sha256: <registered sha256>, reason: <why>}]."
-)
 
-
-class RegistrationError(RuntimeError):
-    pass
+def honest(round_id: str) -> str:
+    return (
+        "A round's registered bar cannot change: a new round id is the honest way to change a "
+        "bar (registered before the readouts it judges), or re-register this round explicitly: "
+        + reregister_hint(round_id)
+    )
 
 
 class SealError(ValueError):
@@ -75,73 +87,58 @@ class SealError(ValueError):
 # --- the registry (arenaflow.rounds.registry): appending, and the checks against it ---------
 
 
-def _append(path: Path, event: dict) -> dict:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(event, sort_keys=True, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    return event
-
-
-def _retirement(rnd: dict, sha: str) -> dict | None:
-    return next((r for r in rnd.get("retire", []) if sha.startswith(r["bar_sha256"])), None)
-
-
 def check_bar(round_id: str, rnd: dict, registered: dict | None, where: str) -> None:
-    """Raise RegistrationError when the config's bar is not the registered bar, unless the
-    config retires that registration."""
+    """Raise RegistrationError when the config's bar is not the registered bar."""
     if registered is None:
         return
     sha, reg_sha = bar_sha256(bar.clauses(rnd)), registered["bar_sha256"]
-    if sha != reg_sha and not _retirement(rnd, reg_sha):
+    if sha != reg_sha:
         raise RegistrationError(
             f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) "
             f"is not the bar registered for {round_id} at {registered['registered_utc']} "
             f"(sha256 {reg_sha}, {where}): "
-            "the bar was edited after registration. " + HONEST
+            "the bar was edited after registration. " + honest(round_id)
         )
 
 
 def registered(nominations_dir: str | os.PathLike, round_id: str) -> tuple[dict | None, str]:
     """(the round's registration in force, where it was read). Results from before the registry
     have only nominations/{round}.bar.json, which counts as the registration."""
-    path = registry_path(nominations_dir, round_id)
-    events = read_registry(path)
-    legacy = Path(nominations_dir) / f"{round_id}.bar.json"
-    if not events and legacy.exists():
-        return io.read_json(legacy), str(legacy)
-    return active(events), str(path)
+    events, where = recorded(nominations_dir, round_id)
+    return active(events), str(where)
+
+
+def check_lost(nominations_dir: str | os.PathLike, round_id: str, rnd: dict) -> None:
+    """The DAG's check that no registration of the round was deleted (registry.check_traces)."""
+    events, where = recorded(nominations_dir, round_id)
+    check_traces(nominations_dir, round_id, bar_sha256(bar.clauses(rnd)), events, where)
 
 
 def record_registration(
-    registry: Path, round_id: str, rnd: dict, legacy: dict | None = None, now: str | None = None
+    nominations_dir: str | os.PathLike,
+    registry: Path,
+    round_id: str,
+    rnd: dict,
+    legacy: dict | None = None,
+    now: str | None = None,
 ) -> dict:
     """Register the round's bar unless the registry already holds it; return the entry in force.
     `legacy`: a registration written before the registry existed, adopted with its own time."""
-    events = read_registry(registry)
-    if not events and legacy and legacy.get("round") == round_id:
+    events, rec = read_registry(registry), register(round_id, rnd, now)
+    backfill_journal(nominations_dir, round_id, events)
+    adopt = bool(not events and legacy and legacy.get("round") == round_id)
+    # before adopting: a .bar.json written over a deleted registry must not become the record
+    held = events or ([legacy] if adopt else [])
+    check_traces(nominations_dir, round_id, rec["bar_sha256"], held, registry)
+    if adopt:
         kept = {k: v for k, v in legacy.items() if k not in ("registry", "retired")}
-        events = [
-            _append(registry, {**kept, "event": "registered", "adopted": "from the .bar.json"})
-        ]
-    current, rec = active(events), register(round_id, rnd, now)
+        adopted = {**kept, "event": "registered", "adopted": "from the .bar.json"}
+        events = [record_event(nominations_dir, registry, adopted)]
+    current = active(events)
     if current and current["bar_sha256"] != rec["bar_sha256"]:
-        check_bar(round_id, rnd, current, str(registry))  # refused unless the config retires it
-        _append(
-            registry,
-            {
-                "event": "retired",
-                "round": round_id,
-                "bar_sha256": current["bar_sha256"],
-                "registered_utc": current["registered_utc"],
-                "retired_utc": now or utcnow(),
-                "reason": _retirement(rnd, current["bar_sha256"])["reason"],
-            },
-        )
-        current = None
+        check_bar(round_id, rnd, current, str(registry))
     if current is None:
-        current = _append(registry, {"event": "registered", **rec})
+        current = record_event(nominations_dir, registry, {"event": "registered", **rec})
     retired = [e for e in read_registry(registry) if e["event"] == "retired"]
     return {**current, "registry": str(registry), "retired": retired}
 
@@ -169,7 +166,7 @@ def check_registration(
         raise RegistrationError(
             f"round {round_id}: refused. The bar in the config (sha256 {sha[:16]}...) "
             f"is not the bar registered at {reg_at} (sha256 {reg_sha[:16]}...): "
-            "the bar was edited after registration. " + HONEST
+            "the bar was edited after registration. " + honest(round_id)
         )
     late = [
         (p, t, how) for p, (t, how) in sorted(readout_times.items()) if _time(t) < _time(reg_at)
@@ -278,7 +275,7 @@ def _register_cmd(args, rnd: dict) -> None:
     registry = Path(args.registry or registry_path(out.parent, args.round))
     # Snakemake keeps the output in place (update()): a .bar.json from before the registry
     legacy = io.read_json(out) if out.exists() else None
-    rec = record_registration(registry, args.round, rnd, legacy)
+    rec = record_registration(out.parent, registry, args.round, rnd, legacy)
     io.write_json(out, rec)
     print(
         f"round {args.round}: bar sha256 {rec['bar_sha256']} "
@@ -302,6 +299,9 @@ def _read_judged(args, rnd: dict) -> tuple[dict, dict]:
 def _judge_cmd(args, rnd: dict) -> None:
     registry = Path(args.registry or registry_path(Path(args.registration).parent, args.round))
     registration = io.read_json(args.registration)
+    events = read_registry(registry)
+    sha = bar_sha256(bar.clauses(rnd))
+    check_traces(Path(args.registration).parent, args.round, sha, events, registry)
     current = check_against_registry(registration, registry)
     check_registration(args.round, rnd, current, {p: readout_time(p) for p in args.readouts})
     from arenaflow.evals import (
