@@ -67,16 +67,18 @@ def non_finite(data, path: tuple = ()) -> tuple | None:
     return None
 
 
-def validate(data, schema: dict, registry: Registry, where: str) -> None:
+def validate(data, schema: dict, registry: Registry, where: str, at: tuple = ()) -> None:
+    """Raise ConfigError naming `where` and the key of the first error; `at`: the keys of `data`
+    inside the file (a part of it validated on its own)."""
     bad = non_finite(data)
     if bad is not None:
-        key = "/".join(map(str, bad))
+        key = "/".join(map(str, (*at, *bad)))
         raise ConfigError(f"{where}: key '{key}': {dig(data, bad)} is not a finite number")
     validator = jsonschema.Draft202012Validator(schema, registry=registry)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
-        key = "/".join(str(p) for p in e.absolute_path) or "(top level)"
+        key = "/".join(str(p) for p in (*at, *e.absolute_path)) or "(top level)"
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise ConfigError(f"{where}: key '{key}': {e.message}{more}")
 

@@ -120,7 +120,7 @@ def test_real_keys_appear_with_the_schemas_defaults():
         assert cell_value(row(text, path)[2]) == default, path
     # no default: the cell is empty, or says the key is required
     lr = row(text, "train_defaults.lr")
-    assert lr[1:3] == ["number > 0", ""] and lr[3] == "peak learning rate"
+    assert lr[1:3] == ["number in (0, 1]", ""] and lr[3] == "peak learning rate"
     assert row(text, "base.path")[2] == "required"
     assert row(text, "evals.<suite>.regimes.<regime>.temperature")[1] == "number >= 0"
     assert row(text, "rounds.<round>.bar[].metric")[1].startswith("one of `delta`, `p_value`")

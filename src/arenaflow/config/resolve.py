@@ -83,6 +83,7 @@ def resolve(
     raw, files = load_arms(arms_dir, arm_schema, registry)
     if not raw:
         raise ConfigError(f"arms_dir {arms_dir}: no <arm>.yaml files")
+    _check_template_corpus(cfg, registry, config_file)
     continual.expand(
         cfg,
         raw,
@@ -111,6 +112,16 @@ def resolve(
                 _as_served(regime, cfg, f"{config_file}: key 'evals/{sid}/regimes/{rid}/as_served'")
     cfg["arms"] = arms
     return cfg
+
+
+def _check_template_corpus(cfg: dict, registry, config_file: str) -> None:
+    """A round template's corpus keys hold what a corpus's may: the schema leaves them open,
+    since the template sets their pool and policy, so they are checked here as a corpus's."""
+    t = cfg.get("continual")
+    if t:
+        corpus = {**t["corpus"], "pool": "template", "policy": BASE}
+        ref = {"$ref": "config.schema.yaml#/properties/corpora/additionalProperties"}
+        validate(corpus, ref, registry, config_file, at=("continual", "corpus"))
 
 
 def _resolve_corpora(cfg: dict, schema: dict, raw: dict, arms_dir: Path, config_file: str) -> None:

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from arenaflow import paths, schema
+from arenaflow.pools import validate as afvalidate
 from arenaflow.schema import BASE
 
 
@@ -35,6 +36,12 @@ def pool_file(cfg: dict, repo: Path, pool: str) -> list[str]:
     """An imported pool's source file, so editing it rebuilds the pool."""
     f = cfg["pools"][pool].get("file")
     return [] if f is None else [in_repo(repo, f)]
+
+
+def refuse_empty_pools(cfg: dict, results: Path) -> None:
+    """Refuse a built pool under `results` that holds no row, naming it, while the DAG is built:
+    as an input it would rebuild every corpus and arm after it before a readout failed on it."""
+    afvalidate.refuse_empty(Path(results) / paths.pool(p) for p in cfg["pools"])
 
 
 def pool_excludes(cfg: dict, pool: str) -> list[str]:

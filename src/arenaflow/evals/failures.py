@@ -42,6 +42,7 @@ from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.evals import stats
 from arenaflow.instruct import check as ifcheck
+from arenaflow.pools.validate import read_pool
 
 # Families whose failure is a count off by some amount: (the reason's count pattern)
 _HAVE = re.compile(r"^\w+: (?:.* appears )?(\d+) ")
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="failures/{suite}/{regime}/{arm}__{ref}.json")
     ap.add_argument("--tsv", action="store_true", help="also print the table as TSV")
     args = ap.parse_args(argv)
-    pool = io.read_jsonl(args.pool)
+    pool = read_pool(args.pool)
     cand = evals.load(args.cand)
     ref = evals.load(args.ref) if args.ref else None
     record = table(pool, cand, ref, args.out)

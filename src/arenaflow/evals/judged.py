@@ -39,6 +39,7 @@ from arenaflow import io, manifest
 from arenaflow.evals import compare as comparisons
 from arenaflow.evals import readout as evals
 from arenaflow.evals import stats
+from arenaflow.pools.validate import read_pool
 
 USABLE = "answer_usable"  # the readout's column a read is stratified on (evals.structure)
 TRUE, FALSE = {"1", "true", "yes", "y"}, {"0", "false", "no", "n"}
@@ -248,7 +249,7 @@ def _pack_cmd(args) -> None:
         )
     try:
         pairs, key = pack(
-            io.read_jsonl(args.pool),
+            read_pool(args.pool),
             evals.load([args.a]),  # checksums verified; an older readout's battery recomputed
             evals.load([args.b]),
             args.n,
