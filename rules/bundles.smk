@@ -4,7 +4,7 @@ rule build_bundle:
         base=BASE_FILES,
         template=lambda wc: afdag.template_file(CFG, REPO, wc.bundle),  # editing the served template rebuilds the bundle
     output:
-        directory(afpaths.BUNDLE),
+        update(directory(afpaths.BUNDLE)),
     log:
         "logs/bundles/{bundle}.log",
     conda:

@@ -4,7 +4,8 @@ rule sample_candidates:
         policy=lambda wc: afdag.run_dirs(CFG["corpora"][wc.corpus]["policy"]),
         base=BASE_FILES,
     output:
-        afpaths.SAMPLES,
+        rows=update(afpaths.SAMPLES),
+        manifest=update(afpaths.SAMPLES_MANIFEST),
     log:
         "logs/candidates/{corpus}.sample.log",
     conda:
@@ -19,7 +20,7 @@ rule sample_candidates:
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
         "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
-        "--out {output} > {log} 2>&1"
+        "--out {output.rows} > {log} 2>&1"
 
 
 rule verify_candidates:
@@ -27,7 +28,8 @@ rule verify_candidates:
         pool=lambda wc: afdag.corpus_pool(CFG, wc.corpus),
         samples=afpaths.SAMPLES,
     output:
-        afpaths.VERDICTS,
+        rows=update(afpaths.VERDICTS),
+        manifest=update(afpaths.VERDICTS_MANIFEST),
     log:
         "logs/candidates/{corpus}.verify.log",
     conda:
@@ -36,4 +38,4 @@ rule verify_candidates:
         marker=lambda wc: afdag.scaffold_marker(CFG, wc.corpus),
     shell:
         "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
-        "--marker={params.marker:q} --out {output} > {log} 2>&1"
+        "--marker={params.marker:q} --out {output.rows} > {log} 2>&1"

@@ -3,6 +3,12 @@
 # input and param functions are one-line wirings of arenaflow.dag (what each job reads and is
 # passed, computed from the resolved config); what needs Snakemake itself (checkpoints, the
 # main process's admission, the report) stays here.
+#
+# Every data output is flagged update(): Snakemake then keeps a job's previous output (a copy
+# under .snakemake/) instead of deleting it before the job, and restores it if the job fails,
+# so a failed rerun (a full disk, a refused input, a crash) never loses the good output it would
+# have replaced. The writers replace an output atomically (arenaflow.io), so finding the old one
+# in place at the start changes nothing else.
 import os
 from pathlib import Path
 
@@ -30,6 +36,11 @@ try:
     )
 except afconfig.ConfigError as e:
     raise WorkflowError(f"arenaflow config error: {e}") from None
+# A built pool with no rows passes for up to date: refused here, not by a readout at the end.
+try:
+    afdag.refuse_empty_pools(CFG, REPO / CFG["results_dir"])
+except ValueError as e:
+    raise WorkflowError(f"arenaflow: {e}") from None
 # as resolved, before admission drops refused candidates (the budget table's job reads it)
 CFG_JSON = afschema.stage_json(CFG)
 # With config `fork_server`, every rule's command runs through the fork server's client

@@ -7,7 +7,7 @@ rule nominee_run:
         nomination=lambda wc: afpaths.nomination(arm(wc)["round"]),
         runs=lambda wc: [afpaths.run(a) for a in arm(wc)["parents"]],
     output:
-        directory(afpaths.RUN),
+        update(directory(afpaths.RUN)),
     log:
         "logs/nominees/{arm}.log",
     wildcard_constraints:

@@ -6,9 +6,9 @@ rule build_corpus:
         base=BASE_FILES,
     output:
         # sft.npz or pairs.npz (format: pairs) is listed in the manifest
-        rows=afpaths.CORPUS_ROWS,
-        stats=afpaths.CORPUS_STATS,
-        manifest=afpaths.CORPUS_MANIFEST,
+        rows=update(afpaths.CORPUS_ROWS),
+        stats=update(afpaths.CORPUS_STATS),
+        manifest=update(afpaths.CORPUS_MANIFEST),
     log:
         "logs/corpora/{corpus}.log",
     conda:

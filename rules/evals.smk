@@ -11,7 +11,7 @@ for _suite in CFG["evals"]:
             adapter=lambda wc: afdag.run_dirs(wc.rarm),
             base=BASE_FILES,
         output:
-            afdag.suite_readouts(CFG, _suite),
+            [update(p) for p in afdag.suite_readouts(CFG, _suite)],
         log:
             f"logs/readouts/{_suite}/{{rarm}}.log",
         conda:
@@ -43,7 +43,7 @@ rule readout_search:
         adapter=lambda wc: afdag.run_dirs(wc.rarm),
         base=BASE_FILES,
     output:
-        afpaths.READOUT,
+        update(afpaths.READOUT),
     log:
         "logs/readouts/{suite}/{rarm}/{regime}.r{rep}.log",
     wildcard_constraints:
@@ -74,7 +74,7 @@ rule compare:
         cand=lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
         ref=lambda wc: readouts(wc.suite, wc.ref, wc.regime),
     output:
-        afpaths.COMPARE,
+        update(afpaths.COMPARE),
     log:
         "logs/compare/{suite}/{regime}/{rarm}__{ref}.log",
     conda:
@@ -89,7 +89,7 @@ rule noise:
     input:
         lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
     output:
-        afpaths.NOISE,
+        update(afpaths.NOISE),
     log:
         "logs/noise/{suite}/{regime}/{rarm}.log",
     conda:
@@ -107,7 +107,7 @@ rule failure_table:
         cand=lambda wc: readouts(wc.suite, wc.rarm, wc.regime),
         ref=lambda wc: readouts(wc.suite, wc.ref, wc.regime),
     output:
-        afpaths.FAILURES,
+        update(afpaths.FAILURES),
     log:
         "logs/failures/{suite}/{regime}/{rarm}__{ref}.log",
     conda:
@@ -124,7 +124,7 @@ rule mc_guard:
         adapter=lambda wc: afdag.run_dirs(wc.rarm),
         base=BASE_FILES,
     output:
-        afpaths.GUARD,
+        update(afpaths.GUARD),
     log:
         "logs/guards/{guard}/{rarm}.log",
     conda:
@@ -144,7 +144,7 @@ rule prompt_search:
     input:
         unpack(lambda wc: afdag.search_readouts(CFG, wc.search)),
     output:
-        afpaths.PROMPT_SEARCH,
+        update(afpaths.PROMPT_SEARCH),
     log:
         "logs/prompt_search/{search}.log",
     conda:

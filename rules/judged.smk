@@ -8,8 +8,8 @@ rule judged_pack:
         a=lambda wc: afdag.judged_readout(CFG, wc.read, "a"),
         b=lambda wc: afdag.judged_readout(CFG, wc.read, "b"),
     output:
-        pairs=afpaths.JUDGED_PAIRS,
-        key=afpaths.JUDGED_KEY,
+        pairs=update(afpaths.JUDGED_PAIRS),
+        key=update(afpaths.JUDGED_KEY),
     log:
         "logs/judged/{read}.pack.log",
     localrule: True
@@ -30,7 +30,7 @@ rule judged_score:
         key=afpaths.JUDGED_KEY,
         scores=lambda wc: afdag.judged_scores(CFG, wc.read),
     output:
-        afpaths.JUDGED,
+        update(afpaths.JUDGED),
     log:
         "logs/judged/{read}.score.log",
     localrule: True

@@ -8,7 +8,7 @@ rule merge_arm:
         arm_file=lambda wc: arm(wc)["file"],
         base=BASE_FILES,
     output:
-        directory(afpaths.RUN),
+        update(directory(afpaths.RUN)),
     log:
         "logs/merge/{arm}.log",
     wildcard_constraints:

@@ -3,7 +3,8 @@ rule build_pool:
         src=lambda wc: afdag.pool_file(CFG, REPO, wc.pool),
         exclude=lambda wc: afdag.pool_excludes(CFG, wc.pool),  # read by arenaflow.pools.build from the section's `exclude` ids
     output:
-        afpaths.POOL,
+        rows=update(afpaths.POOL),
+        manifest=update(afpaths.POOL_MANIFEST),
     log:
         "logs/pools/{pool}.log",
     conda:
@@ -12,4 +13,4 @@ rule build_pool:
         cfg=lambda wc: as_json(CFG["pools"][wc.pool]),
     shell:
         "python -m arenaflow.pools.build --pool {wildcards.pool} --params-json {params.cfg:q} "
-        "--out {output} > {log} 2>&1"
+        "--out {output.rows} > {log} 2>&1"

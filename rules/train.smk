@@ -6,7 +6,7 @@ rule train_arm:
         base=BASE_FILES,
         budget=budget_gate,  # [] or a refusal naming the arm, before any sbatch (rules/common.smk)
     output:
-        directory(afpaths.RUN),
+        update(directory(afpaths.RUN)),
     log:
         "logs/train/{arm}.log",
     wildcard_constraints:

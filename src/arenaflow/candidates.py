@@ -30,10 +30,11 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from arenaflow import chat, engine, io, jobclock, verify
+from arenaflow import chat, engine, io, jobclock, manifest, paths, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
+from arenaflow.pools.validate import read_pool
 
 # torch, transformers and the decode loop (seconds of imports) are imported where a sample is
 # drawn, so that verifying, a CPU job, does without them.
@@ -184,6 +185,7 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     rows = sample(pool, model, tok, args.system_prompt, params)
     seconds = time.perf_counter() - t0
     io.write_jsonl(args.out, rows)
+    manifest.write_file(args.out, params, rows=len(rows))
     jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
     print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
 
@@ -213,15 +215,16 @@ def main(argv: list[str] | None = None) -> None:
         "under Slurm, those it was allocated)",
     )
     args = ap.parse_args(argv)
-    pool = io.read_jsonl(args.pool)
+    pool = read_pool(args.pool)
     if args.cmd == "sample":
         params = full_params(json.loads(args.params_json))
         with engine.job(params.get("engine")):
             _sample_cmd(args, pool, params)
     else:
-        samples = io.read_jsonl(args.samples)
+        samples = manifest.read_jsonl(args.samples, "verifying", paths.SAMPLES)
         rows = verify_all(pool, samples, args.samples, args.marker or None, args.workers)
         io.write_jsonl(args.out, rows)
+        manifest.write_file(args.out, {"marker": args.marker or None}, rows=len(rows))
         print(f"{sum(r['correct'] for r in rows)}/{len(rows)} samples correct -> {args.out}")
 
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arenaflow import __version__, io, knobs
+from arenaflow import __version__, io, knobs, paths
 
 MANIFEST = "manifest.json"
 SKIP = {MANIFEST, ".snakemake_timestamp"}
@@ -90,8 +90,24 @@ def _code_version() -> dict:
     return info
 
 
-def write(root: str | os.PathLike, params: dict | None = None, extra: dict | None = None) -> dict:
-    """Write root/manifest.json for the files now in root; return it."""
+# Where a directory was written, as its last two path components ("B3/final", "corpora/rft_r1"):
+# enough to tell two arms' or corpora's outputs apart, and unchanged when a whole results
+# directory moves.
+WRITTEN_AS = "written_as"
+
+
+def place(path: str | os.PathLike) -> str:
+    return "/".join(Path(os.path.abspath(path)).parts[-2:])
+
+
+def write(
+    root: str | os.PathLike,
+    params: dict | None = None,
+    extra: dict | None = None,
+    written_as: str | os.PathLike | None = None,
+) -> dict:
+    """Write root/manifest.json for the files now in root; return it. `written_as`: the path
+    the directory is written for (root is often its temporary twin), checked by verify()."""
     root = Path(root)
     files = list_files(root)
     record = {
@@ -100,6 +116,7 @@ def write(root: str | os.PathLike, params: dict | None = None, extra: dict | Non
         "params": params or {},
         "code": code_version(),
         "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **({WRITTEN_AS: place(written_as)} if written_as is not None else {}),
         **(extra or {}),
     }
     io.write_json(root / MANIFEST, record)
@@ -132,6 +149,12 @@ def verify(root: str | os.PathLike) -> dict:
             raise ManifestError(f"{root / rel}: present but not listed in {path}")
     if digest_of(record["files"]) != record["digest"]:
         raise ManifestError(f"{path}: digest does not match its own file list (manifest edited)")
+    written = record.get(WRITTEN_AS)
+    if written is not None and written != place(root):
+        raise ManifestError(
+            f"{path}: written as {written}, found at {place(root)} (a directory moved, "
+            "swapped or restored from elsewhere: its contents belong to the other name)"
+        )
     return record
 
 
@@ -174,6 +197,69 @@ def check_seal(record: dict, path: str | os.PathLike) -> dict:
             f"{path}: content does not match its {SEAL} (file changed after it was written)"
         )
     return record
+
+
+# Single-file outputs that later steps read whole (pools, samples, verdicts) carry a manifest of
+# their own beside them: a deleted pool row, a duplicated sample or a flipped verdict would
+# otherwise be read as written.
+def sidecar(path: str | os.PathLike) -> Path:
+    """pools/P.jsonl -> pools/P.manifest.json"""
+    return Path(path).with_suffix(".manifest.json")
+
+
+def write_file(
+    path: str | os.PathLike, params: dict | None = None, rows: int | None = None
+) -> dict:
+    """Write the sidecar manifest of the file now at `path` (written whole before); return it."""
+    record = {
+        "file": Path(path).name,
+        "sha256": sha256_file(path),
+        "bytes": os.path.getsize(path),
+        **({"rows": rows} if rows is not None else {}),
+        "params": params or {},
+        "code": code_version(),
+        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        WRITTEN_AS: place(path),
+    }
+    io.write_json(sidecar(path), record)
+    return record
+
+
+def require_file(path: str | os.PathLike, consumer: str, required: bool = True) -> dict | None:
+    """Check `path` against its sidecar manifest before `consumer` reads it; ManifestError
+    names the file. Without a sidecar: refused if `required`, else None (a file made by hand,
+    outside the workflow's layout)."""
+    side = sidecar(path)
+    if not side.exists():
+        if not required:
+            return None
+        raise ManifestError(
+            f"{consumer} refused {path}: no {side.name} beside it; the file is incomplete or "
+            "not the workflow's (rebuild it: snakemake --forcerun on its rule)"
+        )
+    record = io.read_json(side)
+    try:
+        check_file(path, record["sha256"], side)
+    except ManifestError as e:
+        raise ManifestError(f"{consumer} refused {path}: {e}") from None
+    if record.get(WRITTEN_AS) not in (None, place(path)):
+        raise ManifestError(
+            f"{consumer} refused {path}: {side} says it was written as {record[WRITTEN_AS]} "
+            "(a file moved, swapped or restored from elsewhere)"
+        )
+    return record
+
+
+def require_output(path: str | os.PathLike, consumer: str, pattern: str) -> dict | None:
+    """require_file for a workflow output named by `pattern` (paths.POOL, paths.SAMPLES, ...):
+    its sidecar is required where the path lies in the workflow's layout."""
+    return require_file(path, consumer, required=paths.parse(pattern, path) is not None)
+
+
+def read_jsonl(path: str | os.PathLike, consumer: str, pattern: str) -> list[dict]:
+    """A JSONL output's rows, once its sidecar manifest verifies (require_output)."""
+    require_output(path, consumer, pattern)
+    return io.read_jsonl(path)
 
 
 def check_file(path: str | os.PathLike, sha256: str, recorded_in: str | os.PathLike) -> None:

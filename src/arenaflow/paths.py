@@ -8,11 +8,17 @@ per job, `logs/<stage>/<key>.log`, written out in each rule and read by no code.
 from __future__ import annotations
 
 import os
+import re
+import string
 from pathlib import Path
 
 POOL = "pools/{pool}.jsonl"
 SAMPLES = "candidates/{corpus}/samples.jsonl"
 VERDICTS = "candidates/{corpus}/verdicts.jsonl"
+# each one's sidecar manifest (arenaflow.manifest.sidecar: the same name, .manifest.json)
+POOL_MANIFEST = "pools/{pool}.manifest.json"
+SAMPLES_MANIFEST = "candidates/{corpus}/samples.manifest.json"
+VERDICTS_MANIFEST = "candidates/{corpus}/verdicts.manifest.json"
 CORPUS = "corpora/{corpus}"
 CORPUS_ROWS = CORPUS + "/rows.jsonl"
 CORPUS_STATS = CORPUS + "/stats.json"
@@ -40,6 +46,18 @@ BUNDLE = "bundles/{bundle}"
 # torch.compile's caches (inductor's FX graphs and autotuning, Triton's binaries), shared by a
 # lineage's jobs so that each graph is compiled once per results directory.
 COMPILE_CACHE = {"TORCHINDUCTOR_CACHE_DIR": ".cache/inductor", "TRITON_CACHE_DIR": ".cache/triton"}
+
+
+def parse(pattern: str, path: str | os.PathLike) -> dict | None:
+    """The wildcards `path` fills in `pattern` ({"suite": "math", ...}), read from as many of
+    its trailing components as the pattern has; None where it does not match."""
+    regex = "".join(
+        re.escape(literal) + (f"(?P<{field}>[^/]+?)" if field else "")
+        for literal, field, _, _ in string.Formatter().parse(pattern)
+    )
+    tail = "/".join(Path(path).parts[-(pattern.count("/") + 1) :])
+    m = re.fullmatch(regex, tail)
+    return m.groupdict() if m else None
 
 
 def pool(pool_id: str) -> str:

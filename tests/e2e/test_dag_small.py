@@ -188,15 +188,122 @@ def test_resource_and_selection_keys_rerun_no_gpu_job_and_lr_reruns_the_chain(bu
         }
 
 
+# A result-changing key of each rule family -> (jobs that must rerun, rules that must not).
+RERUNS = [
+    (
+        {"pools": {"math_r3": {"seed": 15}}},
+        {("build_pool", "pool=math_r3"), ("sample_candidates", "corpus=rft_r3")},
+        set(),  # everything downstream of the pool reruns
+    ),
+    (
+        {"corpora": {"rft_r3": {"temperature": 0.6}}},
+        {("sample_candidates", "corpus=rft_r3"), ("train_arm", "arm=B3")},
+        {"build_pool"},
+    ),
+    (
+        {"corpora": {"rft_r3": {"decontaminate": False}}},
+        {("build_corpus", "corpus=rft_r3"), ("train_arm", "arm=B3")},
+        {"build_pool", "sample_candidates", "verify_candidates"},
+    ),
+    (
+        {"train_defaults": {"lora": {"r": 4}}},  # every arm's, S1's too: its corpus resamples
+        {
+            ("train_arm", "arm=S1"),
+            ("sample_candidates", "corpus=rft_r1"),
+            ("merge_arm", "arm=dose-a1p5"),
+        },
+        {"build_pool"},
+    ),
+    (
+        {"evals": {"math": {"seed": 1}}},
+        {("readout_math", "rarm=B3"), ("build_bundle", "bundle=B3f")},
+        {"train_arm", "build_corpus", "sample_candidates"},
+    ),
+    (
+        {"evals": {"math": {"engine": {"decoder": "static"}}}},
+        {("readout_math", "rarm=B3")},
+        {"train_arm", "build_corpus", "sample_candidates"},
+    ),
+    (
+        {"bundles": {"B3f": {"reload_prompts": ["What is 2 + 2?"]}}},
+        {("build_bundle", "bundle=B3f")},
+        {"train_arm", "readout_math", "compare", "nominate"},
+    ),
+]
+
+
+def test_each_result_changing_key_reruns_its_jobs_and_nothing_upstream(built, tmp_path):
+    """One key of each rule family edited at a time on the built mini DAG: the dry run plans
+    the jobs whose output depends on it (Snakemake's params trigger) and none upstream."""
+    import yaml
+
+    extra = tmp_path / "edit.yaml"
+    for edit, must, never in RERUNS:
+        extra.write_text(yaml.safe_dump(edit))
+        jobs = planned_jobs(
+            snakemake(
+                "-n",
+                "bundles/B3f",
+                results=built["results"],
+                arms=built["arms"],
+                configfiles=(*MINI, extra),
+            )
+        )
+        assert must <= set(jobs), (edit, jobs)
+        assert not {r for r, _ in jobs} & never, (edit, jobs)
+
+
+def test_check_finds_no_stale_output_and_names_each_one_an_edit_leaves(built, tmp_path):
+    """`python -m arenaflow.config.check`: on the build as made, every recorded setting is the
+    config's; with lr, a regime's decoding and a corpus's selection edited (what `snakemake
+    --touch` would then leave looking current), it names each output made otherwise and exits 1."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    def check(*extra) -> subprocess.CompletedProcess:
+        config = [f"results_dir={built['results']}", f"arms_dir={built['arms']}"]
+        return subprocess.run(
+            [sys.executable, "-m", "arenaflow.config.check", *map(str, MINI), *extra,
+             "--config", *config],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    clean = check()
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    edit = tmp_path / "edit.yaml"
+    edit.write_text(
+        yaml.safe_dump(
+            {
+                "train_defaults": {"lr": 5.0e-4},
+                "evals": {"math": {"regimes": {"greedy": {"max_new_tokens": 40}}}},
+                "corpora": {"rft_r3": {"select": "shortest"}},
+            }
+        )
+    )
+    proc = check(str(edit))
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:] + proc.stderr[-3000:]
+    assert "runs/R2d/final/training_evidence.json hyperparameters: lr recorded 0.001" in out
+    assert "readouts/math/B3/greedy.r0.parquet: decoding recorded" in out
+    assert (
+        "corpora/rft_r3/manifest.json: select recorded 'median', the config has 'shortest'" in out
+    )
+    assert "runs/S1/final" not in out  # S1 sets its own lr
+
+
 def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built, tmp_path):
     """Custody probes through Snakemake: r3's bar edited, with --forcerun nominate or readout,
     is refused before any job runs, and the registration, the registry and the nomination stay
-    byte for byte; the bar put back, nothing is left to do; a hand-edited `promoted` stops the
-    DAG; the bundle's model card cites the seal."""
+    byte for byte; so is the edited bar with the registry and the .bar.json deleted (the journal
+    records the registration); the bar put back, nothing is left to do; a hand-edited `promoted`
+    stops the DAG; the bundle's model card cites the seal."""
     import yaml
 
     res, noms = built["results"], built["results"] / "nominations"
     records = [noms / "r3.bar.json", noms / "r3.json", noms / "registry/r3.jsonl"]
+    records.append(noms / "journal.jsonl")
     state = lambda: {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in records}  # noqa: E731
     before = state()
     edit = tmp_path / "bar.yaml"
@@ -217,9 +324,33 @@ def test_an_edited_bar_or_nomination_stops_the_dag_and_every_record_stays(built,
         )
         msg = proc.stdout + proc.stderr
         assert (
-            proc.returncode != 0 and "round r3: refused" in msg and "retire: [{bar_sha256" in msg
+            proc.returncode != 0
+            and "round r3: refused" in msg
+            and "python -m arenaflow.rounds.reregister --round r3" in msg
         ), msg[-3000:]
         assert state() == before
+    gone = records[0], records[2]
+    for p in gone:
+        p.unlink()
+    try:
+        proc = snakemake(
+            "bundles/B3f",
+            "--forcerun",
+            "readout_math",
+            results=res,
+            arms=built["arms"],
+            check=False,
+            configfiles=(*MINI, edit),
+        )
+        msg = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "journal.jsonl records that r3's bar" in msg, msg[-3000:]
+        assert not any(p.exists() for p in gone)
+    finally:  # as they were, mtimes included
+        for p in gone:
+            p.parent.mkdir(exist_ok=True)
+            p.write_bytes(before[p][0])
+            os.utime(p, ns=(before[p][1],) * 2)
+    assert state() == before
     assert (
         planned_jobs(
             snakemake("-n", "bundles/B3f", results=res, arms=built["arms"], configfiles=MINI)
@@ -321,7 +452,8 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
             r"sha256 \w+ does not match the manifest's",
             log.read_text(),
         ), log.read_text()[-2000:]
-        assert not readout.exists()
+        # update(): Snakemake put back the readout it had set aside for the failed job
+        assert readout.read_bytes() == (tmp_path / "readout.parquet").read_bytes()
         assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in downstream} == before
     finally:  # the byte, the mtime and the readout as they were, for any test after this one
         raw[-1] ^= 1
@@ -343,6 +475,45 @@ def test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream(
         )
         == []
     )
+
+
+def test_a_failed_bundle_rebuild_keeps_the_good_bundle(built):
+    """A rebuild of bundles/B3f that fails (its served run's adapter refused after a flipped bit)
+    leaves the previous bundle whole: every file as it was and its manifest verifying. Without
+    update() on the rule's output Snakemake deletes the bundle before the job and again after
+    it fails."""
+    from arenaflow import manifest
+
+    res = built["results"]
+    arm, _ = served(built)
+    bundle = res / "bundles/B3f"
+    adapter = res / "runs" / arm / "final/adapter_model.safetensors"
+    before = {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    raw, mtime = bytearray(adapter.read_bytes()), adapter.stat().st_mtime_ns
+    try:
+        raw[-1] ^= 1
+        adapter.write_bytes(raw)
+        os.utime(adapter, ns=(mtime, mtime))
+        proc = snakemake(
+            "bundles/B3f",
+            "--rerun-triggers",
+            "mtime",
+            "--forcerun",
+            "build_bundle",
+            results=res,
+            arms=built["arms"],
+            check=False,
+            configfiles=MINI,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "Error in rule build_bundle" in out, out[-4000:]
+        assert "Restored previous version" in out, out[-4000:]
+        assert {p: p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before
+        manifest.verify(bundle)
+    finally:
+        raw[-1] ^= 1
+        adapter.write_bytes(raw)
+        os.utime(adapter, ns=(mtime, mtime))
 
 
 def test_a_merge_arm_is_bundled_and_reloads_as_a_trained_arm_is(built):

@@ -6,10 +6,10 @@ Each probe injects one fault and checks one of two outcomes:
 - recovered: after the fault (kill -9, a concurrent writer, a read-only or full disk) the
   previous outputs are intact and a rerun or resume gives the complete output.
 
-PROBES lists them; README.md's "Reliability" section gives their count, which
-test_readme_states_the_probe_counts keeps in step with this table. The DAG-level probe (a
-flipped bit in runs/B3/final before its readout, through Snakemake) is in
-tests/e2e/test_dag_small.py.
+PROBES lists them, and ELSEWHERE those whose tests live beside their own setup (the ones
+through Snakemake in tests/e2e/test_dag_small.py, the bar registration's); README.md's
+"Reliability" section gives their count, which test_readme_states_the_probe_counts keeps in
+step with these tables.
 """
 
 from __future__ import annotations
@@ -69,6 +69,36 @@ PROBES = {
         "a flipped bit in an ancestor arm's adapter",
         "refused",
     ),
+    "test_run_directories_swapped_before_a_readout": (
+        "two arms' run directories swapped",
+        "refused",
+    ),
+    "test_corpora_swapped_before_training": ("a corpus under another corpus's name", "refused"),
+    "test_served_readout_copied_over_the_greedy_one_before_compare": (
+        "the served readout copied over the greedy one",
+        "refused",
+    ),
+    "test_replicate_copied_over_another_before_compare": (
+        "one replicate's readout copied over another's",
+        "refused",
+    ),
+    "test_run_retrained_after_its_readouts_before_the_bundle": (
+        "the served run replaced after the readouts the nomination judged",
+        "refused",
+    ),
+    "test_pool_row_deleted_before_a_readout": ("a row deleted from a built pool", "refused"),
+    "test_sample_duplicated_before_verification": (
+        "a sample duplicated in a samples file",
+        "refused",
+    ),
+    "test_verdict_flipped_to_correct_before_the_corpus_build": (
+        "a wrong sample's verdict flipped to correct",
+        "refused",
+    ),
+    "test_eval_prompt_disguised_in_a_training_pool_before_a_corpus": (
+        "an eval prompt in a training pool behind a 'Question:' label, case, spacing, a word",
+        "refused",
+    ),
     "test_kill_9_while_a_corpus_is_written": ("kill -9 of a corpus build mid-write", "recovered"),
     "test_kill_9_during_training_resumes_to_the_same_weights": (
         "kill -9 of a training run",
@@ -81,11 +111,60 @@ PROBES = {
     "test_read_only_disk": ("a read-only results file system", "recovered"),
     "test_full_disk": ("a full results file system", "recovered"),
 }
-DAG_PROBES = {
-    "test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream": (
-        "a flipped bit in runs/B3/final before its readout, through Snakemake",
-        "refused",
-    )
+# Probes whose tests live beside their own setup: file -> {test: (fault, outcome)}.
+ELSEWHERE = {
+    "tests/e2e/test_dag_small.py": {
+        "test_a_flipped_adapter_bit_fails_its_readout_and_changes_nothing_downstream": (
+            "a flipped bit in runs/B3/final before its readout, through Snakemake",
+            "refused",
+        ),
+        "test_a_failed_bundle_rebuild_keeps_the_good_bundle": (
+            "a bundle rebuild that fails (its served run refused), through Snakemake",
+            "recovered",
+        ),
+    },
+    "tests/unit/test_validation.py": {
+        "test_an_empty_eval_pool_stops_the_corpus_build_and_writes_nothing": (
+            "an eval pool emptied after its build",
+            "refused",
+        ),
+        "test_a_readout_of_an_empty_pool_is_refused_and_writes_nothing": (
+            "an eval pool emptied before its readout",
+            "refused",
+        ),
+        "test_snakemake_refuses_an_empty_pool_before_planning_any_job": (
+            "a built pool emptied in place, through Snakemake",
+            "refused",
+        ),
+        "test_the_pool_command_refuses_an_oversized_prompt_and_writes_no_pool": (
+            "a 200 KB prompt in an imported pool's file",
+            "refused",
+        ),
+        "test_the_corpus_command_names_the_verdicts_file_it_read": (
+            "a verdict row deleted before the corpus build",
+            "refused",
+        ),
+    },
+    "tests/unit/test_checkpoint_manifest.py": {
+        "test_a_bit_flipped_optimizer_shard_is_refused_naming_it": (
+            "a flipped bit in a training checkpoint's optimizer shard before its resume",
+            "refused",
+        ),
+        "test_a_stale_optimizer_shard_from_another_step_is_refused_naming_it": (
+            "a checkpoint's optimizer shard replaced by another step's before its resume",
+            "refused",
+        ),
+    },
+    "tests/unit/test_bar_registration.py": {
+        "test_a_deleted_registration_is_refused_naming_the_journal": (
+            "a round's registry and .bar.json deleted and a different bar registered",
+            "refused",
+        ),
+        "test_a_registry_written_over_the_deleted_one_is_refused_by_judge": (
+            "a round's registry replaced by one for a different bar, the readouts made again",
+            "refused",
+        ),
+    },
 }
 
 
@@ -259,6 +338,195 @@ def test_tampered_corpus_before_training(corpus, tmp_path):
         manifest.ManifestError, match=r"training \(corpus\) refused .*sft\.npz: sha256"
     ):
         data.load_corpus(bad)  # what train.loop.run calls first (tests/unit/test_train.py: the CLI)
+
+
+# --- refused: an artifact under another's name ---------------------------------------------
+
+
+def named_arm(arm: Path, root: Path, name: str) -> Path:
+    """A copy of `arm` as training leaves runs/{name}/final: its evidence and manifest name it."""
+    run = copy_arm(arm, root, name)
+    io.write_json(run / "training_evidence.json", {"arm": name, "init": "base"})
+    manifest.write(run, written_as=run)
+    return run
+
+
+def test_run_directories_swapped_before_a_readout(arm, pool, tmp_path):
+    a, b = named_arm(arm, tmp_path, "A"), named_arm(arm, tmp_path, "B")
+    a.rename(tmp_path / "swap")
+    b.rename(a)
+    (tmp_path / "swap").rename(b)
+    out = tmp_path / "readouts/math/A/greedy.r0.parquet"
+    with pytest.raises(manifest.ManifestError, match=r"readout refused .*written as B/final"):
+        evals.main(readout_args(pool, a, out))
+    assert not out.exists()
+
+
+def test_corpora_swapped_before_training(corpus, tmp_path):
+    (tmp_path / "corpora").mkdir()
+    shutil.copytree(corpus, tmp_path / "corpora/d")  # corpus c's directory, under d's name
+    with pytest.raises(
+        manifest.ManifestError, match=r"training \(corpus\) refused .*written as corpora/c"
+    ):
+        data.load_corpus(tmp_path / "corpora/d")
+
+
+def two_readouts(arm, pool, tmp_path, names: list[tuple[str, dict]]) -> list[Path]:
+    """Readouts of arm A (adapter `arm`) under readouts/math/A/, one per (name, decoding)."""
+    run = named_arm(arm, tmp_path, "A")
+    outs = []
+    for name, decoding in names:
+        out = tmp_path / f"readouts/math/A/{name}.parquet"
+        regime, rep = name.split(".r")
+        args = readout_args(pool, run, out)
+        args[args.index("--regime") + 1] = regime
+        args[args.index("--regime-json") + 1] = json.dumps(decoding)
+        evals.main([*args, "--replicate", rep])
+        outs.append(out)
+    return outs
+
+
+GREEDY = {"temperature": 0.0, "max_new_tokens": 12}
+
+
+def test_served_readout_copied_over_the_greedy_one_before_compare(arm, pool, tmp_path):
+    served = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 12}
+    greedy, sampled = two_readouts(
+        arm, pool, tmp_path, [("greedy.r0", GREEDY), ("served.r0", served)]
+    )
+    shutil.copy2(sampled, greedy)
+    out = tmp_path / "compare/math/greedy/A__A.json"
+    with pytest.raises(
+        manifest.ManifestError,
+        match=r"greedy\.r0\.parquet: records regime 'served', its path says 'greedy'",
+    ):
+        comparisons.main(
+            ["compare", "--suite", "math", "--regime", "greedy", "--cand", str(greedy),
+             "--ref", str(greedy), "--out", str(out)]
+        )  # fmt: skip
+    assert not out.exists()
+
+
+def test_replicate_copied_over_another_before_compare(arm, pool, tmp_path):
+    r0, r1 = two_readouts(arm, pool, tmp_path, [("greedy.r0", GREEDY), ("greedy.r1", GREEDY)])
+    shutil.copy2(r0, r1)
+    out = tmp_path / "noise/math/greedy/A.json"
+    with pytest.raises(manifest.ManifestError, match=r"greedy\.r1\.parquet: records replicate"):
+        comparisons.main(
+            ["noise", "--suite", "math", "--regime", "greedy", "--readouts", str(r0), str(r1),
+             "--out", str(out)]
+        )  # fmt: skip
+    assert not out.exists()
+
+
+def test_run_retrained_after_its_readouts_before_the_bundle(arm, pool, tmp_path, monkeypatch):
+    """The nomination judged readouts of A's weights; A's run is then replaced by another whose
+    own manifest verifies (retrained, or restored from elsewhere): the bundle refuses it."""
+    from arenaflow.bundles import sources
+
+    (readout,) = two_readouts(arm, pool, tmp_path, [("greedy.r0", GREEDY)])
+    run = tmp_path / "runs/A/final"
+    weights = load_file(run / "adapter_model.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({k: v + 1 for k, v in weights.items()}, run / "adapter_model.safetensors")
+    manifest.write(run, written_as=run)
+    manifest.verify(run)  # the run itself is whole: only the readouts' record tells
+    monkeypatch.chdir(tmp_path)  # a nomination's paths are relative to the results directory
+    nomination = {"inputs": {str(readout.relative_to(tmp_path)): "sha"}}
+    with pytest.raises(
+        manifest.ManifestError,
+        match=r"bundle B refused .*runs/A/final: its manifest digest \w+ is not",
+    ):
+        sources.check_judged_weights(nomination, "A", Path("runs"), "bundle B")
+
+
+# --- refused: upstream files changed after they were written ---------------------------------
+
+
+def built_pool(tmp_path: Path) -> Path:
+    """pools/math_eval.jsonl as the pool rule leaves it: the rows and their sidecar manifest."""
+    from arenaflow.pools import build as pools
+
+    out = tmp_path / "pools/math_eval.jsonl"
+    params = {"n": 4, "seed": 11, "split": "eval", "categories": {"add": 1}}
+    pools.main(["--pool", "math_eval", "--params-json", json.dumps(params), "--out", str(out)])
+    return out
+
+
+def test_pool_row_deleted_before_a_readout(arm, tmp_path):
+    pool = built_pool(tmp_path)
+    pool.write_text("".join(pool.read_text().splitlines(keepends=True)[1:]))
+    out = tmp_path / "readouts/math/A/greedy.r0.parquet"
+    with pytest.raises(
+        manifest.ManifestError, match=r"refused .*pools/math_eval\.jsonl: sha256 \w+ does not match"
+    ):
+        evals.main(readout_args(pool, named_arm(arm, tmp_path, "A"), out))
+    assert not out.exists()
+
+
+def test_sample_duplicated_before_verification(tmp_path):
+    pool = built_pool(tmp_path)
+    samples = tmp_path / "candidates/c/samples.jsonl"
+    rows = [
+        {"id": f"{r['id']}#0", "prompt_id": r["id"], "sample": 0, "text": "The answer is 3.",
+         "n_tokens": 5, "stopped": True}
+        for r in io.read_jsonl(pool)
+    ]  # fmt: skip
+    io.write_jsonl(samples, rows)
+    manifest.write_file(samples, rows=len(rows))
+    io.write_jsonl(samples, [*rows, rows[0]])
+    out = tmp_path / "candidates/c/verdicts.jsonl"
+    with pytest.raises(
+        manifest.ManifestError, match=r"verifying refused .*candidates/c/samples\.jsonl: sha256"
+    ):
+        candidates.main(
+            ["verify", "--pool", str(pool), "--samples", str(samples), "--out", str(out)]
+        )
+    assert not out.exists()
+
+
+def test_verdict_flipped_to_correct_before_the_corpus_build(tmp_path):
+    """A wrong sample's verdict edited to correct: the corpus builder verifies each sample it
+    keeps again against the gold, refuses naming the verdicts file and the verdict, and writes
+    no corpus."""
+    pool = mathpool.generate(1, 3, "train", {"add": 1}, "p")
+    wrong = f"The answer is {int(pool[0]['gold']) + 1}."
+    samples = [
+        {"id": f"p0#{j}", "prompt_id": pool[0]["id"], "sample": j, "text": wrong,
+         "n_tokens": 6, "stopped": True}
+        for j in range(2)
+    ]  # fmt: skip
+    verdicts = [candidates.verdict(s, pool[0]) for s in samples]
+    assert not any(v["correct"] for v in verdicts)
+    verdicts[1]["correct"] = True
+    out = tmp_path / "corpora/c"
+    with pytest.raises(
+        ValueError, match=r"verdicts\.jsonl: verdict 'p0#1' says correct=True, but its sample"
+    ):
+        corpora.build(
+            out, pool, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT,
+            {"k": 2, "seed": 0, "select": "median", "min_chars": 0}, samples, verdicts,
+            verdicts_file="candidates/c/verdicts.jsonl",
+        )  # fmt: skip
+    assert not out.exists()
+
+
+def test_eval_prompt_disguised_in_a_training_pool_before_a_corpus(pool, tmp_path):
+    evals = io.read_jsonl(pool)
+    rows = mathpool.generate(12, 7, "train", {"add": 1}, "f")
+    disguised = f"Question: {evals[2]['prompt'].upper().replace('?', ' ?')}  Thanks."
+    rows[5] = {**rows[5], "prompt": disguised}  # a prefix, case, spacing and a word added
+    out = tmp_path / "corpora/c"
+    tok = tinymodel.build_tokenizer()
+    corpora.build(out, rows, tok, tinymodel.SYSTEM_PROMPT, {}, eval_items=evals)
+    kept = [r["id"] for r in io.read_jsonl(out / "rows.jsonl")]
+    assert kept == [r["id"] for i, r in enumerate(rows) if i != 5]
+    record = json.loads((out / "stats.json").read_text())["decontamination"]
+    assert record["dropped_ids"] == [
+        {"id": rows[5]["id"], "eval_id": evals[2]["id"], "rule": "subsequence"}
+    ]
+    manifest.verify(out)
 
 
 ROUND = {
@@ -658,9 +926,11 @@ def test_full_disk(tmp_path):
 def test_readme_states_the_probe_counts():
     names = {n.split("[")[0] for n in PROBES}
     assert all(callable(globals().get(n)) for n in names), "a probe without its test"
-    dag = (REPO / "tests/e2e/test_dag_small.py").read_text(encoding="utf-8")
-    assert all(f"def {n}(" in dag for n in DAG_PROBES), "a DAG probe without its test"
-    probes = {**PROBES, **DAG_PROBES}
+    probes = dict(PROBES)
+    for path, tests in ELSEWHERE.items():
+        text = (REPO / path).read_text(encoding="utf-8")
+        assert all(f"def {n}(" in text for n in tests), f"a probe without its test in {path}"
+        probes.update(tests)
     refused = sum(o == "refused" for _, o in probes.values())
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())  # lines rewrapped
     want = (

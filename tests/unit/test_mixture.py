@@ -31,7 +31,7 @@ BASE = REPO / "models/tiny-arith"
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     """Two corpora of reference rows: a (30 rows) and b (12 rows)."""
-    root = tmp_path_factory.mktemp("corpora")
+    root = tmp_path_factory.mktemp("results") / "corpora"  # a corpus records where it belongs
     tok = tinymodel.build_tokenizer()
     for cid, n, seed in (("a", 30, 1), ("b", 12, 2)):
         rows = mathpool.generate(n, seed, "train", {"add": 1, "mul": 1}, cid)

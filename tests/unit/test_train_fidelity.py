@@ -17,7 +17,7 @@ import torch
 from devices import CPU_AND_CUDA
 from safetensors.torch import load_file
 
-from arenaflow import fused
+from arenaflow import fused, manifest
 from arenaflow.bases import tinymodel
 from arenaflow.corpora import build as corpora
 from arenaflow.pools import math as mathpool
@@ -411,6 +411,9 @@ def test_unconvertible_checkpoint_of_another_stage_is_refused_naming_zero_stage(
     train(out, corpus, hyper, env={"ARENAFLOW_FAIL_AFTER_STEP": "3"}, check=False)
     step = out.parent / "checkpoints/step_000003"
     (step / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    # resealed: the conversion, not the checkpoint's manifest, is what refuses it here
+    rec = json.loads((step / "manifest.json").read_text())
+    manifest.write(step, params=rec["params"], extra={"checkpoint": rec["checkpoint"]})
     proc = train(out, corpus, {**hyper, "micro_batch_size": 2}, nproc=2, check=False)
     assert proc.returncode != 0
     assert "written by 1 ranks at ZeRO stage 2" in proc.stderr, proc.stderr[-3000:]
@@ -528,7 +531,16 @@ def pairs(tmp_path_factory):
     for r in rows:
         wrong = r["reference"].replace(r["gold"], str(int(r["gold"]) + 1))
         for j, (text, ok) in enumerate([(r["reference"], True), (wrong, False)]):
-            samples.append({"id": f"{r['id']}#{j}", "prompt_id": r["id"], "text": text})
+            samples.append(
+                {
+                    "id": f"{r['id']}#{j}",
+                    "prompt_id": r["id"],
+                    "sample": j,
+                    "text": text,
+                    "n_tokens": len(text.split()),
+                    "stopped": True,
+                }
+            )
             verdicts.append(
                 {
                     "id": f"{r['id']}#{j}",

@@ -41,6 +41,7 @@ from arenaflow import chat, io, manifest, models, paths
 from arenaflow.bundles.card import card_context, write_card
 from arenaflow.bundles.checks import BundleCheckError, run_checks
 from arenaflow.bundles.sources import (
+    check_judged_weights,
     disk_lineage,
     evidence_file,
     real_arm,
@@ -170,6 +171,8 @@ def served_arm(args, nomination: dict | None) -> str:
             f"bundle {args.bundle}: round promoted 'base', which has no adapter to serve"
         )
     verify_sources(args, arm, json.loads(args.lineage_json)[arm])
+    if nomination:
+        check_judged_weights(nomination, arm, Path(args.runs), f"bundle {args.bundle}")
     return real_arm(Path(args.runs), arm)
 
 

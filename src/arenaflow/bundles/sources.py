@@ -107,3 +107,23 @@ def verify_sources(args, arm: str, lineage: list[str]) -> None:
         manifest.require(Path(args.corpora) / c, who)
     for path in args.compare:
         manifest.check_seal(io.read_json(path), path)
+
+
+def check_judged_weights(nomination: dict, arm: str, runs: Path, who: str) -> None:
+    """Every readout of `arm` the nomination judged must have read the weights about to be
+    served (the digest of runs/{arm}/final's manifest): a run retrained, restored or swapped in
+    after its readouts would otherwise ship under numbers measured on other weights."""
+    from arenaflow.evals.readout import readout_meta  # pyarrow: only when a bundle is built
+
+    run = paths.run_under(runs, arm)
+    digest = io.read_json(run / manifest.MANIFEST)["digest"]
+    for path in nomination["inputs"]:
+        named = paths.parse(paths.READOUT, path)
+        if named is None or named["rarm"] != arm:
+            continue
+        read = (readout_meta(path).get("weights") or {}).get("manifest_digest")
+        if read is not None and read != digest:
+            raise manifest.ManifestError(
+                f"{who} refused {run}: its manifest digest {digest} is not the {read} that "
+                f"{path} read (the run changed after the readouts the nomination judged)"
+            )

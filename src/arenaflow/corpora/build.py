@@ -6,11 +6,14 @@
 Writes corpora/C/{rows.jsonl, sft.npz, stats.json, manifest.json} (pairs.npz instead of sft.npz for
 `format: pairs`: one verified and one failed answer per prompt, for DPO/SimPO). With verdicts, each
 prompt keeps at most one verified-correct sample (by `select`: the median-length one by default);
-unsolved prompts are dropped and counted; stats.json `verifier` names the math verifier
+unsolved prompts are dropped and counted; a prompt with fewer than k verdicts (a deleted row)
+fails naming the verdicts file and the prompt; stats.json `verifier` names the math verifier
 (arenaflow.verify.verifier) of this environment. Without (policy 'reference'), each prompt's worked
-solution is the target. Rows whose prompt shares a 30-token shingle with an evaluation item are
-dropped and listed (stats.json `decontamination`); `coverage:` then keeps the subset an exact
-integer program picks under a row/token budget with per-group bounds (stats.json `coverage`).
+solution is the target. Rows whose prompt matches an evaluation item's (arenaflow.corpora.decontam:
+on normalised text, the same tokens, a shared 30-token run, or a short prompt with words added
+or removed) are dropped and listed with the rule (stats.json `decontamination`); `coverage:` then
+keeps the subset an exact integer program picks under a row/token budget with per-group bounds
+(stats.json `coverage`).
 sft.npz holds the token ids of each rendered conversation and an assistant-only loss mask
 (arenaflow.chat.encode_with_mask), concatenated, with row offsets.
 """
@@ -26,7 +29,8 @@ from pathlib import Path
 import numpy as np
 from scipy.special import comb
 
-from arenaflow import chat, io, manifest, models, verify
+from arenaflow import candidates, chat, io, manifest, models, paths, verify
+from arenaflow.pools.validate import read_pool
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -37,6 +41,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k, exact=True) / comb(n, k, exact=True)
+
+
+def _short(verdicts_file: str, prompt_id: str, n: int, k: int) -> str:
+    """Why a prompt's verdicts cannot be selected from: the candidates step writes k samples and
+    a verdict for each, so fewer means a row was lost or deleted (pass@k needs n >= k)."""
+    what = "no candidate samples" if n == 0 else f"{n} verdict(s), fewer than k = {k}"
+    return (
+        f"{verdicts_file}: prompt {prompt_id!r} has {what}: a verdict row is missing; rebuild "
+        "the corpus's candidates"
+    )
 
 
 def pick(correct: list[dict], how: str, rng: random.Random) -> dict:
@@ -51,11 +65,42 @@ def pick(correct: list[dict], how: str, rng: random.Random) -> dict:
     return rng.choice(ranked)
 
 
+class Reverify:
+    """Each sample a corpus keeps (and a pair's rejected one) verified again from its text and
+    its prompt's gold or constraints: the verdicts file is the candidates step's output, and a
+    verdict flipped there would otherwise train on a wrong answer under a valid manifest."""
+
+    def __init__(self, samples: list[dict], params: dict, verdicts_file: str):
+        self.samples = {s["id"]: s for s in samples}
+        self.marker = (params.get("scaffold") or {}).get("marker")
+        self.verdicts_file = verdicts_file
+
+    def __call__(self, kept: dict, pool_row: dict) -> None:
+        sample = self.samples.get(kept["id"])
+        if sample is None or sample.get("prompt_id") != pool_row["id"]:
+            raise ValueError(
+                f"{self.verdicts_file}: verdict {kept['id']!r} of prompt {pool_row['id']!r} "
+                "has no such sample in the samples file"
+            )
+        again = candidates.verdict(sample, pool_row, self.marker)["correct"]
+        if again != kept["correct"]:
+            raise ValueError(
+                f"{self.verdicts_file}: verdict {kept['id']!r} says correct={kept['correct']}, "
+                f"but its sample re-verified against prompt {pool_row['id']!r} gives "
+                f"correct={again} (the verdict was edited, or the samples changed after it)"
+            )
+
+
 def select(
-    pool: list[dict], samples: list[dict], verdicts: list[dict], params: dict
+    pool: list[dict],
+    samples: list[dict],
+    verdicts: list[dict],
+    params: dict,
+    verdicts_file: str = "verdicts",
 ) -> tuple[list[dict], dict]:
     """Rejection sampling: (rows, stats) with at most one kept sample per prompt. A scaffolded
-    sample's target is its verdict's `final` answer, never the draft (arenaflow.candidates)."""
+    sample's target is its verdict's `final` answer, never the draft (arenaflow.candidates).
+    A prompt with fewer verdicts than k fails naming `verdicts_file` and the prompt."""
     texts = {s["id"]: s["text"] for s in samples}
     if params.get("scaffold"):
         if params.get("format") == "pairs":
@@ -73,13 +118,14 @@ def select(
     by_prompt = collections.defaultdict(list)
     for v in verdicts:
         by_prompt[v["prompt_id"]].append(v)
+    check = Reverify(samples, params, verdicts_file)
     rng = random.Random(params["seed"])
     rows, p1, pk, solved = [], [], [], 0
     for r in pool:
         vs = by_prompt.get(r["id"], [])
         n, c = len(vs), sum(v["correct"] for v in vs)
-        if n == 0:
-            raise ValueError(f"pool row {r['id']!r} has no candidate samples")
+        if n < params["k"]:
+            raise ValueError(_short(verdicts_file, r["id"], n, params["k"]))
         p1.append(c / n)
         pk.append(pass_at_k(n, c, params["k"]))
         ok = [v for v in vs if v["correct"] and v["chars"] >= params["min_chars"]]
@@ -89,6 +135,7 @@ def select(
             bad = [v for v in vs if not v["correct"]]
             if ok and bad:
                 v, w = pick(ok, params["select"], rng), pick(bad, params["select"], rng)
+                check(v, r), check(w, r)
                 rows.append(
                     {
                         **_row(r, texts[v["id"]], source=v["id"]),
@@ -99,6 +146,7 @@ def select(
                 )
         elif ok:
             v = pick(ok, params["select"], rng)
+            check(v, r)
             rows.append(_row(r, texts[v["id"]], source=v["id"]))
     stats = {
         "prompts": len(pool),
@@ -212,15 +260,17 @@ def build(
     samples: list[dict] | None = None,
     verdicts: list[dict] | None = None,
     eval_items: list[dict] | None = None,
+    verdicts_file: str = "verdicts",
 ) -> dict:
     """Select, decontaminate against `eval_items`, optionally coverage-select, tokenise and
-    write the corpus atomically; return its stats (with the manifest digest)."""
+    write the corpus atomically; return its stats (with the manifest digest). `verdicts_file`
+    names the verdicts in errors."""
     from arenaflow.corpora import decontam
 
     if verdicts is None:
         rows, stats = reference(pool)
     else:
-        rows, stats = select(pool, samples, verdicts, params)
+        rows, stats = select(pool, samples, verdicts, params, verdicts_file)
         stats.update(verify.meta(pool))
     if eval_items is not None:
         rows, stats["decontamination"] = decontam.decontaminate(rows, eval_items)
@@ -244,7 +294,9 @@ def build(
         io.write_jsonl(tmp / "rows.jsonl", rows)
         np.savez(tmp / ("pairs.npz" if pairs else "sft.npz"), **arrays)
         io.write_json(tmp / "stats.json", stats)
-        record = manifest.write(tmp, params={**params, "system_prompt": system_prompt})
+        record = manifest.write(
+            tmp, params={**params, "system_prompt": system_prompt}, written_as=out
+        )
     stats["digest"] = record["digest"]
     return stats
 
@@ -261,24 +313,26 @@ def main(argv: list[str] | None = None) -> None:
         "--eval-pools",
         nargs="*",
         default=None,
-        help="evaluation pools to decontaminate against (30-token shingles)",
+        help="evaluation pools to decontaminate against (arenaflow.corpora.decontam)",
     )
     ap.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
     ap.add_argument("--out", required=True, help="corpora/{corpus}")
     args = ap.parse_args(argv)
     if (args.samples is None) != (args.verdicts is None):
         ap.error("--samples and --verdicts go together")
+    who = f"corpus {args.corpus}"
     stats = build(
         Path(args.out),
-        io.read_jsonl(args.pool),
+        read_pool(args.pool, who),
         models.load_tokenizer(args.tokenizer),
         args.system_prompt,
         json.loads(args.params_json),
-        io.read_jsonl(args.samples) if args.samples else None,
-        io.read_jsonl(args.verdicts) if args.verdicts else None,
-        [row for p in args.eval_pools for row in io.read_jsonl(p)]
+        manifest.read_jsonl(args.samples, who, paths.SAMPLES) if args.samples else None,
+        manifest.read_jsonl(args.verdicts, who, paths.VERDICTS) if args.verdicts else None,
+        [row for p in args.eval_pools for row in read_pool(p)]
         if args.eval_pools is not None
         else None,
+        verdicts_file=args.verdicts or "verdicts",
     )
     print(f"corpus {args.corpus}: {json.dumps(stats, sort_keys=True)}")
 

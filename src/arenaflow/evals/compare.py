@@ -158,15 +158,27 @@ def noise(readouts: pd.DataFrame, where: str) -> dict:
 
 
 def _sources(paths: list[str]) -> list[dict]:
-    # the sha256 of every pooled readout, so nomination can tell they are still what was pooled
-    return [
-        {
-            "path": p,
-            "created_utc": readout_meta(p).get("created_utc"),
-            "sha256": manifest.sha256_file(p),
-        }
-        for p in paths
-    ]
+    """The sha256 of every pooled readout, so nomination can tell they are still what was
+    pooled, and the weights each read: one arm's replicates must all have read the same."""
+    out = []
+    for p in paths:
+        meta = readout_meta(p)
+        out.append(
+            {
+                "path": p,
+                "created_utc": meta.get("created_utc"),
+                "sha256": manifest.sha256_file(p),
+                "weights": meta.get("weights"),
+            }
+        )
+    digests = {(s["weights"] or {}).get("manifest_digest") for s in out}
+    if len(digests) > 1:
+        raise manifest.ManifestError(
+            f"{paths[0]}: the pooled readouts read different weights "
+            f"({sorted(map(str, digests))}): one was made from another run of the arm, or "
+            "copied from another arm"
+        )
+    return out
 
 
 def pooled(record: dict) -> list[dict]:

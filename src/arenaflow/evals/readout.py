@@ -20,10 +20,11 @@ import numpy as np
 import pandas as pd
 
 from arenaflow import engine as afengine
-from arenaflow import io, jobclock, manifest, verify
+from arenaflow import io, jobclock, manifest, paths, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.instruct import families, multiturn, toolleak
+from arenaflow.pools.validate import read_pool
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition:
 # arenaflow.evals.degeneracy;
@@ -184,11 +185,40 @@ def outcomes(df: pd.DataFrame, col: str, name: str) -> np.ndarray:
 
 def read_readout(path: str | Path) -> pd.DataFrame:
     """A readout, its page checksums verified (readouts written before they had checksums are
-    read as they are); a bad page raises ManifestError naming the file."""
+    read as they are) and its recorded identity matching its path (check_named); a bad page or
+    a readout under another's name raises ManifestError naming the file."""
     try:
-        return pd.read_parquet(path, page_checksum_verification=True)
+        df = pd.read_parquet(path, page_checksum_verification=True)
     except OSError as e:
         raise manifest.ManifestError(f"{path}: unreadable readout: {e}") from None
+    check_named(path, readout_meta(path), df)
+    return df
+
+
+# what a readout's path says of it -> the metadata key that records it
+NAMED = {"suite": "suite", "rarm": "arm", "regime": "regime", "rep": "replicate"}
+
+
+def check_named(path: str | Path, meta: dict, df: pd.DataFrame) -> None:
+    """A readout under readouts/{suite}/{arm}/{regime}.r{rep}.parquet must record that suite,
+    arm, regime and replicate, and its rows that arm and replicate: a readout copied over
+    another (the served regime's over the greedy one's, one replicate over another, one arm's
+    over another's) would otherwise be compared under the name it was copied to."""
+    named = paths.parse(paths.READOUT, path)
+    if named is None or not meta:  # not in the layout, or written before metadata existed
+        return
+    for key, field in NAMED.items():
+        if str(meta.get(field)) != named[key]:
+            raise manifest.ManifestError(
+                f"{path}: records {field} {meta.get(field)!r}, its path says {named[key]!r} "
+                "(a readout copied or moved under another's name)"
+            )
+    for col, want in (("arm", named["rarm"]), ("replicate", named["rep"])):
+        if col in df and set(map(str, df[col].unique())) - {want}:
+            raise manifest.ManifestError(
+                f"{path}: rows of {col} {sorted(set(map(str, df[col].unique())))}, "
+                f"its path says {want!r}"
+            )
 
 
 def structured(df: pd.DataFrame) -> pd.DataFrame:
@@ -267,21 +297,36 @@ def _readouts(args) -> None:
 
     reads = _reads(args)
     job = reads[0]["out"]  # the job's first output, as Snakemake lists it
-    pool = io.read_jsonl(args.pool)
+    pool = read_pool(args.pool)
     batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
     new_tokens = afschema.decoding_of(reads[0]["decoding"])["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, afengine.get("decoder"))
     model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
+    weights = weights_read(args.adapter)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     tokens, seconds = 0, 0.0
     for read in reads:
-        n, s = _read_one(args, model, tok, pool, read)
+        n, s = _read_one(args, model, tok, pool, read, weights)
         tokens, seconds = tokens + n, seconds + s
     jobclock.done(job, tokens=tokens, seconds=seconds)
 
 
-def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, float]:
+def weights_read(run_dir: str | None) -> dict | None:
+    """What a readout records of the weights it read: the run directory and its manifest's
+    digest (verified against the files when the policy was loaded), and the digest of the corpus
+    the run trained on. None for the base, whose weights the config's revision names."""
+    if run_dir is None:
+        return None
+    record = io.read_json(Path(run_dir) / manifest.MANIFEST)
+    evidence = Path(run_dir) / "training_evidence.json"
+    trained_on = io.read_json(evidence).get("dataset_sha256") if evidence.exists() else None
+    return {"run": str(run_dir), "manifest_digest": record["digest"], "corpus_digest": trained_on}
+
+
+def _read_one(
+    args, model, tok, pool: list[dict], read: dict, weights: dict | None
+) -> tuple[int, float]:
     """One (regime, replicate) readout written to read['out']: (tokens, seconds of work)."""
     seed = args.seed + 1000 * read["replicate"]
     t0 = time.perf_counter()
@@ -305,10 +350,12 @@ def _read_one(args, model, tok, pool: list[dict], read: dict) -> tuple[int, floa
         "arm": args.arm,
         "regime": read["regime"],
         "decoding": read["decoding"],
+        "system_prompt": read.get("system_prompt", args.system_prompt),
         "replicate": read["replicate"],
         "seed": seed,
         "batch_size": args.batch_size,
         "engine": afengine.settings(),
+        "weights": weights,
         "pool": args.pool,
         "tokens": tokens,
         "seconds": round(seconds, 3),

@@ -150,7 +150,7 @@ def merge(
                 "rank": rank,
                 "shard_bytes": shard_bytes,
             }
-            manifest.write(tmp, params=params, extra={"arm": arm, "kind": "merge"})
+            manifest.write(tmp, params=params, extra={"arm": arm, "kind": "merge"}, written_as=out)
     finally:
         reader.close()
     return ev

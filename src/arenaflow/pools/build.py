@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-from arenaflow import io, paths
+from arenaflow import io, manifest, paths
 from arenaflow import schema as afschema
 from arenaflow.instruct import pool as ifpool
 from arenaflow.pools import imported
@@ -81,7 +81,10 @@ def build(
       corpora ship them): prompt (the last user turn), context (the turns before it, if any) and
       reference (the last assistant turn), for SFT on the corpus (policy `reference`). An import's
       `band: {index, of}` keeps band `index` of `of` contiguous bands of the file, checked disjoint
-      from the others by text (lineage 002's successive epochs, each on a fresh slice)."""
+      from the others by text (lineage 002's successive epochs, each on a fresh slice).
+
+    A pool with no rows, or a row whose input is longer than `max_prompt_chars` characters (its
+    prompt and earlier turns as written: arenaflow.pools.validate.input_chars), is refused."""
     params = {**afschema.schema_defaults("pool"), **params}
     kind = params["kind"]
     exclude = exclude if exclude is not None else Excluded()
@@ -102,7 +105,13 @@ def build(
         rows = _ifeval_rows(pool, params, exclude)
     else:
         raise ValueError(f"pool {pool}: kind {kind!r} needs a 'file' of prompts")
-    validate_rows(rows, f"pools/{pool}.jsonl", kind)
+    validate_rows(
+        rows,
+        f"pools/{pool}.jsonl",
+        kind,
+        params["max_prompt_chars"],
+        f"pools/{pool}/max_prompt_chars",
+    )
     return rows
 
 
@@ -136,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     exclude = Excluded.from_files(args.exclude)
     rows = build(args.pool, params, exclude=exclude)
     io.write_jsonl(args.out, rows)
+    manifest.write_file(args.out, params, rows=len(rows))
     print(
         f"pool {args.pool}: {len(rows)} rows -> {args.out}; {exclude.skipped} candidates "
         f"skipped as excluded ({len(exclude)} prompts of {len(args.exclude)} excluded pools)"

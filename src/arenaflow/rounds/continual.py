@@ -87,7 +87,7 @@ def write_nominee(rnd: str, nomination: str, runs: Path, out: Path) -> dict:
                 "source_manifest_digest": record["digest"],
             },
         )
-        manifest.write(tmp, extra={"kind": NOMINEE, "round": rnd, "arm": real})
+        manifest.write(tmp, extra={"kind": NOMINEE, "round": rnd, "arm": real}, written_as=out)
     return {"round": rnd, "promoted": promoted, "arm": real}
 
 

@@ -191,7 +191,7 @@ def save(r: Run) -> None:
             jobclock.event(r.args.out, "weights_saved")
             io.write_json(tmp / "training_evidence.json", training_evidence(r))
             io.write_jsonl(tmp / "metrics.jsonl", r.metrics)
-            manifest.write(tmp, params=r.hyper)
+            manifest.write(tmp, params=r.hyper, written_as=r.out)
     if r.rank == 0:
         jobclock.event(r.args.out, "committed")
     if knobs.get(knobs.PROBE_LOGITS):  # tests: the trained engine's logits on row 0

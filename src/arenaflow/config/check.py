@@ -1,0 +1,104 @@
+"""Outputs made with settings the config no longer has.
+
+    python -m arenaflow.config.check config/config.yaml [more.yaml ...] [--config KEY=VALUE ...]
+
+Snakemake reruns a job whose params changed, but `snakemake --touch`, a results directory
+copied from elsewhere or a job run by hand can leave an output made with other settings looking
+current. This compares what each output records with the config as resolved: a trained arm's
+hyperparameters and engine settings (its run's training_evidence.json), a corpus's section of
+the config (its manifest's params), a readout's decoding and system turn (its metadata). Each
+mismatch is printed naming the file and the key, and the command exits 1; `snakemake --forcerun
+<rule>` (or deleting the output) makes it again. Missing outputs are not its business.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from arenaflow import io, paths
+from arenaflow.config.load import files_label, load_configs
+from arenaflow.config.resolve import resolve
+from arenaflow.dag import stages
+from arenaflow.schema import TRAINED, ConfigError, system_prompt_of
+
+
+def differ(where: str, recorded: dict, wanted: dict) -> Iterator[str]:
+    """'where: key recorded X, the config has Y' for each key of `wanted` recorded otherwise."""
+    if not isinstance(recorded, dict):  # written before these settings were recorded
+        yield f"{where}: recorded {recorded!r}, not the settings the config has"
+        return
+    for key, want in wanted.items():
+        have = recorded.get(key)
+        if json.dumps(have, sort_keys=True) != json.dumps(want, sort_keys=True):
+            yield f"{where}: {key} recorded {have!r}, the config has {want!r}"
+
+
+def stale_runs(cfg: dict, results: Path) -> Iterator[str]:
+    for arm, a in cfg["arms"].items():
+        evidence = results / paths.run(arm) / "training_evidence.json"
+        if a["kind"] != TRAINED or not evidence.exists():
+            continue
+        ev = io.read_json(evidence)
+        yield from differ(f"{evidence} hyperparameters", ev.get("hyperparameters", {}),
+                          json.loads(a["params_json"]))  # fmt: skip
+        yield from differ(f"{evidence} engine", ev.get("engine", {}), a["engine"])
+
+
+def stale_corpora(cfg: dict, results: Path) -> Iterator[str]:
+    for corpus, section in cfg["corpora"].items():
+        record = results / paths.corpus_manifest(corpus)
+        if record.exists():
+            wanted = {**section, "system_prompt": cfg["system_prompt"]}
+            yield from differ(str(record), io.read_json(record).get("params", {}), wanted)
+
+
+def stale_readouts(cfg: dict, results: Path) -> Iterator[str]:
+    from arenaflow.evals.readout import readout_meta  # pyarrow: only here
+
+    for suite in cfg["evals"]:
+        for path in sorted((results / "readouts" / suite).glob("*/*.parquet")):
+            named = paths.parse(paths.READOUT, path)
+            if named is None or (named["regime"], int(named["rep"])) not in set(
+                stages.suite_reads(cfg, suite)
+            ):
+                continue  # a regime or replicate no longer asked for: nothing reads it
+            meta = readout_meta(path)
+            wanted = {
+                "decoding": stages.regime_decoding(cfg, suite, named["regime"]),
+                "system_prompt": system_prompt_of(cfg, suite, named["regime"]),
+            }
+            yield from differ(str(path), meta, wanted)
+            yield from differ(
+                f"{path} engine", meta.get("engine", {}), cfg["evals"][suite]["engine"]
+            )
+
+
+def stale(cfg: dict, results: Path) -> list[str]:
+    return [*stale_runs(cfg, results), *stale_corpora(cfg, results), *stale_readouts(cfg, results)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configfile", nargs="+", help="config files, merged as Snakemake merges them")
+    ap.add_argument(
+        "--config", nargs="*", default=[], metavar="KEY=VALUE", help="as snakemake --config"
+    )
+    args = ap.parse_args(argv)
+    try:
+        raw, files = load_configs(args.configfile, args.config)
+        cfg = resolve(raw, config_file=files_label(args.configfile), sources=files)
+    except ConfigError as e:
+        raise SystemExit(f"arenaflow config error: {e}") from None
+    results = Path(cfg["results_dir"])
+    found = stale(cfg, results)
+    for line in found:
+        print(line)
+    print(f"{len(found)} recorded setting(s) differ from the config under {results}")
+    raise SystemExit(1 if found else 0)
+
+
+if __name__ == "__main__":
+    main()
