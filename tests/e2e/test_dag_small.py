@@ -265,8 +265,8 @@ def test_check_finds_no_stale_output_and_names_each_one_an_edit_leaves(built, tm
     def check(*extra) -> subprocess.CompletedProcess:
         config = [f"results_dir={built['results']}", f"arms_dir={built['arms']}"]
         return subprocess.run(
-            [sys.executable, "-m", "arenaflow.config.check", *map(str, MINI), *extra,
-             "--config", *config],
+            [sys.executable, "-m", "arenaflow.config.check", "--configfile", *map(str, MINI),
+             *extra, "--config", *config],
             cwd=REPO, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
 

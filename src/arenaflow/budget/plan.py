@@ -38,6 +38,7 @@ from arenaflow import schema as afschema
 from arenaflow.budget import admission as afadmission
 from arenaflow.budget import cost as afcost
 from arenaflow.budget import ledger as afbudget
+from arenaflow.config import cli
 from arenaflow.corpora.coverage import binary, cbc
 
 STATUSES = (afadmission.ADMITTED, afadmission.REFUSED, afadmission.BLOCKED)
@@ -160,28 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Pending arms, their GPU-minute estimates and the ones "
         "to run under the budget (an integer program)."
     )
-    ap.add_argument(
-        "--configfile",
-        nargs="*",
-        default=[],
-        help="as snakemake's: merged over config/config.yaml unless one sets merge_over",
-    )
-    ap.add_argument(
-        "--config",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="top-level overrides, as snakemake --config (e.g. results_dir=/tmp/r)",
-    )
+    cli.add_arguments(ap)
     ap.add_argument(
         "--gpu-minutes", type=float, default=None, help="the budget (default: budget.gpu_minutes)"
     )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
-    raw, files = afconfig.load_configs(args.configfile, args.config)
-    where = afconfig.files_label(files)
     try:
-        cfg = afconfig.resolve(raw, config_file=where)
+        cfg, _ = cli.resolved(args)
     except afconfig.ConfigError as e:
         print(f"arenaflow config error: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Outputs made with settings the config no longer has.
 
-    python -m arenaflow.config.check config/config.yaml [more.yaml ...] [--config KEY=VALUE ...]
+    python -m arenaflow.config.check [--configfile F ...] [--config KEY=VALUE ...]
 
 Snakemake reruns a job whose params changed, but `snakemake --touch`, a results directory
 copied from elsewhere or a job run by hand can leave an output made with other settings looking
@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from arenaflow import io, paths
-from arenaflow.config.load import files_label, load_configs
-from arenaflow.config.resolve import resolve
+from arenaflow.config import cli
 from arenaflow.dag import stages
-from arenaflow.schema import TRAINED, ConfigError, system_prompt_of
+from arenaflow.schema import REPO_ROOT, TRAINED, ConfigError, system_prompt_of
 
 
 def differ(where: str, recorded: dict, wanted: dict) -> Iterator[str]:
@@ -82,17 +81,13 @@ def stale(cfg: dict, results: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("configfile", nargs="+", help="config files, merged as Snakemake merges them")
-    ap.add_argument(
-        "--config", nargs="*", default=[], metavar="KEY=VALUE", help="as snakemake --config"
-    )
+    cli.add_arguments(ap)
     args = ap.parse_args(argv)
     try:
-        raw, files = load_configs(args.configfile, args.config)
-        cfg = resolve(raw, config_file=files_label(args.configfile), sources=files)
+        cfg, _ = cli.resolved(args)
     except ConfigError as e:
         raise SystemExit(f"arenaflow config error: {e}") from None
-    results = Path(cfg["results_dir"])
+    results = REPO_ROOT / cfg["results_dir"]
     found = stale(cfg, results)
     for line in found:
         print(line)

@@ -23,6 +23,7 @@ from pathlib import Path
 from arenaflow import config as afconfig
 from arenaflow import io
 from arenaflow import schema as afschema
+from arenaflow.config import cli
 from arenaflow.rounds import nominate, registry
 
 
@@ -30,23 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--round", required=True, help="the round whose bar changes")
     ap.add_argument("--reason", required=True, help="why; recorded with the user and the time")
-    ap.add_argument(
-        "--configfile",
-        nargs="*",
-        default=[],
-        help="as snakemake's: merged over config/config.yaml unless one sets merge_over",
-    )
-    ap.add_argument(
-        "--config",
-        nargs="*",
-        default=[],
-        metavar="KEY=VALUE",
-        help="top-level overrides, as snakemake --config (e.g. results_dir=/tmp/r)",
-    )
+    cli.add_arguments(ap)
     args = ap.parse_args(argv)
-    raw, files = afconfig.load_configs(args.configfile, args.config)
     try:
-        cfg = afconfig.resolve(raw, config_file=afconfig.files_label(files), sources=files)
+        cfg, files = cli.resolved(args)
     except afconfig.ConfigError as e:
         print(f"arenaflow config error: {e}", file=sys.stderr)
         return 1
