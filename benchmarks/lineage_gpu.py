@@ -240,7 +240,8 @@ def parse_snakemake(lines: list[tuple[float, str]]) -> dict[str, dict]:
             if kv:
                 key, val = kv.groups()
                 if key in ("output", "log"):
-                    cur[key] = val.split(", ")[0].strip()
+                    # Snakemake annotates a flagged file: "runs/B3/final (update)"
+                    cur[key] = re.sub(r" \([a-z ]+\)$", "", val.split(", ")[0].strip())
                 elif key == "wildcards":
                     cur["wildcards"] = val.strip()
                 elif key == "jobid":

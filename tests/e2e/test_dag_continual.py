@@ -18,7 +18,7 @@ from dagrun import MINI, REPO, planned_blocks, planned_jobs, snakemake
 pytestmark = pytest.mark.dag
 
 NOTHING_CLEARS = [
-    {"metric": "delta", "op": ">", "value": 1000.0, "note": "no candidate can clear this"}
+    {"metric": "delta", "op": ">", "value": 100.0, "note": "no candidate can clear this"}
 ]
 
 

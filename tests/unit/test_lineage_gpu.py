@@ -34,7 +34,7 @@ SNAKEMAKE = [
     (0.5, "    wildcards: pool=sft_s1"),
     (1.0, "[Tue Dec  1 02:37:38 2026]"),
     (1.0, "localrule train_arm:"),
-    (1.0, "    output: runs/S1/final"),
+    (1.0, "    output: runs/S1/final (update)"),  # as Snakemake prints a flagged output
     (1.0, "    log: logs/train/S1.log"),
     (1.0, "    jobid: 7"),
     (1.0, "    wildcards: arm=S1"),
@@ -42,7 +42,11 @@ SNAKEMAKE = [
     (1.5, "Finished jobid: 3 (Rule: build_pool)"),
     (1.5, "1 of 3 steps (33%) done"),
     (2.0, "localrule sample_candidates:"),
-    (2.0, "    output: candidates/rft_r1/samples.jsonl"),
+    (
+        2.0,
+        "    output: candidates/rft_r1/samples.jsonl (update), "
+        "candidates/rft_r1/samples.manifest.json (update)",
+    ),
     (2.0, "    log: logs/candidates/rft_r1.sample.log"),
     (2.0, "    jobid: 9"),
     (2.0, "    wildcards: corpus=rft_r1"),
