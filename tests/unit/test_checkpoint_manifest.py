@@ -26,6 +26,9 @@ from arenaflow.pools import math as mathpool
 from arenaflow.train import checkpoints
 from arenaflow.train.dist import free_port
 
+# the resume tier (with the resumes across world sizes): seven CPU trainings, ~2 min
+pytestmark = pytest.mark.ranks
+
 HYPER = {**TINY_ARM, "checkpoint_every": 2}  # 24 rows, 4 a step: 6 steps, checkpoints at 2, 4
 SHARD = "zero_pp_rank_0_mp_rank_00_optim_states.pt"  # one rank's optimizer state (ZeRO-2)
 
