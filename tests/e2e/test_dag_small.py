@@ -232,6 +232,7 @@ RERUNS = [
 ]
 
 
+@pytest.mark.dag  # seven dry runs, ~1 min: in CI's tiers, not the README's test command
 def test_each_result_changing_key_reruns_its_jobs_and_nothing_upstream(built, tmp_path):
     """One key of each rule family edited at a time on the built mini DAG: the dry run plans
     the jobs whose output depends on it (Snakemake's params trigger) and none upstream."""
