@@ -58,11 +58,10 @@ def stale_readouts(cfg: dict, results: Path) -> Iterator[str]:
     from arenaflow.evals.readout import readout_meta  # pyarrow: only here
 
     for suite in cfg["evals"]:
+        reads = set(stages.suite_reads(cfg, suite))
         for path in sorted((results / "readouts" / suite).glob("*/*.parquet")):
             named = paths.parse(paths.READOUT, path)
-            if named is None or (named["regime"], int(named["rep"])) not in set(
-                stages.suite_reads(cfg, suite)
-            ):
+            if named is None or (named["regime"], int(named["rep"])) not in reads:
                 continue  # a regime or replicate no longer asked for: nothing reads it
             meta = readout_meta(path)
             wanted = {
