@@ -298,6 +298,8 @@ CASES = [
         "json_keys: not valid JSON (NaN is not a JSON value)",
     ),
     ("A.\n* * *\nB.\n****\nC.", {"type": "para", "n": 3, "divider": "***"}, True, ""),
+    # ```json {..}``` on one line is inline code, not a fence that swallows what follows
+    ('```json {"a": 1}```\n\n* x\n* y', {"type": "bullet", "n": 2}, True, ""),
     (
         "A.\n\n---\n\nB.",
         {"type": "para", "n": 3},

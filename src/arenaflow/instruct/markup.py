@@ -77,7 +77,8 @@ def prose(text: str) -> str:
             if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
                 fence = ""
             out.append("")
-        elif m:
+        elif m and not (m.group(1)[0] == "`" and "`" in line[m.end() :]):
+            # (a backtick fence's info string holds no backtick: ```json {..}``` is inline code)
             fence = m.group(1)
             out.append("")
         else:
