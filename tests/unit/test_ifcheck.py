@@ -77,6 +77,7 @@ CASES = [
     ("See Dr. Who. Then go.", {"type": "sent", "n": 3}, False, "sent: 2 sentences, expected 3"),
     # para: blank lines (whitespace-only lines too) separate paragraphs
     ("First para.\n\nSecond para.\n \n\nThird.", {"type": "para", "n": 3}, True, ""),
+    ("First.\r\n\r\nSecond.\r\n\r\n---\r\n\r\nThird.", {"type": "para", "n": 3}, True, ""),
     (
         "Line one.\nLine two of the same paragraph.",
         {"type": "para", "n": 2},

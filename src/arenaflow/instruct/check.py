@@ -143,7 +143,7 @@ def count_paragraphs(text: str, divider: str | None = None) -> int:
     lines = text.split("\n")
     if divider is None:
         kept = "\n".join(line for line in lines if not markup.is_rule(line))
-        return sum(1 for p in re.split(r"\n[ \t]*\n", kept) if p.strip())
+        return sum(1 for p in re.split(r"\n[ \t\r]*\n", kept) if p.strip())
     count, body = 0, ""
     for line in [*lines, divider]:
         if markup.is_rule(line) and line.strip()[0] == divider.strip()[0]:

@@ -40,7 +40,7 @@ _SAME_AS = {
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})")
 _INLINE_CODE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 # a thematic break: three or more of one of - * _, spaces allowed between them
-_RULE = re.compile(r"[ \t]{0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*")
+_RULE = re.compile(r"[ \t]{0,3}([-*_])(?:[ \t]*\1){2,}\s*")
 _DELIM_CELL = re.compile(r"\s*:?-+:?\s*")
 # [text] on one line; citations, footnotes, check boxes and link texts are told apart below
 _BRACKETS = re.compile(r"\[([^\[\]\n]*\S[^\[\]\n]*)\]")
