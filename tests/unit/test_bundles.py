@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from arenaflow import chat, manifest
 from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
+from arenaflow.bundles import checks
 from arenaflow.bundles.checks import (
     BundleCheckError,
     check_template_compiles,
@@ -46,11 +48,153 @@ def test_b3_template_with_expression_form_compiles():
     assert check_template_compiles(fixed)["verdict"] == "PASS"
 
 
-def test_chatml_template_matches_renderer_on_all_eight_shapes():
+def test_chatml_template_matches_renderer_on_every_conversation():
     tok = tinymodel.build_tokenizer()
     tok.chat_template = chat.CHATML_TEMPLATE
     res = check_template_matches(tok)
-    assert res["verdict"] == "PASS" and "16 renders" in res["detail"]
+    n = len(checks.SHAPES)
+    assert res["verdict"] == "PASS" and f"{2 * n} renders of {n} conversations" in res["detail"]
+
+
+def test_the_conversations_have_the_shapes_real_pools_produce():
+    convs = checks.SHAPES.values()
+    roles = [[m["role"] for m in c] for c in convs]
+    assert any(len(c) >= 8 for c in convs)
+    assert any(a == b for r in roles for a, b in zip(r, r[1:]))  # a role twice in a row
+    assert any("system" in r[1:] for r in roles)  # a system turn not in first place
+    assert any("\r\n" in m["content"] for c in convs for m in c)
+    assert any("\r" in m["content"].replace("\r\n", "") for c in convs for m in c)  # a lone CR
+    assert any("tool" in r and r.index("tool") < len(r) - 1 for r in roles)  # a tool turn inside
+
+
+# The templates shipped: arenaflow's, and the embedded bases' own (models/*/chat_template.jinja)
+SHIPPED = {
+    "chatml": chat.CHATML_TEMPLATE,
+    **{
+        d.name: (d / "chat_template.jinja").read_text(encoding="utf-8")
+        for d in sorted((Path(__file__).parents[2] / "models").iterdir())
+        if (d / "chat_template.jinja").exists()
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_the_shipped_templates_are_accepted(name):
+    assert len(SHIPPED) >= 3
+    assert check_template_compiles(SHIPPED[name])["verdict"] == "PASS"
+    tok = tinymodel.build_tokenizer()
+    tok.chat_template = SHIPPED[name]
+    assert check_template_matches(tok)["verdict"] == "PASS"
+
+
+def test_b3s_template_is_refused_only_for_its_known_defects():
+    """tests/e2e/b3_chat_template.jinja (lineage 000's B3) does not compile; its expression form
+    renders every conversation as arenaflow does and is refused only for raising on an unknown
+    role (docs/lineages.md#000-the-b3-to-b3f-template-fix)."""
+    b3 = (Path(__file__).parents[1] / "e2e/b3_chat_template.jinja").read_text(encoding="utf-8")
+    with pytest.raises(BundleCheckError, match="unknown tag 'raise_exception'"):
+        check_template_compiles(b3)
+    tok = tinymodel.build_tokenizer()
+    tok.chat_template = b3.replace(
+        "{%- raise_exception('messages must be defined') -%}",
+        "{{- raise_exception('messages must be defined') -}}",
+    )
+    for msgs in checks.SHAPES.values():
+        for gen in (False, True):
+            rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+            assert rendered == chat.render(msgs, add_generation_prompt=gen)
+    with pytest.raises(BundleCheckError, match="template raises on unknown role"):
+        check_template_matches(tok)
+
+
+def _chatml_with(loop: str = "messages", content: str = "content", keep: str = "true") -> str:
+    """arenaflow's template with its loop, its content expression or a turn filter changed."""
+    return (
+        f"{{%- for message in {loop} -%}}"
+        "{%- set content = message['content'] if message['content'] is not none else '' -%}"
+        f"{{%- if {keep} -%}}"
+        f"{{{{- '<|im_start|>' ~ message['role'] ~ '\\n' ~ {content} ~ '<|im_end|>\\n' -}}}}"
+        "{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    )
+
+
+# Merges consecutive turns of one role into one turn, as some bases' templates do.
+MERGES = (
+    "{%- set ns = namespace(role=none, text='') -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == ns.role -%}"
+    "{%- set ns.text = ns.text ~ '\\n' ~ message['content'] -%}"
+    "{%- else -%}"
+    "{%- if ns.role is not none -%}"
+    "{{- '<|im_start|>' ~ ns.role ~ '\\n' ~ ns.text ~ '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- set ns.role = message['role'] -%}{%- set ns.text = message['content'] -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if ns.role is not none -%}"
+    "{{- '<|im_start|>' ~ ns.role ~ '\\n' ~ ns.text ~ '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+# (template, the conversation it is refused on, the message where the first difference falls,
+# the messages it loses or rewrites)
+BROKEN = {
+    "keeps the last 4 messages": (
+        _chatml_with(loop="messages[-4:]"),
+        "ten messages",
+        "message 0 \\(system\\)",
+        "0 \\(system\\), 1 \\(user\\), 2 \\(assistant\\), 3 \\(user\\), "
+        "4 \\(assistant\\), 5 \\(user\\)$",
+    ),
+    "merges repeated roles": (
+        MERGES,
+        "repeated roles",
+        "message 0 \\(user\\)",
+        None,
+    ),
+    "drops a system message not first": (
+        _chatml_with(keep="message['role'] != 'system' or loop.first"),
+        "system not first",
+        "message 2 \\(system\\)",
+        "2 \\(system\\)$",
+    ),
+    "strips \\r": (
+        _chatml_with(content="content | replace('\\r', '')"),
+        "CRLF",
+        "message 0 \\(system\\)",
+        "0 \\(system\\), 1 \\(user\\), 2 \\(assistant\\), 3 \\(user\\)$",
+    ),
+    "escapes content as HTML": (
+        _chatml_with(content="content | e"),
+        "tool role",
+        "message 2 \\(tool\\)",
+        "2 \\(tool\\)$",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_a_template_that_loses_or_rewrites_messages_is_refused_naming_the_conversation(broken):
+    template, conversation, where, lost = BROKEN[broken]
+    assert check_template_compiles(template)["verdict"] == "PASS"
+    tok = tinymodel.build_tokenizer()
+    tok.chat_template = template
+    with pytest.raises(BundleCheckError) as e:
+        check_template_matches(tok)
+    msg = str(e.value)
+    assert msg.startswith(
+        f"template renders {conversation!r} (add_generation_prompt=False) differently from "
+        "arenaflow.chat.render: first difference at character "
+    ), msg
+    assert re.search(f"character \\d+, in {where}: served '", msg), msg
+    if lost:
+        assert re.search(f"messages lost or rewritten: {lost}", msg), msg
+    else:  # merged: every content is still there, in order
+        assert "lost" not in msg
+    # the first difference is the first character where the two renderings part
+    msgs = checks.SHAPES[conversation]
+    got = tok.apply_chat_template(msgs, tokenize=False)
+    want = chat.render(msgs)
+    at = int(re.search(r"character (\d+)", msg).group(1))
+    assert got[:at] == want[:at] and got[at : at + 1] != want[at : at + 1]
 
 
 # Each of these once passed both template checks (or escaped them as a raw Jinja error)

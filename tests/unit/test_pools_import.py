@@ -722,6 +722,22 @@ def test_chat_import_takes_the_last_turns_as_prompt_reference_and_context(tmp_pa
         build({"kind": "chat", "file": str(bad)})
 
 
+def test_chat_import_refuses_turns_the_renderer_cannot_render(tmp_path):
+    # a tool call lives beside the content; arenaflow.chat renders role and content only, so a
+    # row carrying one would train and read out without it
+    row = _chat_rows(1)[0]
+    row["messages"][1] = {**row["messages"][1], "tool_calls": [{"name": "get_weather"}]}
+    bad = write_jsonl(tmp_path / "tools.jsonl", [_chat_rows(1)[0], row])
+    with pytest.raises(
+        ValueError,
+        match=rf"^{bad}:2: messages\[1\] has keys \['tool_calls'\] beside role and content",
+    ):
+        build({"kind": "chat", "file": str(bad)})
+    tool = {**row, "messages": [row["messages"][0], {"role": "tool", "content": "{}"}]}
+    with pytest.raises(ValueError, match=r"messages\[1\] must be \{role: system\|user\|assistant"):
+        build({"kind": "chat", "file": str(write_jsonl(tmp_path / "t.jsonl", [tool]))})
+
+
 def test_bands_cut_the_file_into_disjoint_contiguous_slices(tmp_path):
     f = write_jsonl(tmp_path / "chat.jsonl", _chat_rows(10))
     bands = [

@@ -2,6 +2,12 @@
 
 Consumes the assembled bundle directory, its chat template, the served run and its corpus;
 produces {check: {verdict, detail}} and reload_check.json, or raises BundleCheckError.
+
+The serving renderer is the bundle's reloaded tokenizer's apply_chat_template with its
+chat_template.jinja, as transformers-based servers render a request; arenaflow.chat.render is
+what training rows and readouts were rendered with. The template check holds the first to the
+second on named conversations of the shapes pools produce (SHAPES) and names the conversation,
+the first differing character and the messages a template lost or rewrote.
 """
 
 from __future__ import annotations
@@ -39,6 +45,56 @@ SHAPES = {
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4."},
     ],
+    # what imported chat pools (arenaflow.pools.imported) and multi-turn readouts hand the
+    # renderer: long contexts, a system turn anywhere, repeated roles, Windows line ends
+    "ten messages": [
+        {"role": "system", "content": "You are a terse tutor."},
+        *[{"role": "user" if i % 2 else "assistant", "content": f"Turn {i}."} for i in range(1, 9)],
+        {"role": "user", "content": "Summarise our talk."},
+    ],
+    "repeated roles": [
+        {"role": "user", "content": "First question."},
+        {"role": "user", "content": "And a second one."},
+        {"role": "assistant", "content": "Answer one."},
+        {"role": "assistant", "content": "Answer two."},
+        {"role": "user", "content": "Thanks."},
+    ],
+    "system not first": [
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "system", "content": "From now on, answer in French."},
+        {"role": "user", "content": "How are you?"},
+    ],
+    "CRLF": [
+        {"role": "system", "content": "Rules:\r\n1. Be brief.\r\n2. Be kind.\r\n"},
+        {"role": "user", "content": "Line one\r\nline two\r\n\r\nline four\rold Mac end"},
+        {"role": "assistant", "content": "Got it.\r\n"},
+        {"role": "user", "content": "\r\nAgain?\r\n"},
+    ],
+    # plain role/content tool turns render like any turn; structured tool calls (an assistant's
+    # tool_calls, a tool turn's tool_call_id) arenaflow.chat cannot render, and pools refuse them
+    "tool turns": [
+        {"role": "system", "content": "You can call get_weather(city)."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": 'get_weather("Oslo")'},
+        {"role": "tool", "content": '{"temp_c": -3, "sky": "snow"}'},
+        {"role": "assistant", "content": "It is -3 °C and snowing in Oslo."},
+        {"role": "user", "content": "And tomorrow?"},
+    ],
+    "twelve messages, repeated roles and a late system turn": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a prime."},
+        {"role": "assistant", "content": "Seven."},
+        {"role": "user", "content": "Another."},
+        {"role": "user", "content": "Bigger\r\nthan ten."},
+        {"role": "assistant", "content": "Eleven."},
+        {"role": "system", "content": "Now be verbose."},
+        {"role": "user", "content": "Why is it prime?"},
+        {"role": "assistant", "content": "is_prime(11)"},
+        {"role": "tool", "content": "true"},
+        {"role": "assistant", "content": "No divisor below its square root."},
+        {"role": "user", "content": "Thanks!"},
+    ],
 }
 DEGENERATE = {
     "unknown role": [{"role": "narrator", "content": "Once upon a time"}],
@@ -72,6 +128,41 @@ def _apply(tokenizer, msgs: list[dict], gen: bool, name: str) -> str:
         ) from None
 
 
+def _lost(msgs: list[dict], served: str) -> list[str]:
+    """The messages whose content is not found in `served`, in order after the previous one's:
+    dropped, truncated away or rewritten."""
+    lost, pos = [], 0
+    for i, m in enumerate(msgs):
+        at = served.find(m["content"], pos)
+        if at < 0:
+            lost.append(f"{i} ({m['role']})")
+        else:
+            pos = at + len(m["content"])
+    return lost
+
+
+def _where(msgs: list[dict], at: int, gen: bool) -> str:
+    """Which part of arenaflow.chat.render(msgs) character `at` falls in."""
+    end = 0
+    for i, m in enumerate(msgs):
+        end += len(chat.render_turn(m["role"], m["content"]))
+        if at < end:
+            return f"message {i} ({m['role']})"
+    return "the generation prompt" if gen and at < end + len(chat.render([], True)) else "the end"
+
+
+def _difference(name: str, msgs: list[dict], gen: bool, got: str, want: str) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    lo = max(0, at - 30)
+    lost = _lost(msgs, got)
+    return (
+        f"template renders {name!r} (add_generation_prompt={gen}) differently from "
+        f"arenaflow.chat.render: first difference at character {at}, in "
+        f"{_where(msgs, at, gen)}: served {got[lo : at + 30]!r}, arenaflow {want[lo : at + 30]!r}"
+        + (f"; messages lost or rewritten: {', '.join(lost)}" if lost else "")
+    )
+
+
 def check_template_matches(tokenizer) -> dict:
     """Render via the reloaded tokenizer, exactly as a server would, and compare bytes."""
     checked = 0
@@ -80,16 +171,16 @@ def check_template_matches(tokenizer) -> dict:
             got = _apply(tokenizer, msgs, gen, repr(name))
             want = chat.render(msgs, add_generation_prompt=gen)
             if got != want:
-                raise BundleCheckError(
-                    f"template renders {name!r} (add_generation_prompt={gen}) "
-                    f"differently from arenaflow.chat.render: {got!r} != {want!r}"
-                )
+                raise BundleCheckError(_difference(name, msgs, gen, got, want))
             checked += 1
     for name, msgs in DEGENERATE.items():
         _apply(tokenizer, msgs, True, name)  # any exception is a failure of graceful degradation
     return {
         "verdict": "PASS",
-        "detail": f"{checked} renders byte-identical; unknown role and None content degrade",
+        "detail": (
+            f"{checked} renders of {len(SHAPES)} conversations byte-identical; "
+            "unknown role and None content degrade"
+        ),
     }
 
 

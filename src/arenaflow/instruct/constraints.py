@@ -7,17 +7,20 @@ them.
 from __future__ import annotations
 
 import json
+import re
 
 # param kinds: "n" a non-negative int, "words" a non-empty list of non-empty strings (a single
-# string is accepted as a list of one), "text" a non-empty string
-_SPECS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
-    # family: ({required param: kind}, {optional param: default})
+# string is accepted as a list of one), "text" a non-empty string, "rule" a markdown horizontal
+# rule (three or more of one of - * _, spaces allowed between them)
+_SPECS: dict[str, tuple[dict[str, str], dict[str, tuple[str, object]]]] = {
+    # family: ({required param: kind}, {optional param: (kind, default; None: left out)})
     "word_eq": ({"n": "n"}, {}),
     "word_min": ({"n": "n"}, {}),
     "word_max": ({"n": "n"}, {}),
     "word_times": ({"word": "text", "n": "n"}, {}),
     "sent": ({"n": "n"}, {}),
-    "para": ({"n": "n"}, {}),
+    # divider: paragraphs separated by that rule (IFEval's "***") instead of blank lines
+    "para": ({"n": "n"}, {"divider": ("rule", None)}),
     "bullet": ({"n": "n"}, {}),
     "numbered": ({"n": "n"}, {}),
     "contains": ({"words": "words"}, {}),
@@ -29,7 +32,7 @@ _SPECS: dict[str, tuple[dict[str, str], dict[str, object]]] = {
     "is_upper": ({}, {}),
     "is_lower": ({}, {}),
     "quoted": ({}, {}),
-    "postscript": ({}, {"marker": "P.S."}),
+    "postscript": ({}, {"marker": ("text", "P.S.")}),
     "placeholders": ({"n": "n"}, {}),
     "highlights": ({"n": "n"}, {}),
     "json_keys": ({"keys": "words"}, {}),
@@ -59,14 +62,14 @@ def validate(constraint) -> dict:
         raise ValueError(
             f"constraint {_name(constraint)}: unexpected param(s) {sorted(extra)} for {family}"
         )
-    out = {"type": family, **optional}
+    out = {"type": family, **{k: d for k, (_, d) in optional.items() if d is not None}}
     for key, kind in required.items():
         if key not in constraint:
             raise ValueError(f"constraint {_name(constraint)}: missing param {key!r} for {family}")
         out[key] = _param(constraint, key, kind, constraint[key])
-    for key in optional:
+    for key, (kind, _) in optional.items():
         if key in constraint:
-            out[key] = _param(constraint, key, "text", constraint[key])
+            out[key] = _param(constraint, key, kind, constraint[key])
     return out
 
 
@@ -77,6 +80,7 @@ def _param(constraint, key: str, kind: str, v):
             "n": "a non-negative integer",
             "text": "a non-empty string",
             "words": "a non-empty string or list of non-empty strings",
+            "rule": "a markdown horizontal rule such as '***'",
         }[kind]
     )
     if kind == "n":
@@ -89,6 +93,8 @@ def _param(constraint, key: str, kind: str, v):
             raise bad
         return list(v)
     if not isinstance(v, str) or not v.strip():
+        raise bad
+    if kind == "rule" and not re.fullmatch(r"([-*_])(?:[ \t]*\1){2,}", v.strip()):
         raise bad
     return [v] if kind == "words" else v
 
@@ -142,6 +148,9 @@ def describe(constraint: dict) -> str:
     """The instruction sentence a prompt carries for `constraint`."""
     c = validate(constraint)
     t, n = c["type"], c.get("n")
+    if t == "para" and "divider" in c:
+        paragraphs = _plural(n, "paragraph")
+        return f"Write exactly {paragraphs}, separated by the markdown divider {c['divider']}."
     if t in _COUNTED_SENTENCES:
         sentence, unit = _COUNTED_SENTENCES[t]
         return sentence.format(n=_plural(n, unit))

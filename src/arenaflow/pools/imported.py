@@ -132,6 +132,13 @@ def _chat(row: dict, where: str) -> dict:
                 f"{where}: messages[{i}] must be {{role: system|user|assistant, content}}"
             )
         _text(m, "content", f"{where}: messages[{i}]")
+        if set(m) - {"role", "content"}:
+            # arenaflow.chat renders a turn's role and content; tool calls and the like would
+            # be dropped silently from training and readouts
+            raise ValueError(
+                f"{where}: messages[{i}] has keys {sorted(set(m) - {'role', 'content'})} "
+                "beside role and content, which arenaflow.chat cannot render"
+            )
     if msgs[-1]["role"] != "assistant" or msgs[-2]["role"] != "user":
         raise ValueError(f"{where}: 'messages' must end with a user turn and an assistant turn")
     out = {"prompt": msgs[-2]["content"], "reference": msgs[-1]["content"], "category": "chat"}
