@@ -10,8 +10,8 @@
 Checks, run on the assembled directory before it is moved into place:
 1. template_compiles: chat_template.jinja compiles in the sandboxed Jinja environment
    transformers uses (so `{% raise_exception(...) %}` fails here, as it would in a server);
-2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over eight
-   conversation shapes (SHAPES: content with leading/trailing spaces and newlines, which a
+2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over the
+   14 named conversation shapes (SHAPES: content with leading/trailing spaces and newlines, which a
    `| trim` would eat, and a conversation ending on an assistant turn, as training rows do,
    among them), with and without add_generation_prompt, and degrades without raising on an
    unknown role or None content; a template that raises while rendering fails the check with
