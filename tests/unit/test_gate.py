@@ -68,6 +68,7 @@ def test_a_raw_p_that_passes_fails_once_holm_adjusts_it_and_both_are_recorded():
         assert c["p_raw"] == raw < 0.05 < adj and c["p_adjusted"] == pytest.approx(adj)
         assert c["observed"] == c["p_adjusted"] and c["adjust"] == "holm" and not c["holds"]
     assert not v["clears"] and v["failed"] == [1, 2]
+    assert "= 0.06 (holm-adjusted; raw 0.03) < 0.05 fails" in bar.describe(v["clauses"][0])
 
 
 def test_the_method_is_configurable_and_part_of_the_bars_sha256():

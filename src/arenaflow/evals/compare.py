@@ -226,10 +226,14 @@ def _compare_cmd(args) -> None:
     )
     io.write_json(args.out, manifest.seal(res))
     t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
+    cl = res["clustered"]
+    ses = [cl[k]["se"] for k in ("items", "clustered")]
+    se = " / ".join("n/a" if x is None else f"{x:.2f}" for x in ses)
     print(
         f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, "
         f"W/L {res['wins']}/{res['losses']}, "
-        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}"
+        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}, "
+        f"SE items / {cl['n_clusters']} clusters {se} pt"
     )
 
 

@@ -292,6 +292,8 @@ def describe(c: dict) -> str:
     lhs += f" vs {c['against']}" if c.get("against") else ""
     obs = "undefined" if c["observed"] is None else f"{c['observed']:.4g}"
     thr = "undefined" if c["threshold"] is None else f"{c['threshold']:.4g}"
+    if "p_raw" in c:  # a p adjusted for the bar's other p_value clauses (rounds.gate.adjust)
+        obs += f" ({c['adjust']}-adjusted; raw {c['p_raw']:.4g})"
     return (
         f"clause {c['clause']}: {lhs} on {c['suite']}/{c['regime']} = {obs} {c['op']} {thr} "
         f"{'holds' if c['holds'] else 'fails'}"

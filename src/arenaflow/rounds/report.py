@@ -120,6 +120,13 @@ def snr_html(rows: dict) -> str:
     )
 
 
+def _raw(c: dict) -> str:
+    """A multiplicity-adjusted p's raw value and method, under its cell."""
+    if "p_raw" not in c:
+        return ""
+    return f"<br><small>{html.escape(c['adjust'])}; raw p {_fmt(c['p_raw'])}</small>"
+
+
 def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
     e = html.escape
 
@@ -139,7 +146,8 @@ def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
     for v in nom["candidates"]:
         cells = "".join(
             f"<td class={'ok' if c['holds'] else 'no'}>{e(_fmt(c['observed']))} {e(c['op'])} "
-            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}</td>"
+            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}"
+            f"{_raw(c)}</td>"
             for c in v["clauses"]
         )
         mark = " (promoted)" if v["arm"] == nom["promoted"] else ""
