@@ -29,13 +29,17 @@ SIGNIFICANCE = {"p_value": "<", "t": ">", "t_items": ">"}  # a test on the suite
 def gating_of(cfg: dict, rnd: dict, promotion: dict) -> dict:
     """The round's `gating` record (see the module docstring) from a resolved config."""
     suites = {}
-    for c in bar.resolve(rnd):
+    for c in bar.resolve(rnd):  # only what the bar reads: the round is its jobs' param
         ev = cfg["evals"][c["suite"]]
-        suites[c["suite"]] = {
-            "n": cfg["pools"][ev["pool"]].get("n"),
-            "replicates": {r: g["replicates"] for r, g in ev["regimes"].items()},
-            "gate_below_snr": bool(ev.get("gate_below_snr", False)),
-        }
+        s = suites.setdefault(
+            c["suite"],
+            {
+                "n": cfg["pools"][ev["pool"]].get("n"),
+                "replicates": {},
+                "gate_below_snr": bool(ev.get("gate_below_snr", False)),
+            },
+        )
+        s["replicates"][c["regime"]] = ev["regimes"][c["regime"]]["replicates"]
     return {"promotion": promotion, "suites": suites}
 
 
