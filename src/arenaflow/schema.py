@@ -120,6 +120,7 @@ _PARTS = {
     "judged": ("judged", "additionalProperties"),
     "mc_guard": ("mc_guards", "additionalProperties"),
     "budget": ("budget",),
+    "promotion": ("promotion",),
     "estimate": ("budget", "properties", "estimate"),
     "engine": ("$defs", "engine"),  # a path from $defs starts at the schema's root
 }

@@ -18,6 +18,7 @@ from arenaflow.config.load import key_line
 from arenaflow.pools import exclude as afexclude
 from arenaflow.pools import imported as afimported
 from arenaflow.rounds import bar as afbar
+from arenaflow.rounds import gate as afgate
 from arenaflow.schema import (
     BASE,
     DECODING_KEYS,
@@ -100,6 +101,7 @@ def resolve(
     arms = _resolve_arms(cfg, raw, files, arms_dir)
     _resolve_evals(cfg, schema, config_file)
     known_arms = set(arms) | {BASE}
+    cfg["promotion"] = filled(schema_part(schema, "promotion"), cfg.get("promotion", {}))
     _check_rounds(cfg, known_arms, config_file)
     _resolve_judged(cfg, schema, known_arms, root, config_file)
     _resolve_prompt_search(cfg, known_arms, config_file)
@@ -250,6 +252,10 @@ def _check_rounds(cfg: dict, known_arms: set, config_file: str) -> None:
                 f"{where}/candidates': the incumbent {rnd['incumbent']!r} cannot be a candidate"
             )
         for key, msg in afbar.validate(rnd, replicates, known_arms, turns):
+            raise ConfigError(f"{where}/{key}': {msg}")
+        # what registration's power plan and the judgement's admission read (rounds.gate)
+        rnd["gating"] = afgate.gating_of(cfg, rnd, cfg["promotion"])
+        for key, msg in afgate.snr_errors(rnd):
             raise ConfigError(f"{where}/{key}': {msg}")
         rnd["bar_resolved"] = afbar.resolve(rnd)  # every default and arm named, once
 

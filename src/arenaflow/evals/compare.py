@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from arenaflow import io, manifest
-from arenaflow.evals import stats
+from arenaflow.evals import cluster, stats
 from arenaflow.evals.readout import load, outcomes, readout_meta
 from arenaflow.instruct import families, multiturn
 from arenaflow.rounds import bar as afbar
@@ -88,6 +88,9 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
         extra["by_turn"] = multiturn.by_turn(m)
         m = multiturn.conversations(m)
     out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
+    labels, by = cluster.clusters_of(m)  # an item's K replicates always share a cluster
+    diff = m["correct"].to_numpy(float) - m["correct_ref"].to_numpy(float)
+    out["clustered"] = cluster.paired_clustered(diff, labels, by)
     out["by_category"] = {
         c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
         for c, g in m.groupby("category", sort=True)
@@ -223,10 +226,14 @@ def _compare_cmd(args) -> None:
     )
     io.write_json(args.out, manifest.seal(res))
     t = "n/a" if res["t"] is None else f"{res['t']:+.2f}"
+    cl = res["clustered"]
+    ses = [cl[k]["se"] for k in ("items", "clustered")]
+    se = " / ".join("n/a" if x is None else f"{x:.2f}" for x in ses)
     print(
         f"{res['cand']} vs {res['ref']}: delta {res['delta']:+.2f} pt, "
         f"W/L {res['wins']}/{res['losses']}, "
-        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}"
+        f"p = {res['p_value']:.3g}, t over {res['replicates']} replicates {t}, "
+        f"SE items / {cl['n_clusters']} clusters {se} pt"
     )
 
 

@@ -23,6 +23,7 @@ from arenaflow import engine as afengine
 from arenaflow import io, jobclock, manifest, paths, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
+from arenaflow.evals.cluster import cluster_of_row
 from arenaflow.instruct import families, multiturn, toolleak
 from arenaflow.pools.validate import read_pool
 
@@ -129,6 +130,7 @@ def readout(
             {
                 "item_id": r["id"],
                 "category": r["category"],
+                "cluster": cluster_of_row(r),  # what its SE is clustered by (evals.cluster)
                 "prompt_sha256": manifest.sha256_text(p),
                 "target_sha256": manifest.sha256_text(target_of(r)),
                 "completion": o["text"],

@@ -70,6 +70,8 @@ LEVELS = (
 )  # what arenaflow.evals.compare.levels() returns per side
 # the paired statistics the comparison keeps for each turn of a multi-turn suite (by_turn)
 TURN_METRICS = ("delta", "p_value", "t_items", "wins_minus_losses")
+# what `se: clustered` reads instead, from the comparison's clustered block (evals.cluster)
+CLUSTERED = {"p_value": "p_value", "t_items": "t"}
 NOISE_STATS = ("mean_abs_delta", "max_abs_delta", "spread", "max_abs_t")
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
@@ -113,9 +115,15 @@ def resolve(rnd: dict) -> list[dict]:
                 "times": noise["times"],
                 "arm": noise.get("arm", rnd["incumbent"]),
             }
-        if c.get("note"):
-            r["note"] = c["note"]
+        for key in ("se", "admit_low_snr", "note"):  # only where given: a bar's sha256 stays
+            if c.get(key) is not None:
+                r[key] = c[key]
         out.append(r)
+    tests = [r for r in out if r["metric"] == "p_value"]
+    if len(tests) >= 2:  # a family of tests: each p is adjusted for the others (rounds.gate)
+        method = (rnd.get("gating") or {}).get("promotion", {}).get("multiplicity")
+        for r in tests:
+            r["adjust"] = method or schema_defaults("promotion")["multiplicity"]
     return out
 
 
@@ -148,6 +156,14 @@ def validate(rnd: dict, replicates, arms: set[str], turns) -> list[tuple[str, st
             errors.append((f"{key}/vs", "vs: control, but the round names no control arm"))
         if "turn" in c:
             errors += _turn_errors(c, key, suite, turns(suite))
+        if c.get("se") == "clustered" and (c["metric"] not in CLUSTERED or "turn" in c):
+            errors.append(
+                (
+                    f"{key}/se",
+                    f"se: clustered reads the clustered test of the whole comparison: "
+                    f"{' or '.join(CLUSTERED)} without `turn`, not {c['metric']!r}",
+                )
+            )
         if c["metric"] == "t" and k < 2:
             errors.append(
                 (
@@ -200,6 +216,7 @@ def requirements(rnd: dict, replicates) -> dict[str, list[str]]:
     creation times the registration must precede)."""
     need = comparisons_needed(rnd)
     noise = [(c["suite"], c["regime"], c["noise"]["arm"]) for c in clauses(rnd) if "noise" in c]
+    noise += snr_noise(rnd, replicates)
     readouts = [
         paths.readout(s, cand, r, k)
         for s, r, cand in dict.fromkeys((s, r, c) for s, r, c, _ in need)
@@ -210,6 +227,15 @@ def requirements(rnd: dict, replicates) -> dict[str, list[str]]:
         "noise": [paths.noise(s, r, a) for s, r, a in dict.fromkeys(noise)],
         "readouts": readouts,
     }
+
+
+def snr_noise(rnd: dict, replicates) -> list[tuple[str, str, str]]:
+    """(suite, regime, incumbent) of the noise floors a signal-to-noise admission reads
+    (promotion.min_snr, arenaflow.rounds.gate): every gating suite/regime with K >= 2."""
+    if (rnd.get("gating") or {}).get("promotion", {}).get("min_snr") is None:
+        return []
+    pairs = dict.fromkeys((c["suite"], c["regime"]) for c in clauses(rnd))
+    return [(s, r, rnd["incumbent"]) for s, r in pairs if replicates(s, r) >= 2]
 
 
 def _level(comp: dict, side: str, metric: str):
@@ -230,6 +256,8 @@ def judge_clause(clause: dict, cand: str, incumbent: str, compares: dict, noises
     try:
         if "turn" in clause:  # JSON keeps by_turn's keys as strings
             observed = comp["by_turn"][str(clause["turn"])][m]
+        elif clause.get("se") == "clustered":
+            observed = comp["clustered"]["clustered"][CLUSTERED[m]]
         elif m in PAIRED:
             observed = comp[m]
         elif clause["vs"] == "none":
@@ -264,6 +292,8 @@ def describe(c: dict) -> str:
     lhs += f" vs {c['against']}" if c.get("against") else ""
     obs = "undefined" if c["observed"] is None else f"{c['observed']:.4g}"
     thr = "undefined" if c["threshold"] is None else f"{c['threshold']:.4g}"
+    if "p_raw" in c:  # a p adjusted for the bar's other p_value clauses (rounds.gate.adjust)
+        obs += f" ({c['adjust']}-adjusted; raw {c['p_raw']:.4g})"
     return (
         f"clause {c['clause']}: {lhs} on {c['suite']}/{c['regime']} = {obs} {c['op']} {thr} "
         f"{'holds' if c['holds'] else 'fails'}"

@@ -281,6 +281,12 @@ def _register_cmd(args, rnd: dict) -> None:
         f"round {args.round}: bar sha256 {rec['bar_sha256']} "
         f"registered at {rec['registered_utc']} ({registry})"
     )
+    power = rec.get("power") or {}
+    for suite, p in power.get("suites", {}).items():
+        mde = "unknown" if p["mde"] is None else f"{p['mde']:.3g} points"
+        print(f"  {suite}: {p['n']} items, minimum detectable effect {mde}")
+    for w in power.get("underpowered", []):
+        print(f"WARNING (promotion.underpowered: warn): {w}", file=sys.stderr)
 
 
 def _read_judged(args, rnd: dict) -> tuple[dict, dict]:
@@ -316,6 +322,7 @@ def _judge_cmd(args, rnd: dict) -> None:
         "registered_utc": current["registered_utc"],
         "bar_sha256": current["bar_sha256"],
         "readouts_checked": len(args.readouts),
+        "power": current.get("power"),  # the MDE plan registered with the bar (rounds.gate)
     }
     result = seal(result, [args.registration, *args.compare, *args.noise, *args.readouts])
     io.write_json(args.out, result)

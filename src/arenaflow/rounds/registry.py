@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 
 from arenaflow import io, manifest
-from arenaflow.rounds import bar
+from arenaflow.rounds import bar, gate
 from arenaflow.rounds.bar import bar_sha256
 
 
@@ -52,18 +52,38 @@ def utcnow() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
 
 
+def check_power(round_id: str, rnd: dict) -> dict | None:
+    """The bar's power plan (arenaflow.rounds.gate); RegistrationError naming the round, suite
+    and clause when a clause asks for less than its suite detects and promotion.underpowered
+    is `refuse`."""
+    plan = gate.power_plan(round_id, rnd)
+    if plan and plan["underpowered"] and plan["on_underpowered"] == "refuse":
+        raise RegistrationError(
+            f"{plan['underpowered'][0]}. Refused at registration: ask for at least the MDE, add "
+            "a p_value clause on the suite, enlarge the suite, or set promotion.underpowered: "
+            f"warn to register it with a warning ({len(plan['underpowered'])} clause(s))"
+        )
+    return plan
+
+
 def register(round_id: str, rnd: dict, now: str | None = None) -> dict:
-    """The registration record of a round's bar (not yet in any registry)."""
+    """The registration record of a round's bar (not yet in any registry), with its power plan;
+    an underpowered bar is refused (check_power)."""
     resolved = bar.clauses(rnd)
-    return {
+    plan = check_power(round_id, rnd)
+    rec = {
         "round": round_id,
         "bar": rnd["bar"],
         "bar_resolved": resolved,
         "bar_sha256": bar_sha256(resolved),
-        "round_config": {k: v for k, v in rnd.items() if k != "bar_resolved"},  # as written
+        # as written (gating: what config resolution added, recorded as `power`)
+        "round_config": {k: v for k, v in rnd.items() if k not in ("bar_resolved", "gating")},
         "registered_utc": now or utcnow(),
         "code": manifest.code_version(),
     }
+    if plan:  # with promotion.underpowered: warn, its `underpowered` are the warnings
+        rec["power"] = plan
+    return rec
 
 
 def registry_path(nominations_dir: str | os.PathLike, round_id: str) -> Path:

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from arenaflow import io
-from arenaflow.rounds import bar
+from arenaflow.rounds import bar, gate
 from arenaflow.rounds.figures import (
     dose_response,
     lineage,
@@ -87,6 +87,46 @@ def sweep_html(rnd: dict, arms: dict, compares: dict) -> str:
     )
 
 
+def snr_rows(rnd: dict, nom: dict, compares: dict, noises: dict) -> dict:
+    """{"suite/regime": gate.snr_of(...)} of each regime the report compares on the round's suite,
+    and, with their admission, of every suite the nomination gated on (gate.snr)."""
+    out = {}
+    for regime in sorted({g for g, _ in compares}):
+        accs = {}
+        for (g, cand), c in compares.items():
+            if g == regime:
+                accs[cand], accs[rnd["incumbent"]] = c.get("accuracy"), c.get("ref_accuracy")
+        out[f"{rnd['suite']}/{regime}"] = gate.snr_of(accs, noises.get((regime, rnd["incumbent"])))
+    return {**out, **nom.get("snr", {})}
+
+
+def snr_html(rows: dict) -> str:
+    """The signal-to-noise table: each suite's spread of arms' accuracies over its noise floor."""
+    e = html.escape
+    body = "".join(
+        f"<tr><th>{e(k)}</th><td>{_fmt(v['signal'])}</td><td>{_fmt(v['noise'])}</td>"
+        f"<td>{_fmt(v['snr']) if v['snr'] is not None else 'n/a: ' + e(str(v['why']))}</td>"
+        f"<td>{e(v.get('admission', 'not gated on'))}</td></tr>"
+        for k, v in rows.items()
+    )
+    return (
+        "<h3>Signal to noise</h3>\n<p>Range of the arms' accuracies (points) over the range of "
+        "the incumbent's replicate accuracies (its noise floor); a suite below promotion.min_snr "
+        "cannot gate unless the config admits it (docs/statistics.md).</p>\n<table><tr>"
+        "<th>suite/regime</th><th>signal (pt)</th><th>noise (pt)</th><th>SNR</th>"
+        f"<th>as a gating suite</th></tr>{body}</table>\n"
+        if rows
+        else ""
+    )
+
+
+def _raw(c: dict) -> str:
+    """A multiplicity-adjusted p's raw value and method, under its cell."""
+    if "p_raw" not in c:
+        return ""
+    return f"<br><small>{html.escape(c['adjust'])}; raw p {_fmt(c['p_raw'])}</small>"
+
+
 def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
     e = html.escape
 
@@ -106,7 +146,8 @@ def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
     for v in nom["candidates"]:
         cells = "".join(
             f"<td class={'ok' if c['holds'] else 'no'}>{e(_fmt(c['observed']))} {e(c['op'])} "
-            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}</td>"
+            f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}"
+            f"{_raw(c)}</td>"
             for c in v["clauses"]
         )
         mark = " (promoted)" if v["arm"] == nom["promoted"] else ""
@@ -176,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     lineage(out / "lineage.png", rnd, arms, nom["promoted"])
     extra = sweep_html(rnd, arms, compares) + families_html(rnd, compares)
+    extra += snr_html(snr_rows(rnd, nom, compares, noises))
     io.write_text(out / "nomination.html", nomination_html(nom, reg, extra))
     print(f"round {args.round}: report files in {out} ({bar.bar_sha256(nom['bar_resolved'])[:12]})")
 

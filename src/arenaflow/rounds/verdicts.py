@@ -6,7 +6,7 @@ candidate, reference); produces the nomination record that arenaflow.rounds.nomi
 
 from __future__ import annotations
 
-from arenaflow.rounds import bar
+from arenaflow.rounds import bar, gate
 from arenaflow.rounds.bar import bar_sha256
 
 
@@ -15,12 +15,17 @@ def _key(rnd: dict, k) -> tuple:
     return (rnd["suite"], rnd["regime"], k, rnd["incumbent"]) if isinstance(k, str) else tuple(k)
 
 
-def judge(candidate: str, rnd: dict, compares: dict, noises: dict | None = None) -> dict:
+def judge(
+    candidate: str, rnd: dict, compares: dict, noises: dict | None = None, snrs: dict | None = None
+) -> dict:
+    """One candidate's verdict: every clause judged, its p_value clauses adjusted together
+    (gate.adjust) and, with promotion.min_snr, those on a suite not admitted failed (gate.admit)."""
     primary = compares[(rnd["suite"], rnd["regime"], candidate, rnd["incumbent"])]
     clauses = [
         bar.judge_clause(c, candidate, rnd["incumbent"], compares, noises or {})
         for c in bar.clauses(rnd)
     ]
+    clauses = gate.admit(gate.adjust(clauses), rnd, snrs or gate.snr(rnd, compares, noises or {}))
     return {
         "arm": candidate,
         "clears": all(c["holds"] for c in clauses),
@@ -66,7 +71,8 @@ def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = 
     )
     if missing:
         raise ValueError(f"round {round_id}: no comparison for {missing}")
-    verdicts = [judge(c, rnd, compares, noises) for c in rnd["candidates"]]
+    snrs = gate.snr(rnd, compares, noises or {})
+    verdicts = [judge(c, rnd, compares, noises, snrs) for c in rnd["candidates"]]
     promoted, best, cleared = promote(verdicts, rnd["incumbent"])
     where = f"{rnd['suite']}/{rnd['regime']}"
     if best:
@@ -94,4 +100,6 @@ def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = 
         "candidates": verdicts,
         "promoted": promoted,
         "reason": reason,
+        "snr": gate.admission(rnd, snrs),
+        "min_snr": (rnd.get("gating") or {}).get("promotion", {}).get("min_snr"),
     }
