@@ -1,8 +1,10 @@
 """A training's CUDA allocator grows one segment in place (expandable segments), set after torch
 is loaded, as under the fork server; a user's own allocator setting is left alone.
 
-Needs one CUDA GPU; skipped elsewhere (CI has none). The same check ran inline on the H200
-(docs/benchmark-log.md, runs 19-22: one segment of 3,080 MiB with it, 2,048 + 1,024 without)."""
+On CUDA (the gpu marker's cases, skipped without a GPU) the probe counts the allocator's
+segments; the same check ran inline on the H200 (docs/benchmark-log.md, runs 19-22: one segment
+of 3,080 MiB with it, 2,048 + 1,024 without). On CPU the same probe reads back the setting torch's
+allocator configuration holds."""
 
 from __future__ import annotations
 
@@ -13,38 +15,48 @@ import sys
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
 
 # a fresh process: torch loaded first, then the loop's setting, then the first allocations
 PROBE = """
+import sys
 import torch
 from arenaflow.train.dist import expandable_segments
 expandable_segments()
-a = torch.empty(2**28, device="cuda")
-b = torch.empty(2**29, device="cuda")
-print(len(torch.cuda.memory_snapshot()))
+if sys.argv[1] == "cuda":
+    a = torch.empty(2**28, device="cuda")
+    b = torch.empty(2**29, device="cuda")
+    print(len(torch.cuda.memory_snapshot()))
+else:
+    print(torch._C._accelerator_getAllocatorSettings())
 """
 
 
-def segments(**env) -> int:
+def probe(device: str, **env) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.endswith("ALLOC_CONF")}
     out = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-c", PROBE, device],
         env={**clean, **env},
         capture_output=True,
         text=True,
         check=True,
     )
-    return int(out.stdout.split()[-1])
+    return out.stdout.split()[-1]
 
 
-def test_a_training_allocates_from_one_growing_segment():
-    assert segments() == 1
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_training_allocates_from_one_growing_segment(device):
+    assert probe(device) == {"cpu": "expandable_segments:True", "cuda": "1"}[device]
 
 
-def test_a_users_allocator_setting_is_kept():
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_users_allocator_setting_is_kept(device):
     # the user's (here: the default, fixed segments) wins: one segment per allocation
-    assert segments(PYTORCH_ALLOC_CONF="expandable_segments:False") == 2
+    got = probe(device, PYTORCH_ALLOC_CONF="expandable_segments:False")
+    assert got == {"cpu": "expandable_segments:False", "cuda": "2"}[device]
