@@ -4,9 +4,13 @@ plan) is importable as `dagrun` from tests/unit and tests/slurm too.
 Under pytest-xdist each worker gets its share of the cores for torch's intra-op threads (unless
 OMP_NUM_THREADS is set): two workers on two cores each running two OpenMP threads spent most of
 their time waiting on each other (README's test command: 9:03 against 7:10 with one thread a
-worker on a 2-core machine; the flex-attention decode test 81 s against 14 s)."""
+worker on a 2-core machine; the flex-attention decode test 81 s against 14 s).
+
+Every test collected, before `-m` and `-k` deselect any, is kept with its gpu marker for
+tests/unit/test_gpu_tier.py (fixture collected_tests; --collected-json writes them to a file)."""
 
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -30,3 +34,45 @@ def engine_settings():
 
     with contextlib.ExitStack() as stack:
         yield lambda **settings: stack.enter_context(engine.using(**settings))
+
+
+_COLLECTED = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--collected-json",
+        metavar="PATH",
+        help="write every collected test's id, gpu marker and skip marker to PATH as JSON",
+    )
+
+
+def _skipped_here(item) -> bool:
+    """Skipped in this process by a marker (skip, or a skipif whose condition holds)."""
+    if item.get_closest_marker("skip"):
+        return True
+    conditions = (
+        m.args[0] if m.args else m.kwargs.get("condition") for m in item.iter_markers("skipif")
+    )
+    return any(c is True for c in conditions)
+
+
+@pytest.hookimpl(tryfirst=True)  # before the markers plugin's -m and the -k deselection
+def pytest_collection_modifyitems(config, items):
+    records = [
+        {
+            "id": i.nodeid,
+            "gpu": i.get_closest_marker("gpu") is not None,
+            "skipped": _skipped_here(i),
+        }
+        for i in items
+    ]
+    config.stash[_COLLECTED] = records
+    if config.getoption("collected_json"):
+        Path(config.getoption("collected_json")).write_text(json.dumps(records))
+
+
+@pytest.fixture(scope="session")
+def collected_tests(request) -> list[dict]:
+    """Every test this session collected (deselected ones too): id, gpu, skipped."""
+    return request.config.stash.get(_COLLECTED, [])

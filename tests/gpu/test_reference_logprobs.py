@@ -1,7 +1,7 @@
-"""DPO's reference log-probs with the model on a GPU (the loop loads the policy onto CUDA
-before DeepSpeed wraps it, while collated batches are built on the host).
-
-Needs one CUDA GPU; skipped elsewhere (CI has none)."""
+"""DPO's reference log-probs (train.setup.reference_logprobs) as a job's set-up computes them:
+batched, padded, in the first epoch's micro-batches, held to each row's own unpadded forward
+pass. On CUDA too (the loop loads the policy onto the GPU before DeepSpeed wraps it, while
+collated batches are built on the host): the gpu marker's case, skipped without a GPU."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ import torch
 from arenaflow import models, schema
 from arenaflow.train import setup
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
+BASE = Path(__file__).resolve().parents[2] / "models/tiny-arith"
 
 
 def _pairs(vocab: int, n: int) -> dict:
@@ -53,14 +57,32 @@ def reference(model, pairs: dict) -> dict:
     return setup.reference_logprobs(run)
 
 
-def test_reference_logprobs_on_cuda_match_cpu():
-    base = str(Path(__file__).resolve().parents[2] / "models/tiny-arith")
-    pairs = _pairs(models.load_tokenizer(base).vocab_size, 10)
+def one_by_one(model, pairs: dict) -> dict:
+    """The oracle: each row alone through the model, unpadded, its supervised tokens' log-probs
+    summed (token t predicted from the logits at t - 1)."""
+    out = {}
+    with torch.no_grad():
+        for side, rows in pairs.items():
+            sums = []
+            for ids, mask in rows:
+                logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+                picked = logits.log_softmax(-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+                sums.append(picked[torch.tensor(mask[1:]) == 1].sum())
+            out[side] = torch.stack(sums)
+    return out
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_reference_logprobs_match_each_rows_own_forward(device):
+    pairs = _pairs(models.load_tokenizer(str(BASE)).vocab_size, 10)
     # the same float32 weights on both devices (load_base on CUDA loads bf16: the H200 run of
     # this test compared two different models, 0.2 % apart)
-    model = models.load_base(base, torch.device("cpu")).float().eval()
-    on = {"cpu": reference(model, pairs)}
-    on["cuda"] = reference(model.cuda(), pairs)
+    model = models.load_base(str(BASE), torch.device("cpu")).float().eval()
+    want = one_by_one(model, pairs)
+    got = reference(model.to(device), pairs)
     for side in ("chosen", "rejected"):
-        assert on["cuda"][side].device.type == "cpu"  # the loop moves each micro-batch's share
-        torch.testing.assert_close(on["cuda"][side], on["cpu"][side], rtol=2e-3, atol=2e-2)
+        assert got[side].device.type == "cpu"  # the loop moves each micro-batch's share
+        assert (got[side] < 0).all()  # every row has supervised tokens
+        # CPU: padding and batching change the sums' rounding only; CUDA: TF32 products
+        tol = dict(rtol=2e-3, atol=2e-2) if device == "cuda" else dict(rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(got[side], want[side], **tol)

@@ -175,25 +175,29 @@ def test_one_decoder_serves_every_decoding_as_fresh_decoders_do(device):
         assert (len(decoders[0].graphs), len(decoders[0].choosers)) == (2, 3)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_bucket_is_captured_when_a_batch_first_reaches_it():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bucket_is_captured_when_a_batch_first_reaches_it(device):
     """A batch whose rows all stop at once runs SYNC_EVERY steps: only their bucket is captured.
     A later batch through the same decoder that runs on captures the rest on the way, and
-    decodes as a decoder without graphs does."""
-    model = random_llama("cuda")
-    ids, mask = left_padded([[9, 8, 7, 6], [100, 101], [5, 6, 44], [1, 2, 3, 4]], 0, "cuda")
+    decodes as a decoder without graphs does. Through transformers' modelling step, which
+    "auto" takes on CUDA (on CPU the same loop, buckets and stop checks, nothing captured)."""
+    model = random_llama(device)
+    ids, mask = left_padded([[9, 8, 7, 6], [100, 101], [5, 6, 44], [1, 2, 3, 4]], 0, device)
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=60)
     every = list(range(model.config.vocab_size))
-    stopping = decode.StaticDecoder(model, *ids.shape, 60, dec, every, 0)
+    stopping = decode.StaticDecoder(model, *ids.shape, 60, dec, every, 0, step="hf")
     stopping.run(ids, mask)
     assert stopping.last_decode["steps"] == decode.SYNC_EVERY
-    assert set(stopping.graphs) == {stopping._bucket(0)} == {32}
-    graphed = decode.StaticDecoder(model, *ids.shape, 60, dec, [-1], 0)  # no row stops
-    eager = decode.StaticDecoder(model, *ids.shape, 60, dec, [-1], 0, graphs=False)
+    assert stopping._bucket(0) == 32
+    graphed = decode.StaticDecoder(model, *ids.shape, 60, dec, [-1], 0, step="hf")  # no stops
+    eager = decode.StaticDecoder(model, *ids.shape, 60, dec, [-1], 0, graphs=False, step="hf")
     first = graphed.run(ids, mask)
-    assert graphed.last_decode["steps"] == 59 and set(graphed.graphs) == {32, 64}
+    assert graphed.last_decode["steps"] == 59
+    assert {graphed._bucket(i) for i in range(59)} == {32, 64}
     assert first == graphed.run(ids, mask) == eager.run(ids, mask)
+    assert len(first) == 4 and all(len(r) == 60 for r in first)  # no row stopped early
+    captured = {"cuda": ({32}, {32, 64}), "cpu": (set(), set())}[device]
+    assert (set(stopping.graphs), set(graphed.graphs)) == captured
 
 
 @pytest.fixture(scope="module")

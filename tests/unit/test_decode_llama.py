@@ -10,7 +10,9 @@ the chi-square test of the sampler against transformers' warpers) run through th
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 
 import numpy as np
 import pytest
@@ -287,6 +289,55 @@ def test_the_batch_one_kernels_are_chosen_on_cuda_only_and_bad_switches_are_name
     engine_settings(decode_attention="triton")
     with pytest.raises(ValueError, match="triton needs a CUDA model in bf16 or fp16"):
         llamastep.shape_of(model, 1)
+
+
+def _signature(fn: ast.FunctionDef) -> inspect.Signature:
+    """A def's parameters as Python would bind them (defaults stand in as None)."""
+    a, P = fn.args, inspect.Parameter
+    positional = a.posonlyargs + a.args
+    given = [False] * (len(positional) - len(a.defaults)) + [True] * len(a.defaults)
+    params = [
+        P(x.arg, P.POSITIONAL_OR_KEYWORD, default=None if d else P.empty)
+        for x, d in zip(positional, given)
+    ]
+    params += [P(a.vararg.arg, P.VAR_POSITIONAL)] if a.vararg else []
+    params += [
+        P(x.arg, P.KEYWORD_ONLY, default=P.empty if d is None else None)
+        for x, d in zip(a.kwonlyargs, a.kw_defaults)
+    ]
+    params += [P(a.kwarg.arg, P.VAR_KEYWORD)] if a.kwarg else []
+    return inspect.Signature(params)
+
+
+def test_every_call_of_the_batch_one_kernels_binds_to_their_signatures(repo_root):
+    """arenaflow.decode.kernels needs triton, which the CPU lock lacks, and its calls (the Llama
+    step's, the GPU tests', a benchmark's) run on CUDA only: each call's arguments are bound to
+    the def's parameters from the source, so that a changed signature fails on CPU."""
+    tree = ast.parse((repo_root / "src/arenaflow/decode/kernels.py").read_text())
+    defs = {f.name: _signature(f) for f in tree.body if isinstance(f, ast.FunctionDef)}
+    calls = {"gemv": 0, "attend": 0}
+    for root in ("src", "benchmarks", "tests"):
+        for path in sorted((repo_root / root).rglob("*.py")):
+            text = path.read_text()
+            if "kernels.gemv" not in text and "kernels.attend" not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                f = getattr(node, "func", None)
+                if not (isinstance(f, ast.Attribute) and f.attr in calls):
+                    continue
+                if not (isinstance(f.value, ast.Name) and f.value.id.endswith("kernels")):
+                    continue
+                calls[f.attr] += 1
+                where = f"{path.relative_to(repo_root)}:{node.lineno}"
+                keywords = {k.arg: None for k in node.keywords if k.arg}  # **kw: any names
+                starred = any(isinstance(x, ast.Starred) for x in node.args)  # *xs: any count
+                positional = [x for x in node.args if not isinstance(x, ast.Starred)]
+                bind = defs[f.attr].bind_partial if starred else defs[f.attr].bind
+                try:
+                    bind(*positional, **keywords)
+                except TypeError as e:
+                    raise AssertionError(f"{where}: {f.attr}{defs[f.attr]}: {e}") from None
+    assert calls["gemv"] >= 5 and calls["attend"] >= 2  # the step's and the GPU tests'
 
 
 def _exact(fn, *xs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from devices import CUDA
 
 from arenaflow import fused, jobclock
 from arenaflow.decode import sampling
@@ -95,19 +96,26 @@ def test_only_a_static_decode_on_cuda_is_warmed(repo_root, monkeypatch, engine_s
     assert len(launched) == 1
 
 
-@pytest.mark.gpu
-def test_the_warm_up_runs_beside_a_model_loading_on_the_gpu(base, monkeypatch, engine_settings):
-    """On CUDA, beside the main thread copying a model's weights to the GPU (what the job's load
+@pytest.mark.parametrize(
+    "base,device",  # SmolLM2's geometry decodes in bf16 for a minute on 2 cores: CUDA only
+    [("tiny", "cpu"), pytest.param("tiny", *CUDA.values, marks=CUDA.marks)]
+    + [pytest.param("smollm2", *CUDA.values, marks=CUDA.marks)],
+    indirect=["base"],
+)
+def test_the_warm_up_runs_beside_a_model_loading_onto_its_device(
+    base, monkeypatch, engine_settings, device
+):
+    """Beside the main thread copying a model's weights to the device (what the job's load
     does), the warm-up finishes without error and compiles nothing, even where the job would
-    compile decode's kernels (no plan yet: fused_kernels_on()); a decoder with CUDA graphs on the
-    loaded model then decodes greedy as one without graphs does."""
+    compile decode's kernels (no plan yet: fused_kernels_on()); a decoder with CUDA graphs (on
+    CUDA; none on CPU) on the loaded model then decodes greedy as one without graphs does."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     monkeypatch.setattr(decode_steps, "_planned_tokens", None)
     engine_settings(fused_decode="auto")
     assert decode_steps.fused_kernels_on()
     decode_steps._compiled_softmax.cache_clear()  # the compiled softmax, built on its first use
-    dev = torch.device("cuda", torch.cuda.current_device())
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else CPU
     thread = decode_warmup.launch(base, dev, 8, 16)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
