@@ -113,6 +113,8 @@ _HEDGE = re.compile(
 _ALTERNATIVE = re.compile(
     r"-?\s*[$€£¥]?\s*(?:" + _NUMBER.pattern + r")(?:\s*(?:\\?%|percent))?(?!\s*[\^*/+×\\]|\d)"
 )
+# The unit word after a number: "3 hours" -> "hours".
+_UNIT = re.compile(r"[^A-Za-z]*?\d\s*([A-Za-z]{2,})")
 _UNITS_WORDS = (
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
     "fifteen sixteen seventeen eighteen nineteen"
@@ -239,26 +241,26 @@ def _number_word(s: str) -> str | None:
     return None
 
 
-def _answer_of(s: str) -> str | None:
-    """What a stated answer says: a number or math as written; a sentence's one number with its
-    sign, currency and unit ("There are 9 eggs left" -> "9 eggs left"); a hedge, negation or
-    several numbers as written (to be judged wrong); a spelled-out number; None for words alone
-    ("the answer is correct"), which are no answer."""
+def _answer_of(s: str) -> tuple[str | None, bool]:
+    """(what a stated answer says, whether it is a sentence with several numbers): a number or
+    math as written; a sentence's one number with its sign, currency and unit ("There are 9 eggs
+    left" -> "9 eggs left"); a hedge, a negation or several numbers as written (to be judged
+    wrong); a spelled-out number; None for words alone ("the answer is correct"), no answer."""
     s = s.strip()
     if not s or _number(s, decimal_comma=True) or not _WORD.search(s):
-        return s or None
+        return s or None, False
     if _REFUSE.search(s):
-        return s
+        return s, False
     numbers = list(_NUMBER.finditer(s))
     if len(numbers) == 1:
         start = len(s[: numbers[0].start()].rstrip("$€£¥-\\ "))
-        return s[start:].strip()
-    return s if numbers or _number_word(s) else None
+        return s[start:].strip(), False
+    return (s, True) if numbers else (s if _number_word(s) else None, False)
 
 
-def _stated(text: str, start: int) -> tuple[str, int] | None:
-    """(answer, end) of the statement at `start` (after "The answer is"), cut at its sentence
-    end; None when it states no answer."""
+def _stated(text: str, start: int) -> tuple[str, int, bool] | None:
+    """(answer, end, several numbers) of the statement at `start` (after "The answer is"), cut
+    at its sentence end; None when it states no answer."""
     line_end = text.find("\n", start)
     line = text[start : line_end if line_end >= 0 else len(text)]
     lead = len(line) - len(line.lstrip(" \t*_:`"))
@@ -270,8 +272,8 @@ def _stated(text: str, start: int) -> tuple[str, int] | None:
         cut = stop.start() if stop else len(line)
         answer = _strip_markup(line[:cut]).rstrip(".")
     joined = _joined(answer)
-    answer = joined or _answer_of(_last_side(answer))
-    return (answer, start + cut) if answer else None
+    answer, several = (joined, False) if joined else _answer_of(_last_side(answer))
+    return (answer, start + cut, several) if answer else None
 
 
 def _last_number_or_math(text: str) -> str | None:
@@ -287,8 +289,11 @@ def _last_number_or_math(text: str) -> str | None:
     return numbers[-1].group().rstrip(",") if numbers else None
 
 
-def _alternatives(tail: str) -> list[str]:
-    """Values offered as alternatives in `tail`, the rest of the answer's line ("or maybe 20")."""
+def _alternatives(tail: str, answer: str) -> list[str]:
+    """Values offered as alternatives in `tail`, the rest of the answer's line ("or maybe 20");
+    a bare "or" before the same quantity in another unit restates it ("3 hours, or 180
+    minutes")."""
+    unit = _UNIT.search(answer)
     out = []
     for h in _HEDGE.finditer(tail):
         rest = tail[h.end() :]
@@ -297,7 +302,9 @@ def _alternatives(tail: str) -> list[str]:
             out.append(_last_side(_content(math)))
             continue
         num = _ALTERNATIVE.match(rest)
-        if num:
+        other = _UNIT.match(rest, num.start(), num.end() + 40) if num else None
+        restated = h.group().strip().lower() == "or" and unit and other
+        if num and not (restated and other.group(1).lower() != unit.group(1).lower()):
             out.append(num.group())
     return out
 
@@ -305,7 +312,8 @@ def _alternatives(tail: str) -> list[str]:
 def _final(text: str) -> tuple[str | None, list[str]]:
     """(answer, alternatives offered after it): the last final statement (a run of boxes, an
     answer statement or a "####" line, whichever starts last, so that a corrected answer after
-    a box wins; statements that state no answer are passed over), else the last number or math."""
+    a box wins; statements that state no answer are passed over, and after a box so are sentences
+    with several numbers, "the answer is found from 6 x 7"), else the last number or math."""
     text = text.replace("\u2212", "-")
     run = _boxed_run(text)
     best = (run[0], run[2], run[1]) if run else None
@@ -314,13 +322,14 @@ def _final(text: str) -> tuple[str | None, list[str]]:
             if best is not None and m.start() <= best[0]:
                 break
             stated = _stated(text, m.end())
-            if stated:
-                best = (m.start(), *stated)
+            if stated and not (stated[2] and run):
+                best = (m.start(), *stated[:2])
                 break
     if best is None:
         return _last_number_or_math(text), []
     line_end = text.find("\n", best[2])
-    return best[1], _alternatives(text[best[2] : line_end if line_end >= 0 else len(text)])
+    tail = text[best[2] : line_end if line_end >= 0 else len(text)]
+    return best[1], _alternatives(tail, best[1])
 
 
 def extract_answer(text: str) -> str | None:

@@ -321,6 +321,9 @@ def test_several_boxed_roots_answer_a_list_gold():
         ("Check that the answer is correct. 9 * 2 = 18, so 18.", "18"),  # no answer stated
         (r"\boxed{60}. Wait, 3 were broken, so the final answer is 60 - 3 = 57.", "57"),
         (r"\boxed{45}. Let me recheck: 9 × 5 = 45. Yes, the answer is right.", "45"),
+        # after a box, a sentence with several numbers explains, it does not answer
+        (r"$\boxed{42}$. Explanation: the answer is found from 6 × 7.", "42"),
+        ("Answer: 180 miles in 3 hours", "180 miles in 3 hours"),  # without a box: as written
         ("So x=-3 and x=3.", "-3, 3"),
         (r"The solutions are $x = 2$ and $x = -5$.", "2, -5"),
         ("The answer is x = 1, x = 2 or x = 3.", "1, 2, 3"),
@@ -369,6 +372,8 @@ def test_extract_realistic_forms(text, answer):
         (r"\boxed{18} (or possibly 20 if we count the weekend)", "18", False),
         ("The answer is 0.25 (or 25%).", r"\frac{1}{4}", True),  # the same value restated
         ("The answer is 8, or 2^3.", "8", True),  # an expression, not an alternative
+        ("The answer is 3 hours, or 180 minutes.", "3", True),  # restated in another unit
+        ("The answer is 18 dollars, or 20 dollars.", "18", False),  # the same unit: a hedge
         ("The answer is approximately 7.5 hours.", "7.5", True),
         ("The answer is about 8.", "7.5", False),
         ("The answer is eighteen.", "18", True),
