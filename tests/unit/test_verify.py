@@ -16,9 +16,13 @@ from arenaflow import verify
 # --- extraction ---------------------------------------------------------------------------
 
 
-def test_extract_prefers_boxed_over_later_statement_and_numbers():
+def test_extract_takes_a_statement_after_a_box_but_not_a_later_number():
+    # a final statement after a box is a corrected answer; a bare number after it is not
     text = r"We get \boxed{42}. The answer is 41. Also 40."
-    assert verify.extract_answer(text) == "42"
+    assert verify.extract_answer(text) == "41"
+    assert verify.extract_answer(r"We get \boxed{42}. Also 40.") == "42"
+    # a statement that states no answer does not withdraw the box
+    assert verify.extract_answer(r"\boxed{18}. Checking the answer is correct: yes.") == "18"
 
 
 def test_extract_takes_the_last_boxed():
@@ -303,6 +307,87 @@ def test_several_boxed_roots_answer_a_list_gold():
     assert verify.check(r"\boxed{2} or \boxed{3}", "2")["correct"] is False
 
 
+# --- the realistic classes: what each reads, and its near miss ---------------------------
+
+
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("The answer is 18 dollars a day.", "18 dollars a day"),
+        ("**Answer:** There are 9 eggs left.", "9 eggs left"),
+        ("The answer is: they spent $28 in total.", "$28 in total"),
+        ("The answer is approx. 31.4 cm.", "31.4 cm"),  # "approx." does not end the sentence
+        ("I believe the answer is correct: 24.", "24"),
+        ("Check that the answer is correct. 9 * 2 = 18, so 18.", "18"),  # no answer stated
+        (r"\boxed{60}. Wait, 3 were broken, so the final answer is 60 - 3 = 57.", "57"),
+        (r"\boxed{45}. Let me recheck: 9 × 5 = 45. Yes, the answer is right.", "45"),
+        # after a box, a sentence with several numbers explains, it does not answer
+        (r"$\boxed{42}$. Explanation: the answer is found from 6 × 7.", "42"),
+        ("Answer: 180 miles in 3 hours", "180 miles in 3 hours"),  # without a box: as written
+        ("So x=-3 and x=3.", "-3, 3"),
+        (r"The solutions are $x = 2$ and $x = -5$.", "2, -5"),
+        ("The answer is x = 1, x = 2 or x = 3.", "1, 2, 3"),
+        ("The answer is either 12 or 15.", "12, 15"),
+        (r"\boxed{64} or maybe \boxed{65}", "64, 65"),
+        (r"The total is $3 \times 12 = 36$.", "36"),
+        ("He pays $5 + $3 = $8 in total.", "8"),  # prices, not the math "5 + "
+        ("The answer is $ 100 $.", "100"),
+        ("The answer is 5!", "5"),  # an exclamation in text
+        (r"The answer is $5!$.", "5!"),  # a factorial in math
+        ("The answer is eighteen.", "eighteen"),
+    ],
+)
+def test_extract_realistic_forms(text, answer):
+    assert verify.extract_answer(text) == answer
+
+
+@pytest.mark.parametrize(
+    "completion, gold, correct",
+    [
+        ("The answer is 18 dollars a day.", "18", True),
+        ("The answer is 5 hours and 30 minutes.", "5", False),  # 5.5 hours
+        ("Answer: 180 miles in 3 hours", "3", False),  # two numbers: no guess
+        ("The answer is 12.5%.", "12.5", True),
+        ("The answer is 12.5%.", "0.125", True),  # the percent's value
+        ("The answer is 1.25%.", "12.5", False),
+        (r"\boxed{5!}", "120", True),
+        (r"The answer is $4!$.", "4", False),
+        ("The answer is 24!", "24", True),
+        ("The answer is $2.5 million.", "2500000", True),
+        ("The answer is 25 million.", "2500000", False),
+        ("The answer is 3 dozen.", "36", True),
+        ("The answer is 1.2 thousand.", "12000", False),
+        ("The answer is -$5.", "-5", True),
+        ("The answer is $-5.", "-5", True),
+        ("The answer is $5.", "-5", False),
+        ("The answer is 18.50$.", "18.5", True),
+        ("Answer: 25 €", "25", True),
+        ("The answer is 4,5 litres.", "4.5", True),
+        ("The answer is 4,5.", "45", False),
+        (r"\boxed{2,3}", "2, 3", True),  # a list gold: no decimal comma
+        ("So x = -3 or x = 3.", "3", False),  # a set for a single gold
+        ("So x=-3 and x=3.", "3, -3", True),
+        ("The answer is 18, or maybe 20.", "18", False),
+        ("I think the answer is 18, but it might be 20.", "18", False),
+        (r"\boxed{18} (or possibly 20 if we count the weekend)", "18", False),
+        ("The answer is 0.25 (or 25%).", r"\frac{1}{4}", True),  # the same value restated
+        ("The answer is 8, or 2^3.", "8", True),  # an expression, not an alternative
+        ("The answer is 3 hours, or 180 minutes.", "3", True),  # restated in another unit
+        ("The answer is 18 dollars, or 20 dollars.", "18", False),  # the same unit: a hedge
+        ("The answer is approximately 7.5 hours.", "7.5", True),
+        ("The answer is about 8.", "7.5", False),
+        ("The answer is eighteen.", "18", True),
+    ],
+)
+def test_realistic_verdicts(completion, gold, correct):
+    assert verify.check(completion, gold)["correct"] is correct
+
+
+def test_a_hedge_is_named_and_never_strict():
+    v = verify.check("The answer is 18. Or maybe 16, I'm not sure.", "18")
+    assert v == {"pred": "18", "strict": False, "correct": False, "loose": False, "by": "hedged"}
+
+
 # --- strict and correct -------------------------------------------------------------------
 
 
@@ -319,7 +404,8 @@ def test_strict_normalises_formatting_but_not_value():
     [
         ("The answer is 7.", "7", "strict"),
         ("The answer is $7.00.", "7", "exact"),
-        (r"\boxed{-0.5}", r"-\frac{1}{2}", "math-verify"),
+        (r"\boxed{-0.5}", r"-\frac{1}{2}", "exact"),  # two plain numbers, as fractions
+        (r"\boxed{\sqrt{8}}", r"2\sqrt{2}", "math-verify"),
         (r"\boxed{2 < x \le 5}", "(2,5]", "math-verify"),  # an inequality for an interval
     ],
 )
@@ -343,7 +429,7 @@ def test_hedged_and_ranged_answers_are_wrong():
 
 def test_numeric_fallback_only_where_math_verify_parses_nothing(monkeypatch):
     monkeypatch.setattr(verify, "_mv_parse", lambda answer: ())
-    v = verify.check("The answer is 0.5.", "1/2")
+    v = verify.check("The answer is 0.3333333.", "1/3")
     assert v["correct"] is True and v["by"] == "numeric"
     assert verify.check(r"\boxed{x+1}", "1+x") == {
         "pred": "x+1",
@@ -391,16 +477,31 @@ FORMS = {
     "units",
     "interval",
     "boxed",
+    # realistic completions of the classes a blind review found failing
+    "unit-noun",
+    "percent-decimal",
+    "factorial",
+    "boxed-corrected",
+    "magnitude",
+    "currency-sign",
+    "decimal-comma",
+    "latex-spaces",
+    "equation-set",
+    "hedge",
+    "word-answer",
 }
 
 
-def _math_verify_alone(completion: str, gold: str, wrap_gold: bool) -> bool:
+def _math_verify_alone(completion: str, gold: str) -> tuple[bool, bool]:
+    """math-verify's own extraction from the completion against parse(gold) and against
+    parse("\\boxed{gold}"): the completion is parsed once for both."""
     from math_verify import parse
     from math_verify import verify as mv_verify
 
-    g = parse("\\boxed{" + gold + "}" if wrap_gold else gold)
     p = parse(completion)
-    return bool(g and p and mv_verify(g, p))
+    return tuple(
+        bool(g and p and mv_verify(g, p)) for g in (parse(gold), parse("\\boxed{" + gold + "}"))
+    )
 
 
 def test_labelled_set_is_hand_written_and_covers_the_forms():
@@ -408,34 +509,46 @@ def test_labelled_set_is_hand_written_and_covers_the_forms():
     assert len(rows) >= 150
     assert {r["form"] for r in rows} == FORMS
     assert all(isinstance(r["label"], bool) and r["note"] and "gold" in r for r in rows)
-    assert {r["split"] for r in rows} == {"dev", "heldout"}
+    # realistic-heldout was written and committed before the verdict was tuned on realistic-tune
+    assert {r["split"] for r in rows} == {"dev", "heldout", "realistic-tune", "realistic-heldout"}
     assert len({(r["completion"], r["gold"]) for r in rows}) == len(rows)
+
+
+SPLITS = ("dev", "heldout", "realistic-tune", "realistic-heldout")
 
 
 def test_verdict_agrees_with_the_labels_at_least_as_often_as_math_verify_alone(record_property):
     """(a) check()["correct"], (b) math-verify alone: parse(completion) against parse(gold), and
-    against parse("\\boxed{gold}") (kinder to LaTeX golds); agreement and false positives."""
+    against parse("\\boxed{gold}") (kinder to LaTeX golds); agreement and false positives per
+    split. Ours agrees at least as often as either and has no more false positives than either on
+    every split, and none on the old splits (dev, heldout)."""
     rows = [json.loads(line) for line in LABELLED.read_text().splitlines()]
+    alone = [_math_verify_alone(r["completion"], r["gold"]) for r in rows]
     graders = {
-        "arenaflow": lambda r: verify.check(r["completion"], r["gold"])["correct"],
-        "math-verify": lambda r: _math_verify_alone(r["completion"], r["gold"], False),
-        "math-verify-boxed-gold": lambda r: _math_verify_alone(r["completion"], r["gold"], True),
+        "arenaflow": [verify.check(r["completion"], r["gold"])["correct"] for r in rows],
+        "math-verify": [a[0] for a in alone],
+        "math-verify-boxed-gold": [a[1] for a in alone],
     }
     score = {}
-    for name, grade in graders.items():
-        verdicts = [(grade(r), r["label"], r["split"]) for r in rows]
+    for name, grades in graders.items():
+        verdicts = [(v, r["label"], r["split"]) for v, r in zip(grades, rows)]
         score[name] = {
             split: {
                 "n": sum(s == split for *_, s in verdicts),
                 "agree": sum(v == lab for v, lab, s in verdicts if s == split),
                 "false_pos": sum(v and not lab for v, lab, s in verdicts if s == split),
             }
-            for split in ("dev", "heldout")
+            for split in SPLITS
         }
         record_property(name, json.dumps(score[name]))
-    print(json.dumps(score, indent=1))
+    print(f"\n{'grader':<24}" + "".join(f"{s:>26}" for s in SPLITS))
+    for name, by_split in score.items():
+        cells = (f"{c['agree']}/{c['n']} agree, {c['false_pos']} FP" for c in by_split.values())
+        print(f"{name:<24}" + "".join(f"{c:>26}" for c in cells))
     ours = score["arenaflow"]
-    for split in ("dev", "heldout"):
-        assert ours[split]["false_pos"] == 0
+    for split in SPLITS:
+        if not split.startswith("realistic"):
+            assert ours[split]["false_pos"] == 0, (split, score)
         for name in ("math-verify", "math-verify-boxed-gold"):
-            assert ours[split]["agree"] >= score[name][split]["agree"], (split, score)
+            assert ours[split]["agree"] >= score[name][split]["agree"], (split, name, score)
+            assert ours[split]["false_pos"] <= score[name][split]["false_pos"], (split, name, score)
