@@ -382,6 +382,7 @@ def test_checkpoint_resumes_at_another_world_size_and_back_to_the_same_weights(
     assert_trains_alike(out, one_rank, **{**REORDERED, "loss": SAME["loss"]})
 
 
+@pytest.mark.ranks  # resumes across ZeRO stages and world sizes (~25 s each): CI's ranks tier
 def test_zero3_checkpoint_resumes_at_stage_2_on_one_rank_to_the_same_weights(
     one_rank, corpus, tmp_path
 ):
@@ -402,6 +403,7 @@ def test_zero3_checkpoint_resumes_at_stage_2_on_one_rank_to_the_same_weights(
     assert_trains_alike(out, one_rank, **SAME)
 
 
+@pytest.mark.ranks  # resumes across ZeRO stages and world sizes (~25 s each): CI's ranks tier
 def test_unconvertible_checkpoint_of_another_stage_is_refused_naming_zero_stage(corpus, tmp_path):
     """A one-rank checkpoint (stage 2) that DeepSpeed cannot convert (its optimizer shard gone)
     is refused on two ranks (stage 3) with the stages and the key that keeps the stage, and is
@@ -434,6 +436,7 @@ def test_a_diverged_step_stops_both_ranks_of_a_zero3_run(corpus, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.ranks  # resumes across ZeRO stages and world sizes (~25 s each): CI's ranks tier
 def test_resume_at_another_world_size_with_another_global_batch_is_refused_with_the_numbers(
     corpus, tmp_path
 ):
