@@ -30,8 +30,9 @@ Conventions, shared by every function here and by compare/noise/nomination JSON:
   O(n) memory and time: the same resamples as scipy's, drawn in batches (`_resample_sums`), and
   the jackknife of the mean in closed form (`_bca`), so the same numbers to the last bit
   (tests/unit/test_stats_scale.py checks them against scipy's). scipy's own needs n^2 memory
-  (an n x n-1 jackknife matrix): 6.7 GiB at 30,000 items; here 10^6 items take seconds
-  (benchmarks/stats_scale.py).
+  (an n x n-1 jackknife matrix): 6.7 GiB at 30,000 items; here 10^6 items take ~41 MiB and
+  10-20 s of one core, most of it drawing scipy's 2 x 10^9 resampled indices
+  (benchmarks/stats_scale.py, docs/benchmark-log.md).
 
     python -c "from arenaflow.evals import stats; print(stats.from_counts(22, 11, n=600))"
 """
@@ -46,7 +47,7 @@ from scipy.special import ndtr, ndtri
 
 EQUAL_WITHIN = 1e-9  # differences closer than this are float rounding of equal values
 N_RESAMPLES = 2000  # bootstrap resamples of ci95
-_BATCH = 1 << 15  # bootstrap draws per batch: a batch's arrays (~0.4 MiB) stay in a core's L2
+_BATCH = 1 << 15  # bootstrap draws per batch (~0.6 MiB of arrays); 2^14 to 2^17 ran as fast
 
 
 def _finite(x) -> float | None:
@@ -242,7 +243,7 @@ def bootstrap_ci(
     if not np.isin(diff, (-1.0, 0.0, 1.0)).all():
         bad = int(np.flatnonzero(~np.isin(diff, (-1.0, 0.0, 1.0)))[0])
         raise ValueError(
-            f"{name}: paired differences of 0/1 outcomes are -1, 0 or 1, got {diff[bad]!r} "
+            f"{name}: paired differences of 0/1 outcomes are -1, 0 or 1, got {float(diff[bad])!r} "
             f"at position {bad}"
         )
     if not 0 < level < 1:
