@@ -415,3 +415,23 @@ def test_compare_and_noise_refuse_readouts_without_items_naming_them():
         comparisons.compare(empty, empty, "cmp.json")
     with pytest.raises(ValueError, match=r"^n\.json: .*readouts: a noise floor needs .*K >= 2"):
         comparisons.noise(empty, "n.json")
+
+
+def test_a_compare_file_with_a_nan_is_refused_before_a_bar_reads_it_naming_file_and_key(tmp_path):
+    # files written before the statistics refused NaN may still hold one (JSON allows it)
+    from arenaflow import manifest
+
+    path = tmp_path / "B3__R2d.json"
+    record = {"delta": 1.5, "readouts": {"cand": [], "ref": []}}
+    record["by_replicate"] = [
+        {"replicate": 0, "accuracy": 61.0},
+        {"replicate": 1, "accuracy": np.nan},
+    ]
+    io.write_json(path, manifest.seal(record))
+    with pytest.raises(ValueError, match=rf"^{path}: by_replicate\[1\]/accuracy is nan; recompute"):
+        comparisons.verify_pooled(path)
+    with pytest.raises(ValueError, match=r"^x\.json: t_p_value is inf"):
+        comparisons.finite_record({"t": None, "t_p_value": float("inf")}, "x.json")
+    assert comparisons.finite_record({"a": [1, 2.5, None, "s"]}, "x.json") == {
+        "a": [1, 2.5, None, "s"]
+    }

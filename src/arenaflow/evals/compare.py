@@ -14,6 +14,7 @@ statistics out: every replicate pooled, each on its own, and the paired t over r
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -200,10 +201,29 @@ def pooled(record: dict) -> list[dict]:
     return [*r.get("cand", []), *r.get("ref", [])] if isinstance(r, dict) else list(r)
 
 
+def finite_record(record, path: str | Path) -> dict:
+    """`record`, a compare or noise JSON read from `path`, once none of its numbers is NaN or inf
+    (a file written before the statistics refused them); ValueError naming the file and the key
+    otherwise, before a bar, a report or a card reads the number."""
+
+    def walk(value, key: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path}: {key} is {value}; recompute the file from its readouts")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}/{k}" if key else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+
+    walk(record, "")
+    return record
+
+
 def verify_pooled(path: str | Path) -> dict:
     """A compare or noise JSON, once its seal holds and every readout it pooled still has the
     sha256 recorded then; ManifestError names the file that changed. Returns the record."""
-    record = manifest.check_seal(io.read_json(path), path)
+    record = finite_record(manifest.check_seal(io.read_json(path), path), path)
     for src in pooled(record):
         manifest.check_file(src["path"], src["sha256"], path)
     return record
