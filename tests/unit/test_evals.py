@@ -393,3 +393,45 @@ def test_compare_splits_the_structural_battery_by_category():
     assert x["cand"]["empty_rate"] == 50.0 and y["cand"]["empty_rate"] == 0.0
     assert y["cand"]["truncation_rate"] == 50.0 and x["cand"]["truncation_rate"] == 0.0
     assert x["ref"]["empty_rate"] == 0.0
+
+
+def test_compare_refuses_a_nan_word_count_naming_both_readouts():
+    # a NaN n_words used to make words_t None and words_delta NaN in the compare file
+    cand, ref = battery([1, 0, 1], arm="B3"), battery([1, 1, 0], arm="R2d")
+    cand.loc[1, "n_words"] = np.nan
+    with pytest.raises(
+        ValueError,
+        match=r"^cmp\.json: candidate B3 readouts vs cmp\.json: reference R2d readouts: words per "
+        r"answer \('n_words' - 'n_words_ref'\): 1 of 3 values are not finite numbers, e\.g\. nan",
+    ):
+        comparisons.compare(cand, ref, "cmp.json")
+
+
+def test_compare_and_noise_refuse_readouts_without_items_naming_them():
+    empty = battery([1], arm="B3").iloc[:0]
+    with pytest.raises(
+        ValueError, match=r"^cmp\.json: candidate .*readouts \('correct'\): no outcomes"
+    ):
+        comparisons.compare(empty, empty, "cmp.json")
+    with pytest.raises(ValueError, match=r"^n\.json: .*readouts: a noise floor needs .*K >= 2"):
+        comparisons.noise(empty, "n.json")
+
+
+def test_a_compare_file_with_a_nan_is_refused_before_a_bar_reads_it_naming_file_and_key(tmp_path):
+    # files written before the statistics refused NaN may still hold one (JSON allows it)
+    from arenaflow import manifest
+
+    path = tmp_path / "B3__R2d.json"
+    record = {"delta": 1.5, "readouts": {"cand": [], "ref": []}}
+    record["by_replicate"] = [
+        {"replicate": 0, "accuracy": 61.0},
+        {"replicate": 1, "accuracy": np.nan},
+    ]
+    io.write_json(path, manifest.seal(record))
+    with pytest.raises(ValueError, match=rf"^{path}: by_replicate\[1\]/accuracy is nan; recompute"):
+        comparisons.verify_pooled(path)
+    with pytest.raises(ValueError, match=r"^x\.json: t_p_value is inf"):
+        comparisons.finite_record({"t": None, "t_p_value": float("inf")}, "x.json")
+    assert comparisons.finite_record({"a": [1, 2.5, None, "s"]}, "x.json") == {
+        "a": [1, 2.5, None, "s"]
+    }

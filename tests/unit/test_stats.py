@@ -381,3 +381,121 @@ def test_noise_floor_of_identical_replicates_has_no_t():
 def test_noise_floor_needs_two_replicates():
     with pytest.raises(ValueError, match="K >= 2"):
         stats.noise_floor(np.ones((1, 10)))
+
+
+# --- bad input: refused with an error naming the readout or the argument --------------------
+
+NAMES = ("readouts/B3.r0.parquet", "readouts/R2d.r0.parquet")
+ONE = "readouts/B3.r0.parquet"
+
+
+@pytest.mark.parametrize(
+    "cand, ref, message",
+    [
+        ([1, 0, 1], [1, 0], r"^readouts/B3\.r0\.parquet vs readouts/R2d\.r0\.parquet: .*differ"),
+        ([], [], r"^readouts/B3\.r0\.parquet: no outcomes"),
+        ([1, 0], [], r"^readouts/R2d\.r0\.parquet: no outcomes"),
+        (
+            [[1, 0], [0, 1]],
+            [1, 0],
+            r"^readouts/B3\.r0\.parquet: outcomes must be one per item.*2, 2",
+        ),
+        ([1, 0], [[1, 0]], r"^readouts/R2d\.r0\.parquet: outcomes must be one per item"),
+        (
+            [1, np.inf],
+            [1, 0],
+            r"^readouts/B3\.r0\.parquet: 1 of 2 outcomes are not 0/1, e\.g\. inf",
+        ),
+        ([1, 0.5], [1, 0], r"^readouts/B3\.r0\.parquet: 1 of 2 outcomes are not 0/1, e\.g\. 0\.5"),
+    ],
+)
+def test_paired_refuses_bad_vectors_naming_the_readouts(cand, ref, message):
+    with pytest.raises(ValueError, match=message):
+        stats.paired(cand, ref, names=NAMES)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ([0.5, np.nan, 1.0], r"1 of 3 values are not finite numbers, e\.g\. nan at position 1"),
+        ([0.5, -np.inf], r"1 of 2 values are not finite numbers, e\.g\. -inf at position 1"),
+        (np.array([1.0, None], dtype=object), r"1 of 2 values .* e\.g\. None at position 1"),
+        ([], r"no values"),
+        ([[1.0, 2.0]], r"values must be one per item \(a 1-D array\), got shape \(1, 2\)"),
+    ],
+)
+@pytest.mark.parametrize("fn", [stats.t_one_sample, stats.sign_test])
+def test_t_and_sign_test_refuse_nan_inf_empty_and_2d_naming_the_input(fn, values, message):
+    with pytest.raises(ValueError, match=rf"^{ONE}: {message}"):
+        fn(values, ONE)
+
+
+@pytest.mark.parametrize(
+    "cand, ref, message",
+    [
+        ([84.3, np.nan], [82.3, 83.6], r"^cmp\.json: candidate: 1 of 2 replicate accuracies are "),
+        ([84.3, 83.0], [82.3, np.inf], r"^cmp\.json: reference: 1 of 2 replicate accuracies are "),
+        ([], [], r"^cmp\.json: candidate: no replicate accuracies"),
+        ([84.3, 83.0], [82.3], r"^cmp\.json: replicate counts differ: 2 candidate vs 1"),
+        (
+            [[84.3, 83.0]],
+            [[82.3, 83.6]],
+            r"^cmp\.json: candidate: replicate accuracies must be one",
+        ),
+    ],
+)
+def test_t_over_replicates_refuses_nan_and_bad_shapes_naming_the_compare(cand, ref, message):
+    # a NaN replicate accuracy used to give t = None and a NaN among replicate_deltas
+    with pytest.raises(ValueError, match=message):
+        stats.t_over_replicates(cand, ref, name="cmp.json")
+
+
+def test_bootstrap_ci_refuses_what_is_not_a_paired_difference_of_outcomes():
+    with pytest.raises(ValueError, match=r"^d: paired differences .* -1, 0 or 1, got 0\.5 at"):
+        stats.bootstrap_ci([1.0, 0.5, 0.0], name="d")
+    with pytest.raises(ValueError, match=r"^d: 1 of 3 differences are not finite .* nan"):
+        stats.bootstrap_ci([1.0, np.nan, 0.0], name="d")
+    with pytest.raises(ValueError, match=r"^d: no differences"):
+        stats.bootstrap_ci([], name="d")
+    with pytest.raises(ValueError, match=r"^level must be in \(0, 1\), got 95"):
+        stats.bootstrap_ci([1.0, 0.0], level=95)
+
+
+@pytest.mark.parametrize(
+    "mat, message",
+    [
+        (
+            np.ones((3, 0)),
+            r"^noise/R2d\.json: a noise floor needs .* N >= 1 items, got shape \(3, 0\)",
+        ),
+        (np.ones(5), r"^noise/R2d\.json: a noise floor needs a K x N matrix"),
+        (np.ones((1, 5)), r"^noise/R2d\.json: .*K >= 2"),
+    ],
+)
+def test_noise_floor_refuses_zero_items_and_wrong_shapes_naming_it(mat, message):
+    # over zero items the replicate accuracies used to come out NaN
+    with pytest.raises(ValueError, match=message):
+        stats.noise_floor(mat, name="noise/R2d.json")
+
+
+def test_noise_from_accuracies_refuses_nan_naming_it():
+    with pytest.raises(ValueError, match=r"^noise/R2d\.json: 1 of 3 replicate accuracies .* nan"):
+        stats.noise_from_accuracies([84.3, np.nan, 80.4], name="noise/R2d.json")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((2.5, 1), r"^wins must be a count \(an integer >= 0\), got 2\.5"),
+        ((2, np.nan), r"^losses must be a count .*, got nan"),
+        ((True, 1), r"^wins must be a count"),
+        ((2, 1, 0.0), r"^n must be a count"),
+        ((0, 0, 0), r"^n must be >= 1 item"),
+    ],
+)
+def test_counts_refuse_what_is_not_a_count_naming_the_argument(args, message):
+    with pytest.raises(ValueError, match=message):
+        stats.from_counts(*args)
+    if len(args) == 2:
+        with pytest.raises(ValueError, match=message):
+            stats.mcnemar_exact(*args)

@@ -64,11 +64,13 @@ def card_context(args, arm: str, lineage: list[str], nomination: dict | None) ->
                 },
             }
         )
+    from arenaflow.evals.compare import finite_record  # pandas: only when a card is written
+
     evaluations = []
     for path in (
         args.compare
     ):  # written by `arenaflow.evals.compare compare`, which records its suite and regime
-        c = io.read_json(path)
+        c = finite_record(io.read_json(path), path)
         evaluations.append({**c, "suite": f"{c['suite']}/{c['regime']}"})
     return {
         "training": training,

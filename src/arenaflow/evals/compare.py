@@ -14,6 +14,7 @@ statistics out: every replicate pooled, each on its own, and the paired t over r
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -77,8 +78,9 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     """Paired statistics pooled over replicates, per replicate, and per category; items (and
     replicate indices) must match one to one."""
     m = paired_rows(cand, ref, where)
-    m["correct"] = outcomes(m, "correct", f"{where}: candidate {_arms(cand)}")
-    m["correct_ref"] = outcomes(m, "correct_ref", f"{where}: reference {_arms(ref)}")
+    sides = (f"{where}: candidate {_arms(cand)}", f"{where}: reference {_arms(ref)}")
+    m["correct"] = outcomes(m, "correct", sides[0])
+    m["correct_ref"] = outcomes(m, "correct_ref", sides[1])
     extra = {}
     if "checks" in cand.columns and "checks" in ref.columns:  # an ifeval suite's readouts
         by_family = families.table(m, where)  # at check level, turn by turn in conversations
@@ -87,31 +89,40 @@ def compare(cand: pd.DataFrame, ref: pd.DataFrame, where: str) -> dict:
     if "conversation" in m.columns:  # multi-turn: the outcome is "every turn passes"
         extra["by_turn"] = multiturn.by_turn(m)
         m = multiturn.conversations(m)
-    out = stats.paired(m["correct"].to_numpy(), m["correct_ref"].to_numpy())
+    out = _paired(m, sides, "")
     labels, by = cluster.clusters_of(m)  # an item's K replicates always share a cluster
     diff = m["correct"].to_numpy(float) - m["correct_ref"].to_numpy(float)
     out["clustered"] = cluster.paired_clustered(diff, labels, by)
     out["by_category"] = {
-        c: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
-        for c, g in m.groupby("category", sort=True)
+        c: _paired(g, sides, f", category {c!r}") for c, g in m.groupby("category", sort=True)
     }
     per_rep = {
-        r: stats.paired(g["correct"].to_numpy(), g["correct_ref"].to_numpy())
-        for r, g in m.groupby("replicate", sort=True)
+        r: _paired(g, sides, f", replicate {r}") for r, g in m.groupby("replicate", sort=True)
     }
     out["by_replicate"] = [
         {"replicate": int(r), **{k: p[k] for k in _PER_REPLICATE}} for r, p in per_rep.items()
     ]
     out.update(
         stats.t_over_replicates(
-            [p["accuracy"] for p in per_rep.values()], [p["ref_accuracy"] for p in per_rep.values()]
+            [p["accuracy"] for p in per_rep.values()],
+            [p["ref_accuracy"] for p in per_rep.values()],
+            name=f"{where}: t over replicates",
         )
     )
     if {"n_words", "loop"} <= set(cand.columns) & set(ref.columns):  # the structural battery
-        out.update(_battery(m, cand, ref, out["by_category"]))
+        out.update(_battery(m, cand, ref, out["by_category"], sides))
     out.update(extra)
     out["replicates"] = int(m["replicate"].nunique())
     return out
+
+
+def _paired(m: pd.DataFrame, sides: tuple[str, str], part: str, col: str = "correct") -> dict:
+    """stats.paired of `col` against `col`_ref in `m`; an error names both sides' readouts."""
+    return stats.paired(
+        m[col].to_numpy(),
+        m[f"{col}_ref"].to_numpy(),
+        names=(f"{sides[0]}{part} ({col!r})", f"{sides[1]}{part} ({col + '_ref'!r})"),
+    )
 
 
 _PER_REPLICATE = ("accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value", "t_items")
@@ -120,16 +131,19 @@ _PER_REPLICATE = ("accuracy", "ref_accuracy", "delta", "wins", "losses", "p_valu
 _USABLE = ("n", "accuracy", "ref_accuracy", "delta", "wins", "losses", "p_value")
 
 
-def _battery(m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict) -> dict:
+def _battery(
+    m: pd.DataFrame, cand: pd.DataFrame, ref: pd.DataFrame, by_category: dict, sides: tuple
+) -> dict:
     """The structural battery's paired word counts and each side's levels, overall and per
     category (written into `by_category`)."""
     words = m["n_words"].to_numpy(float) - m["n_words_ref"].to_numpy(float)
-    out = {"words_delta": float(words.mean()) if len(words) else 0.0}
-    out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words)
-    out["words_sign_p"] = stats.sign_test(words)
+    name = f"{sides[0]} vs {sides[1]}: words per answer ('n_words' - 'n_words_ref')"
+    out = {"words_delta": float(stats.finite(words, name).mean())}
+    out["words_t"], out["words_t_p_value"] = stats.t_one_sample(words, name)
+    out["words_sign_p"] = stats.sign_test(words, name)
     out["levels"] = {"cand": levels(cand), "ref": levels(ref)}
     if "answer_usable" in m and "answer_usable_ref" in m:  # paired, as lineage 002 read it
-        usable = stats.paired(m["answer_usable"].to_numpy(), m["answer_usable_ref"].to_numpy())
+        usable = _paired(m, sides, "", "answer_usable")
         out["answer_usable"] = {k: usable[k] for k in _USABLE}
     for c in by_category:  # the battery's rates and lengths per category too
         by_category[c]["levels"] = {
@@ -155,7 +169,7 @@ def noise(readouts: pd.DataFrame, where: str) -> dict:
         raise ValueError(
             f"{where}: item {hashes[hashes > 1].index[0]!r} has different prompts across replicates"
         )
-    out = stats.noise_floor(wide.to_numpy(dtype=bool).T)
+    out = stats.noise_floor(wide.to_numpy(dtype=bool).T, f"{where}: {_arms(readouts)}")
     out["replicate_ids"] = [int(c) for c in wide.columns]
     return out
 
@@ -190,10 +204,29 @@ def pooled(record: dict) -> list[dict]:
     return [*r.get("cand", []), *r.get("ref", [])] if isinstance(r, dict) else list(r)
 
 
+def finite_record(record, path: str | Path) -> dict:
+    """`record`, a compare or noise JSON read from `path`, once none of its numbers is NaN or inf
+    (a file written before the statistics refused them); ValueError naming the file and the key
+    otherwise, before a bar, a report or a card reads the number."""
+
+    def walk(value, key: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path}: {key} is {value}; recompute the file from its readouts")
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}/{k}" if key else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]")
+
+    walk(record, "")
+    return record
+
+
 def verify_pooled(path: str | Path) -> dict:
     """A compare or noise JSON, once its seal holds and every readout it pooled still has the
     sha256 recorded then; ManifestError names the file that changed. Returns the record."""
-    record = manifest.check_seal(io.read_json(path), path)
+    record = finite_record(manifest.check_seal(io.read_json(path), path), path)
     for src in pooled(record):
         manifest.check_file(src["path"], src["sha256"], path)
     return record

@@ -200,12 +200,17 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rnd, arms = json.loads(args.round_json), json.loads(args.arms_json)
     nom, reg = io.read_json(args.nomination), io.read_json(args.registration)
+    from arenaflow.evals.compare import finite_record  # pandas: only when a report is drawn
+
     compares = {}
     for p in args.compare:
-        c = io.read_json(p)
+        c = finite_record(io.read_json(p), p)
         if c["ref"] == rnd["incumbent"] and c.get("suite", rnd["suite"]) == rnd["suite"]:
             compares[(c.get("regime") or rnd["regime"], c["cand"])] = c
-    noises = {(n["regime"], n["arm"]): n for n in map(io.read_json, args.noise)}
+    noises = {}
+    for p in args.noise:
+        n = finite_record(io.read_json(p), p)
+        noises[(n["regime"], n["arm"])] = n
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dose_response(out / "dose_response.png", rnd, arms, compares, noises)
