@@ -71,6 +71,13 @@ def items(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return np.where(flip, rng.random(n) < 0.62, ref), ref
 
 
+def draws(n: int, impl: str) -> str:
+    """How the bootstrap's resamples were drawn at n."""
+    if impl != "evals.stats" or n <= stats.EXACT_STREAM_MAX_N:
+        return "index stream"
+    return "multinomial counts"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,100000,1000000", help="n items, comma-separated")
@@ -82,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"numpy {np.__version__}, scipy {scipy.__version__}",
-        "n\timpl\twall_s\tcpu_s\ttracemalloc_peak_mib\tmaxrss_growth_mib\tload_1min\tci95",
+        "n\timpl\tbootstrap\twall_s\tcpu_s\ttracemalloc_peak_mib\tmaxrss_growth_mib\tload_1min\tci95",
     ]
     print("\n".join(lines), flush=True)
     sizes = [int(n) for n in args.sizes.split(",")]
@@ -93,7 +100,8 @@ def main(argv: list[str] | None = None) -> None:
         results[n, impl] = measure(lambda: fn(cand, ref))
         out, m = results[n, impl]
         line = (
-            f"{n}\t{impl}\t{m['wall_s']:.2f}\t{m['cpu_s']:.2f}\t{m['peak_mib']:.1f}\t"
+            f"{n}\t{impl}\t{draws(n, impl)}\t{m['wall_s']:.2f}\t{m['cpu_s']:.2f}\t"
+            f"{m['peak_mib']:.1f}\t"
             f"{m['rss_mib']:.1f}\t{os.getloadavg()[0]:.1f}\t{out['ci95']}"
         )
         lines.append(line)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 
 import numpy as np
@@ -79,11 +80,13 @@ def test_paired_on_many_items_agrees_with_scipy_and_statsmodels():
     assert r["ci95"] == list(scipy_ci(cand.astype(float) - ref.astype(float), 3))
 
 
-def test_paired_memory_is_linear_in_items(monkeypatch):
+@pytest.mark.parametrize("exact_stream", [True, False])
+def test_paired_memory_is_linear_in_items(monkeypatch, exact_stream):
     # scipy's BCa holds an n x (n-1) jackknife matrix: 320 GB of floats at n = 2e5, and its
     # resamples another n_resamples x n. Fewer resamples keep this test fast: the batches' memory
     # does not depend on how many there are.
     monkeypatch.setattr(stats, "N_RESAMPLES", 50)
+    monkeypatch.setattr(stats, "EXACT_STREAM_MAX_N", 10**6 if exact_stream else 0)
     n = 200_000
     rng = np.random.default_rng(0)
     cand, ref = rng.random(n) < 0.6, rng.random(n) < 0.55
@@ -95,3 +98,29 @@ def test_paired_memory_is_linear_in_items(monkeypatch):
         tracemalloc.stop()
     assert r["n"] == n and r["ci95"][0] < r["delta"] < r["ci95"][1]
     assert peak < 80 * n  # bytes: a handful of float vectors of n, nothing of n^2 or 2000 x n
+
+
+def test_above_the_exact_stream_the_multinomial_resamples_follow_the_same_law():
+    """The two ways of drawing the resamples' sums (scipy's index stream, the multinomial counts)
+    are samples of one law: a two-sample KS test does not tell them apart, and the BCa intervals
+    they give agree to within the bootstrap's own Monte Carlo error."""
+    rng = np.random.default_rng(3)
+    signs = rng.choice(np.array([-1, 0, 1], np.int8), size=5000, p=[0.1, 0.75, 0.15])
+    exact = stats._resample_sums(signs, 4000, np.random.default_rng(0))
+    law = stats._multinomial_sums(signs, 4000, np.random.default_rng(1))
+    assert scipy_stats.ks_2samp(exact, law).pvalue > 0.001
+    lo_e, hi_e = stats._bca(exact, signs, 0.95)
+    lo_l, hi_l = stats._bca(law, signs, 0.95)
+    assert abs(lo_e - lo_l) < 0.003 and abs(hi_e - hi_l) < 0.003  # the CI is ~0.02 wide
+
+
+def test_a_million_items_take_the_multinomial_path_in_well_under_a_second():
+    n = 10**6
+    assert n > stats.EXACT_STREAM_MAX_N
+    cand = np.zeros(n, bool)
+    cand[: n // 50] = True
+    t0 = time.process_time()
+    out = stats.paired(cand, np.zeros(n, bool))
+    assert time.process_time() - t0 < 3.0
+    lo, hi = out["ci95"]
+    assert lo < out["delta"] < hi and hi - lo < 0.1
