@@ -9,6 +9,7 @@ AutoModelForCausalLM.from_pretrained and the bundle's tokenizer.
 from __future__ import annotations
 
 import shlex
+import shutil
 
 import pytest
 import torch
@@ -178,3 +179,22 @@ def test_lora_on_a_tied_embedding_folds_as_peft_serves_it(repo_root, tmp_path):
     with torch.no_grad():
         diff = (ref(input_ids=ids).logits - merged(input_ids=ids).logits).abs().max()
     assert diff < 1e-4 and not merged.config.tie_word_embeddings
+
+
+def test_a_full_fine_tune_is_served_as_the_model_it_is(bundle):
+    d = bundle[0]
+    for name, rec in serving.engine_records("X", "b", None, False, SERVING).items():
+        assert rec["use"] == "model" and rec["model"]["argv"][: len(ENGINES[name]["launcher"])]
+        assert set(a for a in rec["model"]["argv"] if a.startswith("--")) <= set(
+            ENGINES[name]["flags"]
+        )
+        assert all((d / p).exists() for p in rec["model"]["paths"])
+
+
+def test_an_adapter_the_fold_cannot_read_fails_the_bundle_by_name(bundle, tmp_path):
+    d = tmp_path / "Y"
+    shutil.copytree(bundle[0], d, ignore=shutil.ignore_patterns("merged"))
+    cfg = io.read_json(d / "adapter_config.json")
+    io.write_json(d / "adapter_config.json", {**cfg, "use_dora": True})
+    with pytest.raises(BundleCheckError, match="merged/ cannot be built: .*use_dora=True"):
+        serving.write_merged(d, bundle[1])

@@ -27,6 +27,8 @@ from arenaflow import chat, io, models
 from arenaflow.bundles.checks import BundleCheckError
 from arenaflow.bundles.engines import ENGINES
 from arenaflow.merge import fold
+from arenaflow.merge.parents import MergeError
+from arenaflow.merge.stream import ST_DTYPES
 
 MERGED = "merged"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -199,7 +201,10 @@ def wants_merged(setting: str, records: dict) -> bool:
 
 def write_merged(tmp: Path, base_model: str) -> dict:
     """tmp/merged: the base with tmp's adapter folded in, and the bundle's serving files."""
-    info = fold.fold(tmp, base_model, tmp / MERGED)
+    try:
+        info = fold.fold(tmp, base_model, tmp / MERGED)
+    except MergeError as e:
+        raise BundleCheckError(f"merged/ cannot be built: {e}") from None
     for f in SERVED_FILES:
         if (tmp / f).exists():
             shutil.copyfile(tmp / f, tmp / MERGED / f)
@@ -235,7 +240,7 @@ def check_merged(tmp: Path, base_model: str, system_prompt: str, prompts, max_ne
     ref = PeftModel.from_pretrained(ref, str(tmp)).eval()
     merged = models.from_pretrained(tmp / MERGED, dtype=torch.float32).to(dev).eval()
     with safe_open(str(next((tmp / MERGED).glob("*.safetensors"))), framework="pt") as f:
-        wdtype = f.get_tensor(next(iter(f.keys()))).dtype
+        wdtype = ST_DTYPES[f.get_slice(next(iter(f.keys()))).get_dtype()]
     tol_eps = LOGIT_EPS * torch.finfo(wdtype).eps
     rows, ok = [], True
     for p in prompts:
