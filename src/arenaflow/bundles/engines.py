@@ -21,19 +21,21 @@ LLAMA_LIKE = [
 
 ENGINES = {
     "vllm": {
-        "version": "vLLM 0.11",
+        "version": "vLLM 0.12",
         "docs": {
             "lora": "https://docs.vllm.ai/en/latest/features/lora.html",
             "args": "https://docs.vllm.ai/en/latest/configuration/engine_args.html",
             "peft_helper": "https://github.com/vllm-project/vllm/blob/main/vllm/lora/peft_helper.py",
+            "added_tokens": "https://github.com/vllm-project/vllm/pull/28545",
         },
         # engine args: --max-lora-rank {1,8,16,32,64,128,256,320,512}
         "max_lora_rank_choices": [1, 8, 16, 32, 64, 128, 256, 320, 512],
         # vllm/lora/peft_helper.py _validate_features: "vLLM only supports modules_to_save being
-        # None." (and "vLLM does not yet support DoRA.")
+        # None." (and "vLLM does not yet support DoRA."); open: vllm-project/vllm#32599
         "modules_to_save": False,
         "dora": False,
-        # the extra-vocabulary LoRA support (lora_extra_vocab_size) was removed in 0.11
+        # lora_extra_vocab_size and every adapter's own added vocabulary were removed in Nov 2025
+        # (vllm-project/vllm#28382, #28545): an adapter shares the base's vocabulary
         "added_tokens": False,
         "lora_targets": {arch: LLAMA_LINEARS for arch in LLAMA_LIKE},
         "dtypes": ["auto", "half", "float16", "bfloat16", "float", "float32"],

@@ -87,7 +87,10 @@ def engine_verdict(name: str, facts: dict) -> dict:
     if facts["use_dora"] and not e["dora"]:
         reasons.append(f"DoRA adapters are not supported ({doc})")
     if facts["added_tokens"] and not e["added_tokens"]:
-        reasons.append(f"the adapter adds {facts['added_tokens']} tokens to the vocabulary")
+        reasons.append(
+            f"the adapter adds {facts['added_tokens']} tokens to the vocabulary "
+            f"({e['docs'].get('added_tokens', doc)})"
+        )
     choices = e["max_lora_rank_choices"]
     rank = facts["rank"]
     if choices and rank > max(choices):
@@ -168,8 +171,9 @@ def model_paths(name: str, model: str) -> list[str]:
 
 
 def engine_records(bundle: str, base: str, facts: dict | None, merged: bool, serving: dict):
-    """{engine: {verdict, form, reasons, adapter/merged commands, command (the one to use)}}.
-    facts None: the bundle holds full weights, served as they are."""
+    """{engine: {verdict, form, reasons, the adapter and merged commands it has, use: the key of
+    the one to use (None: merged weights needed, but merged/ was not built)}}. facts None: the
+    bundle holds full weights, served as they are ("model")."""
     out = {}
     for name, e in ENGINES.items():
         if facts is None:
