@@ -54,12 +54,14 @@ def test_every_stage_runs_on_the_real_model(built):
 def test_the_bundle_passes_every_check_and_keeps_the_bases_tokenizer(built):
     bundle = built["results"] / "bundles/B3f"
     checks = json.loads((bundle / "checks.json").read_text())
+    assert checks.pop("vllm_offline")["verdict"] in ("PASS", "NOT_RUN")  # PASS where vLLM runs
     assert {name: c["verdict"] for name, c in checks.items()} == {
         "evidence": "PASS",
         "nomination": "PASS",
         "reload": "RELOAD_CHECK_PASS",
         "template_compiles": "PASS",
         "template_matches_renderer": "PASS",
+        "serving_engines": "PASS",  # rank 8 on q..down_proj: an adapter to every engine
     }
     ours = json.loads((bundle / "tokenizer_config.json").read_text())
     theirs = json.loads((built["base"] / "tokenizer_config.json").read_text())

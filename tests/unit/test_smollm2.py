@@ -69,6 +69,7 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
             "repetition_penalty": 1.0,
         },
         "reload_prompts": ["Reply with one word: what colour is a clear daytime sky?"],
+        "merged": "always",  # merged/ and its check against base + adapter on a real model
     }
     args = argparse.Namespace(
         bundle="S",
@@ -86,12 +87,23 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
     )
     bundles.build(args)
     checks = json.loads((out / "checks.json").read_text())
+    vllm = checks.pop("vllm_offline")["verdict"]  # PASS where vLLM and a GPU are
+    assert vllm in ("PASS", "NOT_RUN")
     assert {k: v["verdict"] for k, v in checks.items()} == {
         "template_compiles": "PASS",
         "template_matches_renderer": "PASS",
         "reload": "RELOAD_CHECK_PASS",
         "evidence": "PASS",
+        "merged": "PASS",
+        "serving_engines": "PASS",
     }
+    merged = models.from_pretrained(out / "merged")  # full weights: no PEFT needed
+    assert merged.config.architectures == ["LlamaForCausalLM"]
+    engines = json.loads((out / "serving_config.json").read_text())["serving_engines"]
+    assert engines["merged_dir"] == "merged"
+    assert all(
+        (out / p).exists() for e in engines["engines"].values() for p in e["merged"]["paths"]
+    )
     reload = json.loads((out / "reload_check.json").read_text())
     assert reload["outputs"][0]["output"].strip()
     manifest.verify(out)

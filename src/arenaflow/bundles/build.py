@@ -22,7 +22,11 @@ Checks, run on the assembled directory before it is moved into place:
    none contains U+FFFD (RELOAD_CHECK_PASS / RELOAD_CHECK_FAIL, outputs in reload_check.json);
 4. evidence: the evidence's dataset sha256 is the corpus manifest's digest (a merge's: each
    parent's weight files are the ones it merged, by sha256), and the adapter is the arm's final
-   adapter byte for byte.
+   adapter byte for byte;
+5. serving engines (arenaflow.bundles.serving): whether vLLM, SGLang and TGI serve the adapter
+   as it is, or need merged weights and why; merged/ when one needs it (or `merged: always`),
+   equal to base + adapter (merged_check.json); each engine's command in serving_config.json;
+   vLLM's offline answers against the reload check's, where vLLM and a GPU are present.
 
 This module assembles the bundle and holds the command line; the checks are in
 arenaflow.bundles.checks, the model card in arenaflow.bundles.card, and the reading and
@@ -40,6 +44,7 @@ from pathlib import Path
 from arenaflow import chat, io, manifest, models, paths
 from arenaflow.bundles.card import card_context, write_card
 from arenaflow.bundles.checks import BundleCheckError, run_checks
+from arenaflow.bundles.serving import add_serving
 from arenaflow.bundles.sources import (
     check_judged_weights,
     disk_lineage,
@@ -116,6 +121,7 @@ def build(args) -> None:
     with io.atomic_dir(Path(args.out)) as tmp:
         tok = write_serving_files(tmp, args.base_model, run_dir, evidence, arm, cfg, template)
         checks = run_checks(tmp, args, cfg, template, run_dir, corpus_dir)
+        checks.update(add_serving(tmp, args.bundle, args.base_model, evidence, cfg))
         if searched:
             checks["system_prompt"] = searched
         if nomination:
@@ -128,6 +134,7 @@ def build(args) -> None:
             }
         lineage = disk_lineage(Path(args.runs), arm)[1:]
         ctx = card_context(args, arm, lineage, nomination)
+        ctx["engines"] = io.read_json(tmp / "serving_config.json")["serving_engines"]
         write_card(tmp, args.bundle, arm, evidence, cfg["serving"], tok, checks, ctx)
         io.write_json(tmp / "checks.json", checks)
         verdicts = {k: v["verdict"] for k, v in checks.items()}

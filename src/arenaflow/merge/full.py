@@ -69,8 +69,16 @@ def shard(entries: list[Entry], shard_bytes: int) -> list[list[Entry]]:
 
 
 def write_full(plan: dict, tmp: Path, first: Parent, shard_bytes: int, recycle: Callable) -> None:
+    """The shards (write_shards) and the first parent's config.json/generation_config.json."""
+    write_shards(plan["entries"], tmp, shard_bytes, recycle)
+    for name in ("config.json", "generation_config.json"):
+        if (first.dir / name).exists():
+            shutil.copyfile(first.dir / name, tmp / name)
+
+
+def write_shards(entries: list[Entry], tmp: Path, shard_bytes: int, recycle: Callable) -> None:
     """Shards named as transformers' save_pretrained names them, an index when there are several."""
-    shards = shard(plan["entries"], shard_bytes)
+    shards = shard(entries, shard_bytes)
     n = len(shards)
     names = (
         ["model.safetensors"]
@@ -87,6 +95,3 @@ def write_full(plan: dict, tmp: Path, first: Parent, shard_bytes: int, recycle: 
         io.write_json(
             tmp / FULL_INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map}
         )
-    for name in ("config.json", "generation_config.json"):
-        if (first.dir / name).exists():
-            shutil.copyfile(first.dir / name, tmp / name)
