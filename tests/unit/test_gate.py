@@ -279,6 +279,9 @@ def test_the_measured_mde_is_statsmodels_d_times_the_measured_sd_of_the_differen
     bare = {k: v for k, v in comp.items() if k != "clustered"}
     assert gate.measured_spread(bare, row, 1)["sd"] == pytest.approx(sd)
     assert gate.measured_spread({**bare, "replicates": 3}, row, 3)["sd"] is None
+    turn = {"replicates": 1, "by_turn": {"2": {k: comp[k] for k in ("n", "wins", "losses")}}}
+    assert gate.measured_spread(turn, {**row, "turn": 2}, 1)["sd"] == pytest.approx(sd)
+    assert gate.measured_spread(turn, {**row, "turn": 3}, 1)["why"] == "fewer than two items"
 
 
 def test_with_replicates_an_items_replicates_are_one_unit_and_its_mean_difference_counts():

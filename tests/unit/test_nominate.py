@@ -631,6 +631,7 @@ def test_judge_records_beside_each_registered_mde_the_one_its_readouts_measured(
     assert order == [(1, "B1"), (1, "B3"), (2, "B1"), (2, "B3")]
     assert rows[0]["mde"] == pytest.approx(float(np.ravel(d)[0]) * np.std(b1, ddof=1))
     assert [x["mde_planned"] for x in rows[::2]] == [c["mde"] for c in plan["clauses"]]
+    assert rows[2]["asks"] == pytest.approx(100 * 3 / 24)  # W - L >= 3 over 24 items, in points
     # delta > 0 asks for nothing, so it is underpowered however the readouts came out
     assert [x["underpowered_measured"] for x in rows[:2]] == [True, True]
     assert [v["clears"] for v in out["candidates"]] == [True, True] and out["promoted"] == "B3"
