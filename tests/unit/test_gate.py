@@ -1,12 +1,16 @@
-"""arenaflow.rounds.gate: a bar's power plan at registration, its p-value clauses adjusted
-together, clustered clauses, and the signal-to-noise admission of its suites."""
+"""arenaflow.rounds.gate: a bar's power plan at registration and its power as measured at
+nomination, its p-value clauses adjusted together, clustered clauses, and the signal-to-noise
+admission of its suites."""
 
 from __future__ import annotations
 
 import copy
 
+import numpy as np
+import pandas as pd
 import pytest
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
 
 from arenaflow.config.load import load_configs
 from arenaflow.config.resolve import resolve
@@ -213,3 +217,127 @@ def test_the_round_report_and_the_card_show_each_suites_snr_and_the_registered_m
     assert "Registered underpowered" in card and "clause 1 (delta > 0 on suite math/greedy)" in card
     assert "math/greedy\t3.00\t2.00\t1.50\tbelow min_snr 2, admitted by the config" in card
     assert env.get_template("card_bar.md.j2").render(nomination={"registration": {}}).strip() == ""
+
+
+# --- power at judgement: each clause's MDE from what the comparison measured -----------------
+
+
+def frame(correct: np.ndarray) -> pd.DataFrame:
+    """Readout rows of a K x n outcome matrix: row r is replicate r of the n items."""
+    k, n = correct.shape
+    j = np.tile(np.arange(n), k)
+    return pd.DataFrame(
+        {
+            "item_id": [f"i{x}" for x in j],
+            "replicate": np.repeat(np.arange(k), n),
+            "prompt_sha256": [f"p{x}" for x in j],
+            "target_sha256": [f"t{x}" for x in j],
+            "category": "add",
+            "correct": correct.ravel().astype(bool),
+        }
+    )
+
+
+def measured(cand: np.ndarray, ref: np.ndarray) -> dict:
+    """A comparison as arenaflow.evals.compare writes it, of K x n outcome matrices."""
+    from arenaflow.evals import compare
+
+    return compare.compare(frame(cand), frame(ref), "test")
+
+
+def counts(wins: int, losses: int, both: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """One replicate of n items: `wins` the candidate alone solves, `losses` the reference
+    alone, `both` solved by both."""
+    cand = np.zeros(n, bool)
+    ref = np.zeros(n, bool)
+    cand[:wins] = True
+    ref[wins : wins + losses] = True
+    cand[wins + losses : wins + losses + both] = ref[wins + losses : wins + losses + both] = True
+    return cand[None], ref[None]
+
+
+def oracle_mde(n: int, sd: float) -> float:
+    d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=0.05, power=0.8)
+    return float(np.ravel(d)[0]) * sd
+
+
+def test_the_measured_mde_is_statsmodels_d_times_the_measured_sd_of_the_differences():
+    cand, ref = counts(wins=30, losses=10, both=80, n=200)
+    comp = measured(cand, ref)
+    rnd = round_([{"metric": "delta", "op": ">", "value": 1.0}], n=200, underpowered="warn")
+    nom = verdicts.nominate("r", rnd, {("math", "greedy", "B", "R"): comp})
+    (row,) = nom["power_measured"]["clauses"]
+    sd = np.std((cand[0].astype(float) - ref[0]) * 100, ddof=1)
+    assert row["n"] == 200 and row["unit"] == "items" and row["sd"] == pytest.approx(sd)
+    # binary differences: SD^2 = n/(n-1) (psi - delta^2), psi 40/200, delta 20/200
+    assert row["sd"] == pytest.approx(100 * np.sqrt(200 / 199 * (0.2 - 0.1**2)))
+    assert row["discordance"] == pytest.approx(0.2) and row["ref_accuracy"] == pytest.approx(45)
+    assert row["mde"] == pytest.approx(oracle_mde(200, sd))
+    assert row["mde_planned"] == pytest.approx(power.mde(200, 0.5))  # recomputed: no plan given
+    assert row["underpowered_measured"] and row["status"] == "underpowered"
+    # a comparison without its clustered block: the same SD from its W/L over n items
+    bare = {k: v for k, v in comp.items() if k != "clustered"}
+    assert gate.measured_spread(bare, row, 1)["sd"] == pytest.approx(sd)
+    assert gate.measured_spread({**bare, "replicates": 3}, row, 3)["sd"] is None
+    turn = {"replicates": 1, "by_turn": {"2": {k: comp[k] for k in ("n", "wins", "losses")}}}
+    assert gate.measured_spread(turn, {**row, "turn": 2}, 1)["sd"] == pytest.approx(sd)
+    assert gate.measured_spread(turn, {**row, "turn": 3}, 1)["why"] == "fewer than two items"
+
+
+def test_with_replicates_an_items_replicates_are_one_unit_and_its_mean_difference_counts():
+    rng = np.random.default_rng(7)
+    p = rng.uniform(0.1, 0.9, 60)  # each item's own difficulty: replicates are correlated
+    cand = rng.random((3, 60)) < np.clip(p + 0.1, 0, 1)
+    ref = rng.random((3, 60)) < p
+    rnd = round_([{"metric": "delta", "op": ">=", "value": 30.0}], n=60, replicates={"greedy": 3})
+    comp = measured(cand, ref)
+    (row,) = verdicts.nominate("r", rnd, {("math", "greedy", "B", "R"): comp})["power_measured"][
+        "clauses"
+    ]
+    sd = np.std((cand.astype(float) - ref).mean(axis=0) * 100, ddof=1)  # per-item means
+    assert row["n"] == 60 and row["sd"] == pytest.approx(sd)
+    assert row["mde"] == pytest.approx(oracle_mde(60, sd))
+    assert row["underpowered_measured"] is False and row["status"] == "ok"
+
+
+def test_powered_as_planned_underpowered_as_measured_is_flagged_and_the_decision_stands():
+    import jinja2
+
+    from arenaflow.rounds import report
+
+    chat = {"suite": "chat", "metric": "delta", "op": ">", "value": 1.0}
+    bar_ = [{"metric": "delta", "op": ">=", "value": 5.0}, chat, TWO_TESTS[1]]
+    rnd = round_(bar_, n=200, discordance=0.05)  # "the arms rarely disagree": a small MDE
+    plan = registry.register("r", rnd)["power"]  # promotion.underpowered: refuse lets it pass
+    assert plan["clauses"][0]["status"] == "ok" and plan["clauses"][0]["mde"] < 5
+    cand, ref = counts(wins=50, losses=30, both=60, n=200)  # they disagree on 40% of items
+    comps = {(s, "greedy", "B", "R"): measured(cand, ref) for s in ("math", "chat")}
+    nom = verdicts.nominate("r", rnd, comps, plan=plan)
+    row, tested, test = nom["power_measured"]["clauses"]
+    assert row["mde_planned"] == plan["clauses"][0]["mde"]
+    assert row["mde"] > 5 and row["underpowered_measured"] and row["asks"] == 5
+    assert tested["status"].startswith("tested") and tested["underpowered_measured"] is None
+    assert test["status"] == "asks for no effect size" and test["mde"] == row["mde"]
+    (warning,) = nom["power_measured"]["underpowered_measured"]
+    assert "clause 1 (delta >= 5 on suite math/greedy)" in warning
+    assert f"than the {row['mde']:.3g} points" in warning
+    clause = nom["candidates"][0]["clauses"][0]
+    assert clause["underpowered_measured"] and clause["mde_measured"] == row["mde"]
+    # the same judgement without a power plan at all: the same verdicts and promotion
+    plain = verdicts.nominate("r", {k: v for k, v in rnd.items() if k != "gating"}, comps)
+    assert plain["power_measured"] is None
+    holds = [c["holds"] for c in nom["candidates"][0]["clauses"]]
+    assert holds == [c["holds"] for c in plain["candidates"][0]["clauses"]] == [True] * 3
+    assert (nom["promoted"], nom["reason"]) == (plain["promoted"], plain["reason"])
+    assert nom["promoted"] == "B"  # promoted on a bar that could not detect what it asked
+    page = report.power_html(nom) + report.nomination_html(nom, {})
+    assert f"<td>{row['mde']:.4g}</td>" in page and "underpowered as measured (MDE" in page
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("arenaflow", "templates"), undefined=jinja2.StrictUndefined
+    )
+    card = env.get_template("card_bar.md.j2").render(
+        nomination={**nom, "registration": {"power": plan}}
+    )
+    planned, got = row["mde_planned"], row["mde"]
+    line = f"1. delta on math/greedy\tB\t5.00\t{planned:.2f}\t{got:.2f}\t200 items"
+    assert line in card and "Underpowered as measured (the decision stands): round r" in card

@@ -610,6 +610,37 @@ def test_a_nomination_is_sealed_with_the_sha256_of_what_it_judged(tmp_path):
     nominate.main(["verify", str(tmp_path / "nominations/r3.json"), "--root", "/"])
 
 
+def test_judge_records_beside_each_registered_mde_the_one_its_readouts_measured(tmp_path, capsys):
+    import numpy as np
+    from statsmodels.stats.power import TTestPower
+
+    from arenaflow.schema import schema_defaults
+
+    r = Round(tmp_path)
+    promotion = {**schema_defaults("promotion"), "underpowered": "warn"}
+    suites = {"math": {"n": 24, "replicates": {"greedy": 1}, "gate_below_snr": False}}
+    r.rnd = {**r.rnd, "gating": {"promotion": promotion, "suites": suites}}
+    r.register()
+    plan = io.read_json(r.reg)["power"]
+    r.score()
+    out = r.judge()
+    d = TTestPower().solve_power(effect_size=None, nobs=24, alpha=0.05, power=0.8)
+    b1 = np.r_[np.ones(4), np.zeros(20)] * 100  # B1 fixes 4 of the 24 items, loses none
+    rows = out["power_measured"]["clauses"]
+    order = [(x["clause"], x["candidate"]) for x in rows]
+    assert order == [(1, "B1"), (1, "B3"), (2, "B1"), (2, "B3")]
+    assert rows[0]["mde"] == pytest.approx(float(np.ravel(d)[0]) * np.std(b1, ddof=1))
+    assert [x["mde_planned"] for x in rows[::2]] == [c["mde"] for c in plan["clauses"]]
+    assert rows[2]["asks"] == pytest.approx(100 * 3 / 24)  # W - L >= 3 over 24 items, in points
+    # delta > 0 asks for nothing, so it is underpowered however the readouts came out
+    assert [x["underpowered_measured"] for x in rows[:2]] == [True, True]
+    assert [v["clears"] for v in out["candidates"]] == [True, True] and out["promoted"] == "B3"
+    assert "WARNING (underpowered as measured; the decision stands): round r3: clause 1" in (
+        capsys.readouterr().err
+    )
+    assert nominate.load_sealed(tmp_path / "nominations/r3.json", root="/") == out
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

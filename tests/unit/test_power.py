@@ -44,3 +44,17 @@ def test_bad_sizes_and_discordances_are_refused_naming_them():
         power.mde(1, 0.5)
     with pytest.raises(ValueError, match=r"discordance must be in \(0, 1\], got 0"):
         power.mde(100, 0)
+
+
+def test_the_mde_of_a_measured_sd_is_statsmodels_d_times_it_and_matches_the_planned_formula():
+    for n, sd in ((24, 20.4), (300, 70.0), (5000, 3.1)):
+        d = TTestPower().solve_power(effect_size=None, nobs=n, alpha=0.05, power=0.8)
+        assert power.mde_of_sd(n, sd) == pytest.approx(float(np.ravel(d)[0]) * sd)
+    # the planned MDE is the measured one when the SD is that of the differences at the MDE
+    n, psi = 300, 0.3
+    delta = power.mde(n, psi) / 100
+    assert power.mde_of_sd(n, 100 * np.sqrt(psi - delta**2)) == pytest.approx(delta * 100)
+    with pytest.raises(ValueError, match="SD of the differences must be finite and > 0, got 0"):
+        power.mde_of_sd(100, 0.0)
+    with pytest.raises(ValueError, match="n >= 2 items, got 1"):
+        power.mde_of_sd(1, 5.0)

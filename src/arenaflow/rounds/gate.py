@@ -7,6 +7,11 @@ No command of its own (docs/statistics.md gives the method and its references):
   planning accuracy and discordance of promotion; a clause that asks for less is
   `underpowered` (arenaflow.rounds.registry refuses it, or records a warning). The measured
   noise floor is not there to use: registration precedes every readout of the round.
+- measured_power / mark_measured: at nomination, each checked clause's MDE again from what was
+  measured: the units (clusters; an item with its replicates by default) of the comparison the
+  clause reads and the SD of their differences (arenaflow.evals.power.mde_of_sd). A clause that
+  asks for less is flagged `underpowered_measured`; the decision is not changed (the rules were
+  fixed at registration), the flag is evidence for the report and the card.
 - adjust: a candidate's p_value clauses adjusted together (statsmodels' multipletests, the
   method bar.resolve wrote into each clause as `adjust`); the decision reads the adjusted p.
 - snr / admit: each gating suite/regime's signal-to-noise ratio, the range of the round's arms'
@@ -19,6 +24,8 @@ it), replicates per regime and gate_below_snr.
 """
 
 from __future__ import annotations
+
+import math
 
 from arenaflow.evals import power as afpower
 from arenaflow.rounds import bar
@@ -54,6 +61,15 @@ def _asks(c: dict, n: int, k: int) -> float | None:
     return None
 
 
+def _tested(rnd: dict) -> set[tuple[str, str]]:
+    """The suite/regimes on which a significance clause controls the noise."""
+    return {
+        (c["suite"], c["regime"])
+        for c in bar.clauses(rnd)
+        if SIGNIFICANCE.get(c["metric"]) == c["op"].rstrip("=")
+    }
+
+
 def power_plan(round_id: str, rnd: dict) -> dict | None:
     """The MDE of each gating suite and each clause's standing against it; None for a round
     without `gating` (one written by hand)."""
@@ -63,11 +79,7 @@ def power_plan(round_id: str, rnd: dict) -> dict | None:
     prom = g["promotion"]
     p = prom["parent_accuracy"] / 100
     psi = prom.get("discordance") or afpower.planning_discordance(p)
-    tested = {
-        (c["suite"], c["regime"])
-        for c in bar.clauses(rnd)
-        if SIGNIFICANCE.get(c["metric"]) == c["op"].rstrip("=")
-    }
+    tested = _tested(rnd)
     plan = {
         **{k: prom[k] for k in ("power", "alpha", "parent_accuracy")},
         "on_underpowered": prom["underpowered"],
@@ -102,6 +114,133 @@ def power_plan(round_id: str, rnd: dict) -> dict | None:
             )
         plan["clauses"].append(row)
     return plan
+
+
+def _block(comp: dict, clause: dict) -> dict:
+    """The paired numbers a clause reads: its turn's on a turn clause, else the comparison's."""
+    return comp.get("by_turn", {}).get(str(clause["turn"]), {}) if "turn" in clause else comp
+
+
+def measured_spread(comp: dict, clause: dict, k: int) -> dict:
+    """What the comparison a clause reads measured: {"n": its independent units, "unit",
+    "sd": the SD (points) of the units' differences, or None with "why"}. From the clustered
+    block, sd = SE x sqrt(G) over its G clusters, so that the t of TTestPower (df = G - 1,
+    noncentrality delta / SE) is the clustered test the comparison ran; without it (a turn's
+    numbers, a comparison from before clusters) and with one row per item (K = 1), the SD of the
+    +1/-1/0 differences its wins and losses over n items imply."""
+    cl = None if "turn" in clause else comp.get("clustered")
+    if cl and cl["clustered"].get("se") is not None:
+        g = cl["n_clusters"]
+        unit = "items" if cl["cluster_by"] == "item" else "clusters"
+        return {"n": g, "unit": unit, "sd": cl["clustered"]["se"] * math.sqrt(g)}
+    block = _block(comp, clause)
+    n = block.get("n")
+    why = (
+        "fewer than two items"
+        if not n or n < 2
+        else "no wins and losses in the comparison"
+        if "wins" not in block
+        else "no clustered block, and K rows per item are not independent"
+        if comp.get("replicates", k) != 1
+        else None
+    )
+    if why:
+        return {"n": n, "unit": "items", "sd": None, "why": why}
+    w, lo = block["wins"], block["losses"]
+    var = (w + lo - (w - lo) ** 2 / n) / (n - 1)  # sample variance (ddof 1) of the differences
+    return {"n": n, "unit": "items", "sd": 100 * math.sqrt(max(var, 0.0))}
+
+
+def _measured_row(
+    c: dict, cand: str, comp: dict, k: int, planned: dict, tested: bool, prom: dict
+) -> dict:
+    """One clause for one candidate: its asked effect against the MDE of what was measured."""
+    sp = measured_spread(comp, c, k)
+    block = _block(comp, c)
+    rows = block.get("n")
+    psi = (block["wins"] + block["losses"]) / rows if rows and "wins" in block else None
+    row = {
+        **{key: c[key] for key in ("clause", "suite", "regime", "metric")},
+        "candidate": cand,
+        "mde_planned": planned.get("mde"),
+        "planned_status": planned.get("status"),
+        **{key: sp[key] for key in ("n", "unit", "sd")},
+        "ref_accuracy": block.get("ref_accuracy"),
+        "discordance": psi,  # measured: the share of rows on which the arms disagree
+        "mde": None,
+        "underpowered_measured": None,
+    }
+    if not sp["sd"]:
+        row["status"] = "not measured: " + sp.get("why", "the arms agree on every unit (SD 0)")
+        return row
+    row["mde"] = afpower.mde_of_sd(sp["n"], sp["sd"], prom["alpha"], prom["power"])
+    asks = _asks(c, rows, 1)  # W - L over the comparison's pooled rows
+    if asks is None:
+        row["status"] = "asks for no effect size"
+    elif tested:
+        row.update(asks=asks, status="tested: a significance clause on the suite controls it")
+    else:
+        row.update(asks=asks, underpowered_measured=abs(asks) < row["mde"])
+        row["status"] = "underpowered" if row["underpowered_measured"] else "ok"
+    return row
+
+
+def measured_power(round_id: str, rnd: dict, compares: dict, plan: dict | None) -> dict | None:
+    """Each clause's MDE per candidate from the comparison it reads, beside the MDE registered
+    in `plan` (power_plan's); None for a round without `gating`."""
+    g = rnd.get("gating")
+    if not g:
+        return None
+    prom, tested = g["promotion"], _tested(rnd)
+    planned = {row["clause"]: row for row in (plan or {}).get("clauses", [])}
+    out = {
+        "power": prom["power"],
+        "alpha": prom["alpha"],
+        "basis": "measured at nomination: the SD of the differences of each clause's comparison "
+        "over its units (docs/statistics.md, power at judgement)",
+        "clauses": [],
+        "underpowered_measured": [],
+    }
+    for c in bar.clauses(rnd):
+        s, r = c["suite"], c["regime"]
+        ref = c["against"] or rnd["incumbent"]
+        k, plan_row = g["suites"][s]["replicates"][r], planned.get(c["clause"], {})
+        for cand in rnd["candidates"]:
+            comp = compares[(s, r, cand, ref)]
+            row = _measured_row(c, cand, comp, k, plan_row, (s, r) in tested, prom)
+            out["clauses"].append(row)
+            if row["underpowered_measured"]:
+                out["underpowered_measured"].append(_measured_warning(round_id, c, row, ref, prom))
+    return out
+
+
+def _measured_warning(round_id: str, c: dict, row: dict, ref: str, prom: dict) -> str:
+    planned = "unknown" if row["mde_planned"] is None else f"{row['mde_planned']:.3g}"
+    return (
+        f"round {round_id}: clause {c['clause']} ({c['metric']} {c['op']} {c['value']:g} on "
+        f"suite {c['suite']}/{c['regime']}) asks for an effect of {row['asks']:.3g} points, less "
+        f"than the {row['mde']:.3g} points its test detects on what {row['candidate']} vs {ref} "
+        f"measured ({row['n']} {row['unit']}, SD of the differences {row['sd']:.3g} pt, power "
+        f"{prom['power']:g}, alpha {prom['alpha']:g}; registered MDE {planned} points): the bar "
+        "could not detect the effect it asked for"
+    )
+
+
+def mark_measured(verdicts: list[dict], measured: dict | None) -> list[dict]:
+    """Each judged clause with its planned and measured MDE and `underpowered_measured`; its
+    verdict (`holds`) is left as judged."""
+    if not measured:
+        return verdicts
+    rows = {(row["candidate"], row["clause"]): row for row in measured["clauses"]}
+    for v in verdicts:
+        for c in v["clauses"]:
+            row = rows[(v["arm"], c["clause"])]
+            c.update(
+                mde_planned=row["mde_planned"],
+                mde_measured=row["mde"],
+                underpowered_measured=row["underpowered_measured"],
+            )
+    return verdicts
 
 
 def adjust(judged: list[dict]) -> list[dict]:

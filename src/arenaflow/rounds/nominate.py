@@ -36,6 +36,9 @@ against the incumbent is promoted (ties: the first listed); when none clears, th
 stays. The output records every clause's number and verdict per candidate, and why, and is
 sealed: `inputs` holds the sha256 of the registration and of every comparison, noise floor and
 readout judged, and `digest` the sha256 of the record itself (canonical JSON, without `digest`).
+Beside the power plan registered with the bar it records each clause's minimum detectable effect
+as the readouts measured it (`power_measured`, arenaflow.rounds.gate), a flag that changes no
+verdict.
 A bundle is built only from a nomination whose seal and inputs verify (load_sealed).
 
 This module holds the command line, the checks that refuse a changed bar and the seal
@@ -315,7 +318,7 @@ def _judge_cmd(args, rnd: dict) -> None:
     )
 
     comparisons.verify_judged(args.compare, args.noise, args.readouts)
-    result = nominate(args.round, rnd, *_read_judged(args, rnd))
+    result = nominate(args.round, rnd, *_read_judged(args, rnd), plan=current.get("power"))
     result["registration"] = {
         "path": args.registration,
         "registry": str(registry),
@@ -335,6 +338,8 @@ def _judge_cmd(args, rnd: dict) -> None:
         f"round {args.round}: promoted {result['promoted']} ({result['reason']}); "
         f"sealed {result['digest']}"
     )
+    for w in (result.get("power_measured") or {}).get("underpowered_measured", []):
+        print(f"WARNING (underpowered as measured; the decision stands): {w}", file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:

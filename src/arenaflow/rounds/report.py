@@ -120,11 +120,47 @@ def snr_html(rows: dict) -> str:
     )
 
 
+def power_html(nom: dict) -> str:
+    """Each clause's MDE as registered and as measured per candidate (gate.measured_power), with
+    its `underpowered_measured` flag ('' for a nomination without it)."""
+    pm = nom.get("power_measured")
+    if not pm:
+        return ""
+    e = html.escape
+    body = "".join(
+        f"<tr><th>{r['clause']}. {e(r['metric'])} on {e(r['suite'])}/{e(r['regime'])}</th>"
+        f"<td>{e(r['candidate'])}</td><td>{_fmt(r.get('asks'))}</td>"
+        f"<td>{_fmt(r['mde_planned'])}</td><td>{_fmt(r['mde'])}</td>"
+        f"<td>{_fmt(r['n'])} {e(r['unit'])}</td><td>{_fmt(r['sd'])}</td>"
+        f"<td>{_fmt(r['ref_accuracy'])}</td><td>{_fmt(r['discordance'])}</td>"
+        f"<td class={'no' if r['underpowered_measured'] else 'ok'}>{e(r['status'])}</td></tr>"
+        for r in pm["clauses"]
+    )
+    return (
+        "<h3>Power: what the bar could detect</h3>\n<p>Minimum detectable effect (points) at "
+        f"power {pm['power']:g} and two-sided alpha {pm['alpha']:g}: registered from the "
+        "config's planning values, and measured from the SD of each comparison's differences "
+        "over its units. A clause asking for less than the measured MDE is underpowered as "
+        "measured: evidence beside the decision, which the registered bar fixed "
+        "(docs/statistics.md).</p>\n<table><tr><th>clause</th><th>candidate</th>"
+        "<th>asks (pt)</th><th>MDE registered (pt)</th><th>MDE measured (pt)</th><th>units</th>"
+        "<th>SD of differences (pt)</th><th>reference accuracy (pt)</th><th>discordance</th>"
+        f"<th>standing</th></tr>{body}</table>\n"
+    )
+
+
 def _raw(c: dict) -> str:
     """A multiplicity-adjusted p's raw value and method, under its cell."""
     if "p_raw" not in c:
         return ""
     return f"<br><small>{html.escape(c['adjust'])}; raw p {_fmt(c['p_raw'])}</small>"
+
+
+def _underpowered(c: dict) -> str:
+    """A clause that asked for less than its measured MDE, under its cell."""
+    if not c.get("underpowered_measured"):
+        return ""
+    return f"<br><small>underpowered as measured (MDE {_fmt(c['mde_measured'])} pt)</small>"
 
 
 def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
@@ -147,7 +183,7 @@ def nomination_html(nom: dict, registration: dict, extra: str = "") -> str:
         cells = "".join(
             f"<td class={'ok' if c['holds'] else 'no'}>{e(_fmt(c['observed']))} {e(c['op'])} "
             f"{e(_fmt(c['threshold']))}<br>{'holds' if c['holds'] else 'fails'}"
-            f"{_raw(c)}</td>"
+            f"{_raw(c)}{_underpowered(c)}</td>"
             for c in v["clauses"]
         )
         mark = " (promoted)" if v["arm"] == nom["promoted"] else ""
@@ -222,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     lineage(out / "lineage.png", rnd, arms, nom["promoted"])
     extra = sweep_html(rnd, arms, compares) + families_html(rnd, compares)
-    extra += snr_html(snr_rows(rnd, nom, compares, noises))
+    extra += snr_html(snr_rows(rnd, nom, compares, noises)) + power_html(nom)
     io.write_text(out / "nomination.html", nomination_html(nom, reg, extra))
     print(f"round {args.round}: report files in {out} ({bar.bar_sha256(nom['bar_resolved'])[:12]})")
 

@@ -58,9 +58,17 @@ def promote(verdicts: list[dict], incumbent: str) -> tuple[str, dict | None, lis
     return best["arm"], best, cleared
 
 
-def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = None) -> dict:
+def nominate(
+    round_id: str,
+    rnd: dict,
+    comparisons: dict,
+    noises: dict | None = None,
+    plan: dict | None = None,
+) -> dict:
     """comparisons: {(suite, regime, cand, ref): compare JSON}, or {cand: compare JSON vs the
-    incumbent on the round's suite/regime}; noises: {(suite, regime, arm): noise JSON}."""
+    incumbent on the round's suite/regime}; noises: {(suite, regime, arm): noise JSON}; plan:
+    the power plan registered with the bar (gate.power_plan's, recomputed when None), beside
+    which each clause's MDE as measured is recorded (gate.measured_power)."""
     compares = {_key(rnd, k): v for k, v in comparisons.items()}
     missing = sorted(
         {
@@ -73,6 +81,10 @@ def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = 
         raise ValueError(f"round {round_id}: no comparison for {missing}")
     snrs = gate.snr(rnd, compares, noises or {})
     verdicts = [judge(c, rnd, compares, noises, snrs) for c in rnd["candidates"]]
+    measured = gate.measured_power(
+        round_id, rnd, compares, plan if plan is not None else gate.power_plan(round_id, rnd)
+    )
+    verdicts = gate.mark_measured(verdicts, measured)  # evidence only: no verdict changes
     promoted, best, cleared = promote(verdicts, rnd["incumbent"])
     where = f"{rnd['suite']}/{rnd['regime']}"
     if best:
@@ -102,4 +114,5 @@ def nominate(round_id: str, rnd: dict, comparisons: dict, noises: dict | None = 
         "reason": reason,
         "snr": gate.admission(rnd, snrs),
         "min_snr": (rnd.get("gating") or {}).get("promotion", {}).get("min_snr"),
+        "power_measured": measured,
     }
