@@ -20,6 +20,9 @@ message (draft, count, revise, then the answer after the marker), and a verdict 
 final answer, the text after the last marker (stripped), which it records as `final`; a sample
 without the marker, or with nothing after it, is rejected with that reason. The corpus trains on
 `final` under the serving system prompt (arenaflow.corpora.build), never on the draft.
+
+Sampling keeps each finished batch beside its output (arenaflow.decode.parts): a job killed part
+way through and run again decodes only the batches it lacks, into the same samples file.
 """
 
 from __future__ import annotations
@@ -45,9 +48,12 @@ def full_params(params: dict) -> dict:
     return {**afschema.schema_defaults("corpus"), **params}
 
 
-def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict) -> list[dict]:
+def sample(
+    pool: list[dict], model, tokenizer, system_prompt: str, params: dict, job=None
+) -> list[dict]:
     """k samples per prompt, decoded as the corpus's sampling params say (schema.sampling_params;
-    a key they lack is the schema's default), by this process's engine settings' decoder."""
+    a key they lack is the schema's default), by this process's engine settings' decoder. With
+    `job` (an arenaflow.decode.parts.Job), finished batches are kept and a rerun resumes."""
     from arenaflow.decode import sampling
 
     params = full_params(params)
@@ -69,6 +75,7 @@ def sample(pool: list[dict], model, tokenizer, system_prompt: str, params: dict)
         batch_size=params["batch_size"],
         desc="sample",
         engine=engine.get("decoder"),
+        job=job,
     )
     rows = []
     for r, samples in zip(pool, outs):
@@ -170,7 +177,7 @@ def verify_all(
 def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     """Loads the policy, samples every prompt k times, writes the samples."""
     from arenaflow import models
-    from arenaflow.decode import sampling
+    from arenaflow.decode import parts, sampling
     from arenaflow.decode import warmup as decode_warmup
 
     batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])
@@ -182,10 +189,12 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     decode_warmup.finish(warm, args.out)
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()
-    rows = sample(pool, model, tok, args.system_prompt, params)
+    job = parts.Job(args.out, parts.weights_of(args.base_model, args.adapter))
+    rows = sample(pool, model, tok, args.system_prompt, params, job)
     seconds = time.perf_counter() - t0
     io.write_jsonl(args.out, rows)
     manifest.write_file(args.out, params, rows=len(rows))
+    parts.finish(args.out)
     jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
     print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
 

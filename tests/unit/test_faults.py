@@ -145,6 +145,20 @@ ELSEWHERE = {
             "refused",
         ),
     },
+    "tests/unit/test_resume.py": {
+        "test_a_killed_sampling_job_resumes_to_the_uninterrupted_samples": (
+            "a sampling job killed after 2 of its 3 batches",
+            "recovered",
+        ),
+        "test_parts_of_another_job_or_failing_their_hash_are_decoded_again": (
+            "a sampling job's finished batches left by another seed, one flipped, one truncated",
+            "recovered",
+        ),
+        "test_a_killed_readout_resumes_to_the_same_rows_past_other_and_bad_parts": (
+            "a readout killed after 2 of its 3 batches, past another temperature's and a bad one",
+            "recovered",
+        ),
+    },
     "tests/unit/test_checkpoint_manifest.py": {
         "test_a_bit_flipped_optimizer_shard_is_refused_naming_it": (
             "a flipped bit in a training checkpoint's optimizer shard before its resume",

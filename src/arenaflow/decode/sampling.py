@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from arenaflow import models
+from arenaflow.decode import parts as decode_parts
 from arenaflow.decode import static as decode
 from arenaflow.decode import steps as decode_steps
 
@@ -71,6 +72,7 @@ def generate(
     desc: str = "generate",
     cache_implementation: str | None = None,
     engine: str = "hf",
+    job: decode_parts.Job | None = None,
 ) -> list[list[dict]]:
     """For each rendered prompt, `k` samples: {text, n_tokens, stopped}.
 
@@ -78,7 +80,9 @@ def generate(
     "static" with arenaflow.decode.static's static-cache loop, CUDA graphs on a GPU (the same greedy
     output; samples from the same distributions, drawn from another random stream).
     Each batch is seeded with seed + batch index, so results depend only on (seed, prompts,
-    batch_size, k, engine), never on what ran before in the process.
+    batch_size, k, engine), never on what ran before in the process. With `job`, each batch
+    decoded is kept as a part beside job.out, and a batch a verified part of the same job holds
+    is read back instead of decoded (arenaflow.decode.parts).
     """
     if engine not in ("hf", "static"):
         raise ValueError(f"engine {engine!r}: expected 'hf' or 'static'")
@@ -89,9 +93,17 @@ def generate(
     pad = models.pad_id(tokenizer)
     out: list[list[dict]] = []
     per_batch = prompts_per_batch(batch_size, k)
+    kept = None
+    if job is not None:
+        record = decode_parts.identity(job, prompts, decoding, k, seed, batch_size)
+        kept = decode_parts.Parts(job.out, {**record, "cache": cache_implementation})
     t0, done_tokens = time.time(), 0
     for b, start in enumerate(range(0, len(prompts), per_batch)):
         chunk = prompts[start : start + per_batch]
+        batch = kept.get(b, len(chunk)) if kept is not None else None
+        if batch is not None:
+            out.extend(batch)
+            continue
         # the static loop keeps one decoder (and its CUDA graphs) per padded prompt length
         enc = left_pad(tokenizer, chunk, pad, PROMPT_BUCKET if engine == "static" else 1)
         enc = {key: v.to(model.device) for key, v in enc.items()}
@@ -99,10 +111,14 @@ def generate(
         new, timing = _decode_batch(
             model, enc, decoding, k, stops, pad, engine, cache_implementation
         )
-        for i in range(len(chunk)):
-            samples = [_sample(tokenizer, ids, stops) for ids in new[i * k : (i + 1) * k]]
-            done_tokens += sum(s["n_tokens"] for s in samples)
-            out.append(samples)
+        batch = [
+            [_sample(tokenizer, ids, stops) for ids in new[i * k : (i + 1) * k]]
+            for i in range(len(chunk))
+        ]
+        if kept is not None:
+            kept.put(b, batch)
+        done_tokens += sum(s["n_tokens"] for samples in batch for s in samples)
+        out.extend(batch)
         progress(desc, len(out), len(prompts), k, done_tokens, time.time() - t0, timing)
     return out
 

@@ -84,6 +84,7 @@ def readout(
     batch_size: int,
     desc: str,
     engine: str = "hf",
+    job=None,
 ) -> pd.DataFrame:
     """One row per item. `correct` is the same verdict rejection sampling uses
     (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
@@ -98,7 +99,9 @@ def readout(
     arenaflow.instruct.families). Replicate r decodes with seed + 1000 * r; the same seed gives
     identical rows. The parquet's schema metadata (key "arenaflow") records when and how it was
     made (for a math suite, `verifier`: arenaflow.verify.verifier): nomination checks
-    `created_utc` against the bar's registration time."""
+    `created_utc` against the bar's registration time. With `job` (arenaflow.decode.parts.Job),
+    finished batches are kept beside job.out and a rerun after a kill decodes only the rest (not
+    for a multi-turn pool: a turn's prompts hold the earlier turns' answers)."""
     from arenaflow import candidates, chat
     from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
 
@@ -122,6 +125,7 @@ def readout(
         batch_size=batch_size,
         desc=desc,
         engine=engine,
+        job=job,
     )
     recs = []
     for r, p, (o,) in zip(pool, prompts, outs):
@@ -294,6 +298,7 @@ def _readout_cmd(args) -> None:
 
 def _readouts(args) -> None:
     from arenaflow import models
+    from arenaflow.decode import parts as decode_parts
     from arenaflow.decode import sampling
     from arenaflow.decode import warmup as decode_warmup
 
@@ -311,6 +316,10 @@ def _readouts(args) -> None:
     for read in reads:
         n, s = _read_one(args, model, tok, pool, read, weights)
         tokens, seconds = tokens + n, seconds + s
+    # kept until the job ends: Snakemake removes the outputs of a job that fails, those of the
+    # readouts it finished too, which a rerun then reads back from their parts
+    for read in reads:
+        decode_parts.finish(read["out"])
     jobclock.done(job, tokens=tokens, seconds=seconds)
 
 
@@ -330,7 +339,10 @@ def _read_one(
     args, model, tok, pool: list[dict], read: dict, weights: dict | None
 ) -> tuple[int, float]:
     """One (regime, replicate) readout written to read['out']: (tokens, seconds of work)."""
+    from arenaflow.decode import parts as decode_parts
+
     seed = args.seed + 1000 * read["replicate"]
+    job = decode_parts.Job(read["out"], decode_parts.weights_of(args.base_model, args.adapter))
     t0 = time.perf_counter()
     df = readout(
         pool,
@@ -342,6 +354,7 @@ def _read_one(
         args.batch_size,
         desc=f"readout {args.suite}/{args.arm}/{read['regime']}.r{read['replicate']}",
         engine=afengine.get("decoder"),
+        job=job,
     )
     seconds = time.perf_counter() - t0  # decoding and scoring
     df.insert(0, "arm", args.arm)
