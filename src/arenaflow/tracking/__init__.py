@@ -59,8 +59,8 @@ def settings(section: dict | None, results_dir: str | Path, where: str = "config
     s["tensorboard"]["dir"] = str(results / s["tensorboard"]["dir"])
     s["wandb"]["dir"] = str(results / s["wandb"]["dir"])
     # MLflow 3's file store refuses to open unless asked (mlflow.tracking: it is in maintenance
-    # mode), but it is the one store with no server and no database to migrate; backends/mlflow
-    # opts in for a file: URI only
+    # mode), but it is the one store with no server and no database to migrate; to_mlflow opts
+    # in for a file: URI only
     s["mlflow"]["tracking_uri"] = s["mlflow"]["tracking_uri"] or (results / "mlruns").as_uri()
     require(s["backends"], f"{where}: key 'tracking/backends'")
     return s
@@ -83,7 +83,8 @@ def open_run(
     """A run named <lineage>/<name> in every backend of `settings` (None: a run that writes
     nothing), with `params` and `tags` logged as it opens. `kind` (train, sample, verify,
     readout, round) is a tag, and W&B's job type; `parent`: the name of the run this one is a
-    child of (MLflow nests it; the others prefix its name)."""
+    child of (MLflow nests it under the run of that name, made if there is none; W&B groups
+    by it; TensorBoard has only the directories of `name`)."""
     if not settings or not settings["backends"]:
         return Run([], 0, 0.0)
     full = f"{settings['lineage']}/{name}"
