@@ -211,7 +211,7 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     jobclock.done(args.out, tokens=tokens, seconds=seconds)
     corpus, policy = Path(args.out).parent.name, run_arm(args.adapter)
     tracking.summary(
-        tracking.from_json(args.tracking_json),
+        args.tracking,
         f"corpora/{corpus}/sample",
         kind="sample",
         params=params,
@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
             help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: none)",
         )
     args = ap.parse_args(argv)
+    args.tracking = tracking.from_json(args.tracking_json)
     pool = read_pool(args.pool)
     if args.cmd == "sample":
         params = full_params(json.loads(args.params_json))
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest.write_file(args.out, {"marker": args.marker or None}, rows=len(rows))
         corpus = Path(args.out).parent.name
         tracking.summary(
-            tracking.from_json(args.tracking_json),
+            args.tracking,
             f"corpora/{corpus}/verify",
             kind="verify",
             tags={"corpus": corpus},

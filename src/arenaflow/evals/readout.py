@@ -319,7 +319,7 @@ def _readouts(args) -> None:
         )
     jobclock.done(job, tokens=tokens, seconds=seconds)
     tracking.summary(
-        tracking.from_json(args.tracking_json),
+        args.tracking,
         f"{args.arm}/readouts/{args.suite}",
         kind="readout",
         tags={"arm": args.arm, "suite": args.suite, "pool": Path(args.pool).stem},
@@ -401,6 +401,7 @@ def _read_one(
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    args.tracking = tracking.from_json(args.tracking_json)
     {"readout": _readout_cmd}[args.cmd](args)
 
 

@@ -297,6 +297,7 @@ def _read_judged(args, rnd: dict) -> tuple[dict, dict]:
 
 
 def _judge_cmd(args, rnd: dict) -> None:
+    settings = tracking.from_json(args.tracking_json)  # its backends imported as it judges
     registry = Path(args.registry or registry_path(Path(args.registration).parent, args.round))
     registration = io.read_json(args.registration)
     events = read_registry(registry)
@@ -319,7 +320,7 @@ def _judge_cmd(args, rnd: dict) -> None:
     }
     result = seal(result, [args.registration, *args.compare, *args.noise, *args.readouts])
     io.write_json(args.out, result)
-    tracked.track(tracking.from_json(args.tracking_json), result)
+    tracked.track(settings, result)
     for v in result["candidates"]:
         print(
             f"  {v['arm']}: delta {v['delta']:+.2f} W/L {v['wins']}/{v['losses']} -> "

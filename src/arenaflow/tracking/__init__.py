@@ -67,8 +67,13 @@ def settings(section: dict | None, results_dir: str | Path, where: str = "config
 
 
 def from_json(text: str | None) -> dict | None:
-    """A job's --tracking-json (None: tracking off)."""
-    return json.loads(text) if text else None
+    """A job's --tracking-json (None: tracking off), read at its start: the backends' modules
+    are imported meanwhile (preload), so that the job's end does not wait for them."""
+    if not text:
+        return None
+    s = json.loads(text)
+    preload(s["backends"])
+    return s
 
 
 def open_run(

@@ -50,7 +50,6 @@ def run(args) -> None:
     settings = tracking.from_json(args.tracking_json)
     if settings:  # at the job's start, not in its first step
         tracking.require(settings["backends"], f"arm {args.arm}: --tracking-json")
-        tracking.preload(settings["backends"])  # imported during the set-up
     with engine.job(args.engine_json):
         r = setup(args, hyper)
         r.tracking = settings
