@@ -296,3 +296,23 @@ def test_an_unwritable_directory_and_a_silent_server_each_warn_once(tmp_path, ca
     warned = [r.message for r in caplog.records]
     assert sum("tracker tensorboard" in w for w in warned) == 1, warned
     assert sum("tracker mlflow" in w for w in warned) == 1, warned
+
+
+def test_the_rules_get_only_the_asked_for_backends_settings_and_none_without_one():
+    import shlex
+
+    from arenaflow.dag import stages
+
+    s = tracking.settings({"backends": ["tensorboard"]}, "/r")
+    flag = stages.tracking_flag({"tracking": s})
+    opt, value = shlex.split(flag)
+    assert opt == "--tracking-json"
+    assert set(json.loads(value)) == {
+        "backends",
+        "lineage",
+        "every_steps",
+        "min_interval_s",
+        "flush_s",
+        "tensorboard",
+    }
+    assert stages.tracking_flag({"tracking": {**s, "backends": []}}) == ""
