@@ -9,11 +9,12 @@ import json
 import os
 import time
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-# MLflow's limit on a parameter's value (mlflow.utils.validation.MAX_PARAM_VAL_LENGTH)
-MAX_PARAM = 6000
+# A parameter's value is cut at MLflow's limit (6000 in 3.18: mlflow.utils.validation), a tag's
+# below it (8000 there), leaving room for servers with a smaller limit
+MAX_PARAM, MAX_TAG = 6000, 5000
 PARENT_TAG = "mlflow.parentRunId"
 
 
@@ -41,7 +42,7 @@ class Writer:
     def __init__(self, settings: dict, name: str, tags: dict, parent: str | None):
         self.c = client(settings["mlflow"]["tracking_uri"])
         exp = experiment_id(self.c, settings["mlflow"]["experiment"])
-        tags = {k: str(v) for k, v in tags.items()}
+        tags = {k: str(v)[:MAX_TAG] for k, v in tags.items()}
         if parent:
             p = find_run(self.c, exp, parent) or self.c.create_run(exp, run_name=parent, tags={})
             tags[PARENT_TAG] = p.info.run_id
@@ -56,9 +57,6 @@ class Writer:
     def log_metrics(self, metrics: dict, step: int) -> None:
         ms = int(time.time() * 1000)
         self.c.log_batch(self.run_id, metrics=[Metric(k, v, ms, step) for k, v in metrics.items()])
-
-    def set_tags(self, tags: dict) -> None:
-        self.c.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def close(self) -> None:
         self.c.set_terminated(self.run_id)
