@@ -20,7 +20,7 @@ rule sample_candidates:
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
         "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
-        "--out {output.rows} > {log} 2>&1"
+        "--out {output.rows} {TRACKING} > {log} 2>&1"
 
 
 rule verify_candidates:
@@ -38,4 +38,4 @@ rule verify_candidates:
         marker=lambda wc: afdag.scaffold_marker(CFG, wc.corpus),
     shell:
         "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
-        "--marker={params.marker:q} --out {output.rows} > {log} 2>&1"
+        "--marker={params.marker:q} --out {output.rows} {TRACKING} > {log} 2>&1"

@@ -41,8 +41,12 @@ try:
     afdag.refuse_empty_pools(CFG, REPO / CFG["results_dir"])
 except ValueError as e:
     raise WorkflowError(f"arenaflow: {e}") from None
-# as resolved, before admission drops refused candidates (the budget table's job reads it)
-CFG_JSON = afschema.stage_json(CFG)
+# as resolved, before admission drops refused candidates (the budget table's job reads it);
+# without the trackers, which change no output
+CFG_JSON = afschema.stage_json({k: v for k, v in CFG.items() if k != "tracking"})
+# The trackers' settings (arenaflow.tracking), in the commands of the jobs that report to them:
+# not a param, so changing them reruns nothing.
+TRACKING = afdag.tracking_flag(CFG)
 # With config `fork_server`, every rule's command runs through the fork server's client
 # (arenaflow.zygote). Not a param: it changes no output, so setting it reruns nothing.
 if CFG.get("fork_server"):

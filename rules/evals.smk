@@ -32,7 +32,7 @@ for _suite in CFG["evals"]:
             "python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
             "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
-            "--engine-json {params.engine:q} > {log} 2>&1"
+            "--engine-json {params.engine:q} {TRACKING} > {log} 2>&1"
 
 
 # A prompt search's readouts (regimes R-<prompt> and R-none, arenaflow.config): one job each,

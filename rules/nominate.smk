@@ -56,4 +56,4 @@ checkpoint nominate:
     shell:
         "python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registration {input.registration} --registry {params.registry} "
-        "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} > {log} 2>&1"
+        "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} {TRACKING} > {log} 2>&1"

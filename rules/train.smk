@@ -46,4 +46,4 @@ rule train_arm:
         "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
         "--params-json {params.hyper:q} --engine-json {params.engine:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
         "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
-        "{params.base_rev} --out {output} > {log} 2>&1"
+        "{params.base_rev} --out {output} {TRACKING} > {log} 2>&1"

@@ -32,8 +32,9 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
-from arenaflow import chat, engine, io, jobclock, manifest, paths, verify
+from arenaflow import chat, engine, io, jobclock, manifest, paths, tracking, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
@@ -174,6 +175,26 @@ def verify_all(
         return list(ex.map(verdict, samples, pairs, markers, chunksize=chunk))
 
 
+def run_arm(run_dir: str | None) -> str:
+    """The arm of a runs/{arm}/final directory; None: the base."""
+    return Path(run_dir).parent.name if run_dir else "base"
+
+
+def pass_at(verdicts: list[dict]) -> dict:
+    """pass@1 (the mean share of a prompt's samples that are correct) and pass@k (the share of
+    prompts with a correct sample among their k), over prompts."""
+    by_prompt: dict = {}
+    for v in verdicts:
+        by_prompt.setdefault(v["prompt_id"], []).append(bool(v["correct"]))
+    shares = [sum(c) / len(c) for c in by_prompt.values()]
+    k = max((len(c) for c in by_prompt.values()), default=0)
+    return {
+        "verify/pass@1": sum(shares) / max(len(shares), 1),
+        f"verify/pass@{k}": sum(s > 0 for s in shares) / max(len(shares), 1),
+        "verify/prompts": len(shares),
+    }
+
+
 def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     """Loads the policy, samples every prompt k times, writes the samples."""
     from arenaflow import models
@@ -195,7 +216,17 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     io.write_jsonl(args.out, rows)
     manifest.write_file(args.out, params, rows=len(rows))
     parts.finish(args.out)
-    jobclock.done(args.out, tokens=sum(r["n_tokens"] for r in rows), seconds=seconds)
+    tokens = sum(r["n_tokens"] for r in rows)
+    jobclock.done(args.out, tokens=tokens, seconds=seconds)
+    corpus, policy = Path(args.out).parent.name, run_arm(args.adapter)
+    tracking.summary(
+        args.tracking,
+        f"corpora/{corpus}/sample",
+        kind="sample",
+        params=params,
+        tags={"corpus": corpus, "policy": policy},
+        metrics={0: {"sample/tokens_per_s": tokens / max(seconds, 1e-9), "sample/rows": len(rows)}},
+    )
     print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
 
 
@@ -223,7 +254,14 @@ def main(argv: list[str] | None = None) -> None:
         help="processes verifying at once (default: the CPUs this job may use, at most 8; "
         "under Slurm, those it was allocated)",
     )
+    for p in (s, v):
+        p.add_argument(
+            "--tracking-json",
+            default=None,
+            help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: none)",
+        )
     args = ap.parse_args(argv)
+    args.tracking = tracking.from_json(args.tracking_json)
     pool = read_pool(args.pool)
     if args.cmd == "sample":
         params = full_params(json.loads(args.params_json))
@@ -234,6 +272,14 @@ def main(argv: list[str] | None = None) -> None:
         rows = verify_all(pool, samples, args.samples, args.marker or None, args.workers)
         io.write_jsonl(args.out, rows)
         manifest.write_file(args.out, {"marker": args.marker or None}, rows=len(rows))
+        corpus = Path(args.out).parent.name
+        tracking.summary(
+            args.tracking,
+            f"corpora/{corpus}/verify",
+            kind="verify",
+            tags={"corpus": corpus},
+            metrics={0: pass_at(rows)},
+        )
         print(f"{sum(r['correct'] for r in rows)}/{len(rows)} samples correct -> {args.out}")
 
 

@@ -124,6 +124,10 @@ _PARTS = {
     "promotion": ("promotion",),
     "estimate": ("budget", "properties", "estimate"),
     "engine": ("$defs", "engine"),  # a path from $defs starts at the schema's root
+    "tracking": ("tracking",),
+    "tensorboard": ("tracking", "properties", "tensorboard"),
+    "mlflow": ("tracking", "properties", "mlflow"),
+    "wandb": ("tracking", "properties", "wandb"),
 }
 
 
@@ -142,11 +146,11 @@ def _schema_defaults(schema_dir: Path, part: str) -> dict:
 
 def schema_defaults(part: str, schema_dir: Path = SCHEMA_DIR) -> dict:
     """{key: default} of one object of config.schema.yaml ('pool', 'corpus', 'suite', 'regime',
-    'noise', 'judged', 'bundle', 'budget', 'estimate', 'engine'): the one place each of those
-    defaults lives. Config resolution fills them, except where the object is a rule param as
-    written (a pool, a bar clause's noise, a regime's decoding: a filled key would change the
-    param and rerun every job made with it); what reads those objects takes a missing key from
-    here."""
+    'noise', 'judged', 'bundle', 'budget', 'estimate', 'engine', 'tracking', 'tensorboard',
+    'mlflow', 'wandb'): the one place each of those defaults lives. Config resolution fills them,
+    except where the object is a rule param as written (a pool, a bar clause's noise, a regime's
+    decoding: a filled key would change the param and rerun every job made with it); what reads
+    those objects takes a missing key from here."""
     return copy.deepcopy(_schema_defaults(Path(schema_dir), part))
 
 

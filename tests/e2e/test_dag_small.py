@@ -544,3 +544,29 @@ def test_a_merge_arm_is_bundled_and_reloads_as_a_trained_arm_is(built):
         AutoModelForCausalLM.from_pretrained(REPO / "models/tiny-arith"), bundle
     )
     assert model.peft_config["default"].r == 16  # R2d's rank 8 and B3's, concatenated
+
+
+def test_tensorboard_holds_a_run_per_trained_arm_with_its_steps_and_the_round(built):
+    """The embedded default's tracker: results/tensorboard/<lineage>/<arm> for every trained arm,
+    its loss at each of its steps (metrics.jsonl's), beside the sampling, readout and round
+    runs; read back with tensorboard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    res = built["results"]
+    (lineage,) = (res / "tensorboard").iterdir()
+    assert lineage.name == res.name  # tracking/lineage's default
+
+    def scalars(run: str) -> dict:
+        acc = EventAccumulator(str(lineage / run), size_guidance={"scalars": 0})
+        acc.Reload()
+        return {t: [e.step for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+    for arm in ("S1", "R220", "R2d", "B3"):
+        metrics = (res / "runs" / arm / "final/metrics.jsonl").read_text().splitlines()
+        steps = [json.loads(m)["step"] for m in metrics]
+        got = scalars(arm)
+        assert got["train/loss"] == steps and got["train/lr/lora"] == steps, arm
+    assert "verify/pass@1" in scalars("corpora/rft_r1/verify")
+    assert "sample/tokens_per_s" in scalars("corpora/rft_r1/sample")
+    assert any(t.endswith("/accuracy_ci95_low") for t in scalars("B3/readouts/math"))
+    assert "round/delta" in scalars("r3/B3") and "round/cleared" in scalars("r3")

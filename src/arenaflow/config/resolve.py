@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from arenaflow import tracking
 from arenaflow.config import continual
 from arenaflow.config.arms import _apply_overrides, _resolve_arms, load_arms, template_arms
 from arenaflow.config.load import key_line
@@ -79,6 +80,10 @@ def resolve(
     root = Path(repo_root)
     _resolve_paths(cfg, root, config_file, sources)
     cfg["engine"] = {**schema_defaults("engine"), **cfg.get("engine", {})}
+    results = Path(cfg["results_dir"])
+    cfg["tracking"] = tracking.settings(
+        cfg.get("tracking"), results if results.is_absolute() else root / results, config_file
+    )
     arms_dir = Path(cfg["arms_dir"])
     arms_dir = arms_dir if arms_dir.is_absolute() else root / arms_dir
     raw, files = load_arms(arms_dir, arm_schema, registry)

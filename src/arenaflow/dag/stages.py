@@ -7,7 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
-from arenaflow import paths, schema
+from arenaflow import paths, schema, tracking
 from arenaflow.pools import validate as afvalidate
 from arenaflow.schema import BASE
 
@@ -29,6 +29,18 @@ def adapter_flag(dirs: list[str]) -> str:
 def in_repo(repo: Path, path: str) -> str:
     """A config path: absolute as it is, else relative to the workflow's root."""
     return path if Path(path).is_absolute() else str(repo / path)
+
+
+def tracking_flag(cfg: dict) -> str:
+    """--tracking-json for the jobs that report to trackers (config `tracking:`), or nothing
+    when it asks for none. The rules put it in the command, not in a param: it changes no
+    output, so changing it reruns nothing."""
+    t = cfg["tracking"]
+    if not t["backends"]:
+        return ""
+    unused = set(tracking.PACKAGES) - set(t["backends"])  # the settings of backends not asked for
+    t = {k: v for k, v in t.items() if k not in unused}
+    return f"--tracking-json {shlex.quote(schema.stage_json(t))}"
 
 
 # ---- pools ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from arenaflow import engine as afengine
-from arenaflow import io, jobclock, manifest, paths, verify
+from arenaflow import io, jobclock, manifest, paths, tracking, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.evals.cluster import cluster_of_row
@@ -276,6 +276,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--system-prompt", default="")
     r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
+    r.add_argument(
+        "--tracking-json",
+        default=None,
+        help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: none)",
+    )
     return ap
 
 
@@ -312,15 +317,40 @@ def _readouts(args) -> None:
     weights = weights_read(args.adapter)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
-    tokens, seconds = 0, 0.0
+    tokens, seconds, tracked = 0, 0.0, {}
     for read in reads:
-        n, s = _read_one(args, model, tok, pool, read, weights)
+        n, s, correct = _read_one(args, model, tok, pool, read, weights)
         tokens, seconds = tokens + n, seconds + s
+        tracked.setdefault(read["replicate"], {}).update(
+            tracked_numbers(f"readout/{args.suite}/{read['regime']}", correct, n / max(s, 1e-9))
+        )
     # kept until the job ends: Snakemake removes the outputs of a job that fails, those of the
     # readouts it finished too, which a rerun then reads back from their parts
     for read in reads:
         decode_parts.finish(read["out"])
     jobclock.done(job, tokens=tokens, seconds=seconds)
+    tracking.summary(
+        args.tracking,
+        f"{args.arm}/readouts/{args.suite}",
+        kind="readout",
+        tags={"arm": args.arm, "suite": args.suite, "pool": Path(args.pool).stem},
+        metrics=tracked,  # by replicate
+    )
+
+
+def tracked_numbers(prefix: str, correct: np.ndarray, tokens_per_s: float) -> dict:
+    """A readout's accuracy with its Wilson 95 % interval, and its throughput, for the trackers."""
+    from scipy.stats import binomtest
+
+    n, k = len(correct), int(np.sum(correct))
+    ci = binomtest(k, n).proportion_ci(0.95, method="wilson") if n else None
+    return {
+        f"{prefix}/accuracy": k / n if n else None,
+        f"{prefix}/accuracy_ci95_low": ci.low if ci else None,
+        f"{prefix}/accuracy_ci95_high": ci.high if ci else None,
+        f"{prefix}/items": n,
+        f"{prefix}/tokens_per_s": tokens_per_s,
+    }
 
 
 def weights_read(run_dir: str | None) -> dict | None:
@@ -337,8 +367,9 @@ def weights_read(run_dir: str | None) -> dict | None:
 
 def _read_one(
     args, model, tok, pool: list[dict], read: dict, weights: dict | None
-) -> tuple[int, float]:
-    """One (regime, replicate) readout written to read['out']: (tokens, seconds of work)."""
+) -> tuple[int, float, np.ndarray]:
+    """One (regime, replicate) readout written to read['out']: (tokens, seconds of work, each
+    item's correctness)."""
     from arenaflow.decode import parts as decode_parts
 
     seed = args.seed + 1000 * read["replicate"]
@@ -380,11 +411,12 @@ def _read_one(
         f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
         f"-> {read['out']}"
     )
-    return tokens, seconds
+    return tokens, seconds, df["correct"].to_numpy(bool)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    args.tracking = tracking.from_json(args.tracking_json)
     {"readout": _readout_cmd}[args.cmd](args)
 
 

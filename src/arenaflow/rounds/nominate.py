@@ -57,8 +57,8 @@ import os
 import sys
 from pathlib import Path
 
-from arenaflow import io, manifest
-from arenaflow.rounds import bar
+from arenaflow import io, manifest, tracking
+from arenaflow.rounds import bar, tracked
 from arenaflow.rounds.bar import bar_sha256
 from arenaflow.rounds.registry import (
     RegistrationError,
@@ -306,6 +306,7 @@ def _read_judged(args, rnd: dict) -> tuple[dict, dict]:
 
 
 def _judge_cmd(args, rnd: dict) -> None:
+    settings = tracking.from_json(args.tracking_json)  # its backends imported as it judges
     registry = Path(args.registry or registry_path(Path(args.registration).parent, args.round))
     registration = io.read_json(args.registration)
     events = read_registry(registry)
@@ -329,6 +330,7 @@ def _judge_cmd(args, rnd: dict) -> None:
     }
     result = seal(result, [args.registration, *args.compare, *args.noise, *args.readouts])
     io.write_json(args.out, result)
+    tracked.track(settings, result)
     for v in result["candidates"]:
         print(
             f"  {v['arm']}: delta {v['delta']:+.2f} W/L {v['wins']}/{v['losses']} -> "
@@ -362,6 +364,11 @@ def _parser() -> argparse.ArgumentParser:
     j.add_argument("--noise", nargs="*", default=[], help="noise JSONs the bar reads")
     j.add_argument("--readouts", nargs="*", default=[], help="the candidates' readouts it judges")
     j.add_argument("--out", required=True, help="nominations/{round}.json")
+    j.add_argument(
+        "--tracking-json",
+        default=None,
+        help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: none)",
+    )
     return ap
 
 

@@ -47,6 +47,11 @@ def main(argv: list[str] | None = None) -> None:
         "--base-revision", default=None, help="base revision (default: sha256 of weights)"
     )
     ap.add_argument("--out", required=True, help="runs/{arm}/final")
+    ap.add_argument(
+        "--tracking-json",
+        default=None,
+        help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: no tracker)",
+    )
     loop.run(ap.parse_args(argv))
 
 

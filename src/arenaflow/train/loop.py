@@ -20,14 +20,15 @@ import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from arenaflow import engine, io, jobclock, knobs, manifest
+from arenaflow import engine, io, jobclock, knobs, manifest, tracking
 from arenaflow import schema as afschema
 from arenaflow.train import checkpoints, data, heldout, objective
 from arenaflow.train import model as tmodel
-from arenaflow.train.evidence import training_evidence
+from arenaflow.train.evidence import corpus_evidence, training_evidence
 from arenaflow.train.progress import Progress, finish_profile, start_profile
 from arenaflow.train.setup import SIDES, Run, pair_batch, setup
 
@@ -46,8 +47,12 @@ def run(args) -> None:
     hyper = {**{k: defaults[k] for k in filled if k in defaults}, **hyper}
     if args.checkpoint_every is not None:
         hyper["checkpoint_every"] = args.checkpoint_every
+    settings = tracking.from_json(args.tracking_json)
+    if settings:  # at the job's start, not in its first step
+        tracking.require(settings["backends"], f"arm {args.arm}: --tracking-json")
     with engine.job(args.engine_json):
         r = setup(args, hyper)
+        r.tracking = settings
         train(r)
         save(r)
         cleanup(r)
@@ -55,7 +60,10 @@ def run(args) -> None:
 
 def train(r: Run) -> None:
     """Every step after the resumed ones: metrics appended, checkpoints every `checkpoint_every`."""
-    progress = Progress(r.out.parent / "metrics.jsonl", r.metrics, r.start, r.n_steps, r.rank)
+    tracker = open_tracker(r) if r.rank == 0 else None
+    progress = Progress(
+        r.out.parent / "metrics.jsonl", r.metrics, r.start, r.n_steps, r.rank, tracker
+    )
     for step, glob in data.global_batches(len(r.rows), r.hyper, r.world):
         if step > r.n_steps:
             break
@@ -78,6 +86,24 @@ def train(r: Run) -> None:
     progress.close()
     if r.rank == 0:  # the steps' end: what follows (the save) is reported apart
         jobclock.event(r.args.out, "trained")
+
+
+def open_tracker(r: Run) -> tracking.Run:
+    """The arm's run in the trackers, <lineage>/<arm>: its resolved hyperparameters as
+    parameters, its corpus, init and digests as tags."""
+    tags = {
+        "arm": r.args.arm,
+        "corpus": r.args.corpus_id or Path(r.args.corpus[0]).name,
+        "dataset_sha256": r.corpus_record["digest"],
+        **corpus_evidence(r),
+        "init": Path(r.args.init).parent.name if r.args.init != "base" else "base",
+        "world_size": r.world,
+    }
+    if "mixture" in tags:  # the sources' ids and digests, as one tag
+        tags["mixture"] = json.dumps(tags["mixture"], sort_keys=True)
+    return tracking.open_run(
+        r.tracking, r.args.arm, kind="train", params={**r.hyper, **tags}, tags=tags
+    )
 
 
 def train_step(r: Run, step: int, glob) -> tuple[dict, dict]:

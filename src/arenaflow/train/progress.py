@@ -1,5 +1,6 @@
-"""What a running training shows: metrics.jsonl step by step, a log line every 10 steps, and a
-torch.profiler table of one step on request (arenaflow.knobs.PROFILE_STEP)."""
+"""What a running training shows: metrics.jsonl step by step, a log line every 10 steps, the
+experiment trackers of config `tracking:` (arenaflow.tracking), and a torch.profiler table of one
+step on request (arenaflow.knobs.PROFILE_STEP)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from arenaflow import knobs
+from arenaflow import knobs, tracking
 
 log = logging.getLogger("arenaflow.train")
 
@@ -51,9 +52,19 @@ class Progress:
     and a log line every 10 steps with tokens/s and the ETA. Rates count this process only: a
     resumed run's earlier steps ran elsewhere, at another speed."""
 
-    def __init__(self, path: Path, resumed: list[dict], start: int, n_steps: int, rank: int):
+    def __init__(
+        self,
+        path: Path,
+        resumed: list[dict],
+        start: int,
+        n_steps: int,
+        rank: int,
+        tracker: tracking.Run | None = None,
+    ):
         self.start, self.n_steps, self.rank = start, n_steps, rank
         self.t0, self.tokens0 = time.time(), resumed[-1]["tokens_seen"] if resumed else 0
+        self.tracker = tracker or tracking.Run([], 1, 0.0)
+        self.tracked = (self.t0, self.tokens0)  # time and tokens at the tracker's last record
         self.file = None
         if (
             rank == 0
@@ -71,6 +82,7 @@ class Progress:
         if self.rank != 0:
             return
         self.write(m)
+        self.track(m, lrs)
         step = m["step"]
         if step % 10 and step not in (1, self.start + 1, self.n_steps):
             return
@@ -90,6 +102,28 @@ class Progress:
             eta,
         )
 
+    def track(self, m: dict, lrs: dict) -> None:
+        """The step to the trackers, when their throttle lets it through (the last step and a
+        held-out evaluation always): tokens/s over the steps since the last record."""
+        if not self.tracker or not self.tracker.throttle.due(
+            m["step"], force=m["step"] == self.n_steps or "heldout_loss" in m
+        ):
+            return
+        now = time.time()
+        rate = (m["tokens_seen"] - self.tracked[1]) / max(now - self.tracked[0], 1e-9)
+        self.tracked = (now, m["tokens_seen"])
+        keys = ("loss", "grad_norm", "heldout_loss", "margin", "pref_acc")
+        self.tracker.log_metrics(
+            {
+                **{f"train/{k}": m[k] for k in keys if k in m},
+                **{f"train/lr/{g}": v for g, v in lrs.items()},
+                "train/tokens_per_s": rate,
+                "train/tokens_seen": m["tokens_seen"],
+            },
+            m["step"],
+        )
+
     def close(self) -> None:
         if self.file:
             self.file.close()
+        self.tracker.close()

@@ -66,6 +66,7 @@ class Run:
     tokens_seen: int = 0
     t0: float = 0.0
     wall: float = 0.0
+    tracking: dict | None = None  # config `tracking:` as resolved (arenaflow.tracking)
 
 
 def setup(args, hyper: dict) -> Run:
