@@ -135,6 +135,21 @@ def test_a_target_the_base_lacks_is_refused_naming_the_arm_and_its_linear_layers
     assert "['down_proj', 'gate_up_proj', 'lm_head', 'o_proj', 'qkv_proj']" in msg
 
 
+def test_fused_moe_experts_are_named_as_parameters_target_modules_cannot_adapt():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    moe = Qwen3MoeConfig(
+        **SIZES, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, vocab_size=96
+    )
+    net = Qwen3MoeForCausalLM(moe)
+    lora = {**LORA, "target_modules": ["q_proj", "gate_up_proj"]}
+    with pytest.raises(SystemExit) as e:
+        tmodel.check_targets(net, lora, "arm M", "models/moe")
+    msg = str(e.value)
+    assert "['gate_up_proj'] name no module" in msg
+    assert "model.layers.0.mlp.experts.gate_up_proj ... are parameters of fused experts" in msg
+
+
 def test_a_peft_adapter_directory_as_the_base_is_refused_without_the_hub(tmp_path, monkeypatch):
     adapter = tmp_path / "my-adapter"
     adapter.mkdir()

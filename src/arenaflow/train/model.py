@@ -67,10 +67,18 @@ def check_targets(model, lora: dict, who: str, base_model: str) -> None:
     wanted = [t for t in targets if t != ALL_LINEAR] + list(lora.get("modules_to_save") or [])
     unknown = sorted(set(wanted) - names)
     if unknown:
+        # transformers 5 holds a MoE block's experts as one 3-D parameter per projection
+        fused = sorted({n for n, _ in model.named_parameters() if n.rsplit(".", 1)[-1] in unknown})
+        note = (
+            f"; {fused[0]} ... are parameters of fused experts, not linear layers, which "
+            "target_modules cannot adapt"
+            if fused
+            else ""
+        )
         raise SystemExit(
             f"{who}: lora target_modules/modules_to_save {unknown} name no module of "
             f"{base_model} ({type(model).__name__}); its linear layers are "
-            f"{linear_names(model)} (or '{ALL_LINEAR}')"
+            f"{linear_names(model)} (or '{ALL_LINEAR}'){note}"
         )
 
 
