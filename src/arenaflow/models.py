@@ -62,7 +62,37 @@ def from_pretrained(path: str | Path, **kwargs):
     model runs the code of its transformers release, as up to 5.24 by default."""
     from transformers import AutoModelForCausalLM
 
+    from arenaflow import bases
+
+    if Path(path).is_dir() and (why := bases.not_a_model(path)):
+        raise ValueError(why)  # before transformers, which would look for it on the Hub
     return AutoModelForCausalLM.from_pretrained(str(path), use_kernels=False, **kwargs)
+
+
+def partial_rotary(model) -> str | None:
+    """Why `model`'s rotary embedding turns only part of each attention head (None: it turns all
+    of it): a partial_rotary_factor or rotary_pct below 1 (GPT-NeoX/Pythia, Phi-4-mini, Bamba),
+    or a rotary table narrower than the heads. arenaflow's own rotary code (the training step's
+    and the packed Llama decode step's) rotates whole heads; such a model keeps its own code."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    kind = f"{type(model).__name__} (model_type {getattr(cfg, 'model_type', None)!r})"
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    places = [vars(cfg) if hasattr(cfg, "__dict__") else {}, rope]
+    places += [v for v in rope.values() if isinstance(v, dict)]  # per layer type
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        for place in places:
+            v = place.get(key)
+            if isinstance(v, (int, float)) and v < 1:
+                return f"{kind} rotates a part of each head ({key} {v:g})"
+    heads = getattr(cfg, "num_attention_heads", None)
+    head = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads else None)
+    for name, m in model.named_modules():
+        inv = getattr(m, "inv_freq", None)
+        if head and isinstance(inv, torch.Tensor) and 2 * inv.numel() != head:
+            return f"{kind} rotates {2 * inv.numel()} of each head's {head} dimensions ({name})"
+    return None
 
 
 def load_base(path: str | Path, dev: torch.device | None = None):

@@ -724,6 +724,21 @@ def test_a_missing_base_model_names_the_file_line_and_key(cfg, repo_root, tmp_pa
         resolve(cfg, repo_root)
 
 
+def test_a_peft_adapter_as_the_base_is_refused_at_config_time_naming_its_base(
+    cfg, repo_root, tmp_path
+):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "org/b"}))
+    cfg["base"]["path"] = str(adapter)
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{CONFIG_FILE}: key 'base/path': {re.escape(str(adapter))} is a PEFT adapter "
+        r"\(adapter_config.json\) on base 'org/b', not a model; set the base to",
+    ):
+        resolve(cfg, repo_root)
+
+
 def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
     root = tmp_path / "workflow"
     (root / "data").mkdir(parents=True)

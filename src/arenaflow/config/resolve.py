@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from arenaflow import tracking
+from arenaflow import bases, tracking
 from arenaflow.config import continual
 from arenaflow.config.arms import _apply_overrides, _resolve_arms, load_arms, template_arms
 from arenaflow.config.load import key_line
@@ -51,6 +51,8 @@ def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
             f"{where('base', 'path')}: no model directory {cfg['base']['path']} (a relative "
             f"path is relative to the workflow's root, {root})"
         )
+    if why := bases.not_a_model(cfg["base"]["path"]):
+        raise ConfigError(f"{where('base', 'path')}: {why}")
     for pid, pool in cfg["pools"].items():
         if "file" not in pool:
             continue

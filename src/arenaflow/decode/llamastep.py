@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
 
-from arenaflow import engine
+from arenaflow import engine, models
 from arenaflow.fused import rms_norm
 
 # the batch-1 kernels need triton, which CUDA builds of torch bring and CPU builds do not, and
@@ -70,7 +70,7 @@ def unsupported(model) -> str | None:
             return f"LlamaForCausalLM with {key}={getattr(cfg, key)!r} (expected {ok!r})"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return f"LlamaForCausalLM with pretraining_tp={cfg.pretraining_tp} (expected 1)"
-    return None
+    return models.partial_rotary(model)  # its tables rotate whole heads
 
 
 def _signature(model) -> tuple:

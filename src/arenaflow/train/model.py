@@ -17,7 +17,7 @@ import torch
 from arenaflow import manifest, models
 
 
-def build(base_model: str, init: str, hyper: dict):
+def build(base_model: str, init: str, hyper: dict, arm: str = "the arm"):
     """The module to train, with requires_grad set."""
     if init != "base" and not Path(init).is_dir():
         raise SystemExit(f"init {init!r} is neither 'base' nor a trained arm's directory")
@@ -38,16 +38,48 @@ def build(base_model: str, init: str, hyper: dict):
             )
         return PeftModel.from_pretrained(models.load_base(base_model), init, is_trainable=True)
     model = models.load_base(base_model)
-    lora = hyper["lora"]
+    check_targets(model, hyper["lora"], f"arm {arm}", base_model)
+    return get_peft_model(model, lora_config(hyper["lora"]))
+
+
+ALL_LINEAR = "all-linear"  # PEFT's spelling: every linear layer but the output head
+
+
+def linear_names(model) -> list[str]:
+    """The distinct last names of `model`'s linear layers: what target_modules can name (q_proj,
+    Phi-3's qkv_proj, GPT-NeoX's query_key_value, ...)."""
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers, which PEFT adapts
+
+    kinds = (torch.nn.Linear, Conv1D)
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, kinds)})
+
+
+def check_targets(model, lora: dict, who: str, base_model: str) -> None:
+    """Refuses, before PEFT and any step, a target_modules or modules_to_save name that matches
+    no module of the base, naming `who` and the linear layers the base has."""
+    targets = list(lora["target_modules"])
+    if ALL_LINEAR in targets and len(targets) > 1:
+        raise SystemExit(
+            f"{who}: lora target_modules {targets}: '{ALL_LINEAR}' stands alone (it already "
+            "names every linear layer but the output head)"
+        )
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    wanted = list(lora["target_modules"]) + list(lora.get("modules_to_save") or [])
+    wanted = [t for t in targets if t != ALL_LINEAR] + list(lora.get("modules_to_save") or [])
     unknown = sorted(set(wanted) - names)
     if unknown:
-        raise SystemExit(
-            f"lora target_modules/modules_to_save {unknown} name no module of "
-            f"{base_model} (it has e.g. {sorted(names - {''})[:12]})"
+        # transformers 5 holds a MoE block's experts as one 3-D parameter per projection
+        fused = sorted({n for n, _ in model.named_parameters() if n.rsplit(".", 1)[-1] in unknown})
+        note = (
+            f"; {fused[0]} ... are parameters of fused experts, not linear layers, which "
+            "target_modules cannot adapt"
+            if fused
+            else ""
         )
-    return get_peft_model(model, lora_config(lora))
+        raise SystemExit(
+            f"{who}: lora target_modules/modules_to_save {unknown} name no module of "
+            f"{base_model} ({type(model).__name__}); its linear layers are "
+            f"{linear_names(model)} (or '{ALL_LINEAR}'){note}"
+        )
 
 
 def lora_config(lora: dict):
@@ -58,7 +90,10 @@ def lora_config(lora: dict):
         r=lora["r"],
         lora_alpha=lora["alpha"],
         lora_dropout=lora["dropout"],
-        target_modules=lora["target_modules"],
+        # PEFT takes all-linear as a string only
+        target_modules=ALL_LINEAR
+        if lora["target_modules"] == [ALL_LINEAR]
+        else lora["target_modules"],
         modules_to_save=lora.get("modules_to_save") or None,
         task_type="CAUSAL_LM",
     )

@@ -146,7 +146,7 @@ def setup_data(r: Run) -> None:
             f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one"
         )
     torch.manual_seed(hyper["seed"])
-    r.net = tmodel.build(args.base_model, args.init, hyper)
+    r.net = tmodel.build(args.base_model, args.init, hyper, args.arm)
     jobclock.mark(args.out, "model")
     tokenizer = models.load_tokenizer(args.base_model)
     r.pad = models.pad_id(tokenizer)
@@ -222,7 +222,11 @@ def setup_engine(r: Run) -> None:
         log.info("fused norm and SwiGLU kernels: off (fused_kernels %s)", setting)
     warmed = cuda_warmup.finish(r.cuda_warmup)  # before DeepSpeed: nothing runs beside it
     # after the warm-up's thread: the function is a module global it calls too
-    log.info("rotary embedding as one autograd node: %d modeling modules", rope.install(net))
+    partial = models.partial_rotary(net)
+    if partial:
+        log.info("rotary embedding: the model's own code, as %s", partial)
+    else:
+        log.info("rotary embedding as one autograd node: %d modeling modules", rope.install(net))
     r.adapter_plan = tmodel.adapter_plan(net)  # once, here: the final save walks nothing
     if r.adapter_plan is not None:
         log.info("adapter save: %d tensors, matched to their parameters", len(r.adapter_plan))

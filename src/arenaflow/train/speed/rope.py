@@ -19,7 +19,8 @@ equal (tests/unit/test_rope.py).
 
 `install` replaces the function in the modeling modules of a model's attention classes, where
 a check on random tensors finds it computes exactly transformers' Llama formula (a partial or
-interleaved rotary, as some families have, keeps its own). The replacement is process-wide, as
+interleaved rotary, as some families have, keeps its own, and so does a model that rotates only
+part of each head). The replacement is process-wide, as
 the function is a module global: a training job's process trains one model.
 """
 
@@ -92,7 +93,13 @@ def _computes_llama_rope(fn) -> bool:
 def install(model) -> int:
     """Routes the rotary embedding of `model`'s attention modules through RotaryFunction; how
     many modeling modules it replaced the function in (those already replaced count).
-    Idempotent."""
+    Idempotent. None where the model rotates only part of each head (models.partial_rotary):
+    the check on random tensors cannot tell a partial function from Llama's, as it rotates all
+    of a head whose width equals its table's, but the model's heads are wider than its table."""
+    from arenaflow import models
+
+    if models.partial_rotary(model):
+        return 0
     n = 0
     for name in {
         type(m).__module__ for m in model.modules() if type(m).__name__.endswith("Attention")
