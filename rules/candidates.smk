@@ -13,6 +13,7 @@ rule sample_candidates:
     resources:
         **GPU_JOB,
     params:
+        tracking=TRACKING,
         cfg=lambda wc: afschema.sampling_params(CFG["corpora"][wc.corpus]),
         adapter=lambda wc, input: afdag.adapter_flag(input.policy),
         system=CFG["system_prompt"],
@@ -20,7 +21,7 @@ rule sample_candidates:
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
         "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
-        "--out {output.rows} {TRACKING} > {log} 2>&1"
+        "--out {output.rows} {params.tracking} > {log} 2>&1"
 
 
 rule verify_candidates:
@@ -35,7 +36,8 @@ rule verify_candidates:
     conda:
         "../envs/arenaflow.yaml"
     params:
+        tracking=TRACKING,
         marker=lambda wc: afdag.scaffold_marker(CFG, wc.corpus),
     shell:
         "python -m arenaflow.candidates verify --pool {input.pool} --samples {input.samples} "
-        "--marker={params.marker:q} --out {output.rows} {TRACKING} > {log} 2>&1"
+        "--marker={params.marker:q} --out {output.rows} {params.tracking} > {log} 2>&1"

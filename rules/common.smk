@@ -44,8 +44,8 @@ except ValueError as e:
 # as resolved, before admission drops refused candidates (the budget table's job reads it);
 # without the trackers, which change no output
 CFG_JSON = afschema.stage_json({k: v for k, v in CFG.items() if k != "tracking"})
-# The trackers' settings (arenaflow.tracking), in the commands of the jobs that report to them:
-# not a param, so changing them reruns nothing.
+# The trackers' settings (arenaflow.tracking), a param of the jobs that report to them that
+# Snakemake does not track (afdag.Untracked): changing them reruns nothing.
 TRACKING = afdag.tracking_flag(CFG)
 # With config `fork_server`, every rule's command runs through the fork server's client
 # (arenaflow.zygote). Not a param: it changes no output, so setting it reruns nothing.

@@ -19,6 +19,7 @@ for _suite in CFG["evals"]:
         resources:
             **GPU_JOB,
         params:
+            tracking=TRACKING,
             suite=_suite,
             # of the wildcards alone: Snakemake's params trigger skips a param that reads the
             # job's input or output, and a regime's decoding must rerun its readouts
@@ -32,7 +33,7 @@ for _suite in CFG["evals"]:
             "python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
             "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
-            "--engine-json {params.engine:q} {TRACKING} > {log} 2>&1"
+            "--engine-json {params.engine:q} {params.tracking} > {log} 2>&1"
 
 
 # A prompt search's readouts (regimes R-<prompt> and R-none, arenaflow.config): one job each,

@@ -51,9 +51,10 @@ checkpoint nominate:
     conda:
         "../envs/arenaflow.yaml"
     params:
+        tracking=TRACKING,
         cfg=lambda wc: as_json(CFG["rounds"][wc.rnd]),
         registry=lambda wc: afpaths.registry(wc.rnd),
     shell:
         "python -m arenaflow.rounds.nominate judge --round {wildcards.rnd} --round-json {params.cfg:q} "
         "--registration {input.registration} --registry {params.registry} "
-        "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} {TRACKING} > {log} 2>&1"
+        "--compare {input.compare} --noise {input.noise} --readouts {input.readouts} --out {output} {params.tracking} > {log} 2>&1"

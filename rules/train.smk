@@ -32,6 +32,7 @@ rule train_arm:
         tasks=lambda wc: hyper(wc)["nodes"] if hyper(wc)["nodes"] > 1 else None,
         tasks_per_gpu=lambda wc: 0 if hyper(wc)["nodes"] > 1 else None,
     params:
+        tracking=TRACKING,
         hyper=lambda wc: arm(wc)["params_json"],
         engine=lambda wc: as_json(arm(wc)["engine"]),
         init=lambda wc, input: input.init[0] if input.init else "base",
@@ -46,4 +47,4 @@ rule train_arm:
         "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
         "--params-json {params.hyper:q} --engine-json {params.engine:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
         "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
-        "{params.base_rev} --out {output} {TRACKING} > {log} 2>&1"
+        "{params.base_rev} --out {output} {params.tracking} > {log} 2>&1"

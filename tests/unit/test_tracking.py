@@ -305,7 +305,7 @@ def test_the_rules_get_only_the_asked_for_backends_settings_and_none_without_one
 
     s = tracking.settings({"backends": ["tensorboard"]}, "/r")
     flag = stages.tracking_flag({"tracking": s})
-    opt, value = shlex.split(flag)
+    opt, value = shlex.split(str(flag))
     assert opt == "--tracking-json"
     assert set(json.loads(value)) == {
         "backends",
@@ -315,4 +315,22 @@ def test_the_rules_get_only_the_asked_for_backends_settings_and_none_without_one
         "flush_s",
         "tensorboard",
     }
-    assert stages.tracking_flag({"tracking": {**s, "backends": []}}) == ""
+    assert str(stages.tracking_flag({"tracking": {**s, "backends": []}})) == ""
+
+
+def test_the_trackers_flag_is_formatted_into_a_command_and_left_out_of_snakemakes_params_trigger():
+    """Snakemake reruns a job whose params changed, comparing the params it can represent; the
+    trackers' flag is one it cannot, so a tracking edit reruns nothing."""
+    from snakemake.persistence import UNREPRESENTABLE
+    from snakemake.persistence import PersistenceBase as Persistence
+
+    from arenaflow.dag import stages
+
+    s = tracking.settings({"backends": ["tensorboard"]}, "/r")
+    flag = stages.tracking_flag({"tracking": s})
+    assert Persistence._serialize_param_builtin(None, flag) is UNREPRESENTABLE
+    builtin = type("P", (), {"_serialize_param_builtin": Persistence._serialize_param_builtin})
+    assert Persistence._serialize_param_pandas(builtin(), flag) is UNREPRESENTABLE  # pandas here
+    assert Persistence._serialize_param_builtin(None, str(flag)) is not UNREPRESENTABLE
+    cmd = "train --out x {params.tracking} > log".format(params=type("P", (), {"tracking": flag}))
+    assert cmd == f"train --out x {flag.text} > log" and "--tracking-json" in cmd

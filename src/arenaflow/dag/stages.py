@@ -31,16 +31,30 @@ def in_repo(repo: Path, path: str) -> str:
     return path if Path(path).is_absolute() else str(repo / path)
 
 
-def tracking_flag(cfg: dict) -> str:
+class Untracked:
+    """A piece of a rule's command given as a param that Snakemake does not track: its params
+    trigger compares builtin values only (it skips others as unrepresentable), so a change to
+    it reruns nothing. For settings that change no output; formatted into the command as is."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __format__(self, spec: str) -> str:
+        return format(self.text, spec)
+
+
+def tracking_flag(cfg: dict) -> Untracked:
     """--tracking-json for the jobs that report to trackers (config `tracking:`), or nothing
-    when it asks for none. The rules put it in the command, not in a param: it changes no
-    output, so changing it reruns nothing."""
+    when it asks for none: untracked, since the trackers change no output."""
     t = cfg["tracking"]
     if not t["backends"]:
-        return ""
+        return Untracked("")
     unused = set(tracking.PACKAGES) - set(t["backends"])  # the settings of backends not asked for
     t = {k: v for k, v in t.items() if k not in unused}
-    return f"--tracking-json {shlex.quote(schema.stage_json(t))}"
+    return Untracked(f"--tracking-json {shlex.quote(schema.stage_json(t))}")
 
 
 # ---- pools ---------------------------------------------------------------------------------
