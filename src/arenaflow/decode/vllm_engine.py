@@ -144,7 +144,7 @@ def load_policy(base_model: str, adapter: str | None, consumer: str, job: str):
     if form["form"] == "adapter":
         from vllm.lora.request import LoRARequest
 
-        lora = LoRARequest("policy", 1, str(adapter))
+        lora = LoRARequest(lora_name="policy", lora_int_id=1, lora_path=str(adapter))
     llm = build_llm(model, base_model, form["max_lora_rank"])
     return Policy(llm, lora, form, merged), models.load_tokenizer(base_model)
 
