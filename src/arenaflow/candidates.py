@@ -198,15 +198,14 @@ def pass_at(verdicts: list[dict]) -> dict:
 def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     """Loads the policy, samples every prompt k times, writes the samples."""
     from arenaflow import models
-    from arenaflow.decode import parts, sampling
+    from arenaflow.decode import parts, sampling, vllm_engine
     from arenaflow.decode import warmup as decode_warmup
 
     batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])
     new_tokens = params["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, engine.get("decoder"))
-    model, tok = models.load_policy(
-        args.base_model, args.adapter, consumer="sampling", job=args.out
-    )
+    load = vllm_engine.load_policy if engine.get("decoder") == "vllm" else models.load_policy
+    model, tok = load(args.base_model, args.adapter, consumer="sampling", job=args.out)
     decode_warmup.finish(warm, args.out)
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()
@@ -214,7 +213,8 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     rows = sample(pool, model, tok, args.system_prompt, params, job)
     seconds = time.perf_counter() - t0
     io.write_jsonl(args.out, rows)
-    manifest.write_file(args.out, params, rows=len(rows))
+    decoded_by = vllm_engine.describe(engine.get("decoder"), model)
+    manifest.write_file(args.out, {**params, "decoded_by": decoded_by}, rows=len(rows))
     parts.finish(args.out)
     tokens = sum(r["n_tokens"] for r in rows)
     jobclock.done(args.out, tokens=tokens, seconds=seconds)

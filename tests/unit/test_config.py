@@ -409,7 +409,7 @@ def test_corpus_with_k_zero_names_file_and_key(cfg, repo_root):
 @pytest.mark.parametrize("section", ["corpora/rft_r2", "evals/math"])
 def test_an_unknown_decoder_or_engine_key_names_file_and_key(cfg, repo_root, section):
     kind, name = section.split("/")
-    cfg[kind][name]["engine"] = {"decoder": "vllm"}
+    cfg[kind][name]["engine"] = {"decoder": "sglang"}
     with pytest.raises(ConfigError, match="'hf', 'static'") as e:
         resolve(cfg, repo_root)
     assert_names(e.value, CONFIG_FILE, f"{section}/engine/decoder")

@@ -78,14 +78,18 @@ def generate(
 
     engine "hf" decodes with transformers' generate() (`cache_implementation` goes to it);
     "static" with arenaflow.decode.static's static-cache loop, CUDA graphs on a GPU (the same greedy
-    output; samples from the same distributions, drawn from another random stream).
+    output; samples from the same distributions, drawn from another random stream); "vllm" with
+    vLLM, `model` being arenaflow.decode.vllm_engine's Policy (one request per prompt, seeded
+    from seed and the prompt's index; no batches kept for `job`).
     Each batch is seeded with seed + batch index, so results depend only on (seed, prompts,
     batch_size, k, engine), never on what ran before in the process. With `job`, each batch
     decoded is kept as a part beside job.out, and a batch a verified part of the same job holds
     is read back instead of decoded (arenaflow.decode.parts).
     """
+    if engine == "vllm":  # `model` is vllm_engine.load_policy's; vLLM schedules every batch
+        return model.generate(tokenizer, prompts, decoding, k, seed, desc)
     if engine not in ("hf", "static"):
-        raise ValueError(f"engine {engine!r}: expected 'hf' or 'static'")
+        raise ValueError(f"engine {engine!r}: expected 'hf', 'static' or 'vllm'")
     model.eval()
     if engine == "static":
         decode_steps.plan(len(prompts) * k * decoding.max_new_tokens)

@@ -304,7 +304,7 @@ def _readout_cmd(args) -> None:
 def _readouts(args) -> None:
     from arenaflow import models
     from arenaflow.decode import parts as decode_parts
-    from arenaflow.decode import sampling
+    from arenaflow.decode import sampling, vllm_engine
     from arenaflow.decode import warmup as decode_warmup
 
     reads = _reads(args)
@@ -313,7 +313,8 @@ def _readouts(args) -> None:
     batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
     new_tokens = afschema.decoding_of(reads[0]["decoding"])["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, afengine.get("decoder"))
-    model, tok = models.load_policy(args.base_model, args.adapter, consumer="readout", job=job)
+    load = vllm_engine.load_policy if afengine.get("decoder") == "vllm" else models.load_policy
+    model, tok = load(args.base_model, args.adapter, consumer="readout", job=job)
     weights = weights_read(args.adapter)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
@@ -371,6 +372,7 @@ def _read_one(
     """One (regime, replicate) readout written to read['out']: (tokens, seconds of work, each
     item's correctness)."""
     from arenaflow.decode import parts as decode_parts
+    from arenaflow.decode import vllm_engine
 
     seed = args.seed + 1000 * read["replicate"]
     job = decode_parts.Job(read["out"], decode_parts.weights_of(args.base_model, args.adapter))
@@ -401,6 +403,7 @@ def _read_one(
         "seed": seed,
         "batch_size": args.batch_size,
         "engine": afengine.settings(),
+        "decoded_by": vllm_engine.describe(afengine.get("decoder"), model),
         "weights": weights,
         "pool": args.pool,
         "tokens": tokens,
