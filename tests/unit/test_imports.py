@@ -74,3 +74,26 @@ def test_the_walk_sees_known_edges():
     assert "arenaflow.schema" in g["arenaflow.config.resolve"]
     assert "arenaflow.config" in g["arenaflow.budget.plan"]
     assert "arenaflow.decode.static" in g["arenaflow.decode.sampling"]
+
+
+# Stages below the rounds and the bundles never import them; this one edge predates the rule
+# (a comparison reads the bar's clause grammar) and is the only one allowed.
+STAGES = (
+    *("decode", "train", "evals", "corpora", "pools"),
+    *("candidates", "merge", "servers", "verify"),
+)
+KNOWN_UPWARD = {
+    ("arenaflow.evals.compare", "arenaflow.rounds.bar"),
+    ("arenaflow.evals.compare", "arenaflow.rounds"),  # its package, imported with it
+}
+
+
+def test_no_stage_module_imports_rounds_or_bundles():
+    upward = sorted(
+        (name, d)
+        for name, deps in graph().items()
+        if name.split(".")[1:2] and name.split(".")[1] in STAGES
+        for d in deps
+        if d.split(".")[1:2] in (["rounds"], ["bundles"])
+    )
+    assert set(upward) <= KNOWN_UPWARD, sorted(set(upward) - KNOWN_UPWARD)

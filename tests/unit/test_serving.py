@@ -18,7 +18,7 @@ from test_merge import make_adapter
 from arenaflow import chat, io
 from arenaflow.bundles import build, serving
 from arenaflow.bundles.checks import BundleCheckError
-from arenaflow.bundles.engines import ENGINES
+from arenaflow.servers.limits import ENGINES
 
 pytest.importorskip("peft")
 from peft import PeftModel  # noqa: E402

@@ -15,8 +15,8 @@ import pytest
 from test_merge import make_adapter
 
 from arenaflow import io, models
-from arenaflow.bundles import fit
 from arenaflow.decode import sampling, vllm_engine
+from arenaflow.servers import fit
 
 pytest.importorskip("peft")
 NO_VLLM = importlib.util.find_spec("vllm") is None

@@ -1,7 +1,7 @@
 """How vLLM, SGLang and TGI serve a bundle: each engine's verdict, merged/ and the commands.
 
 Consumes the assembled bundle (adapter_config.json, the adapter's tensors, the tokenizer), the
-base's config.json and the engines' documented limits (arenaflow.bundles.engines); gives
+base's config.json and the engines' documented limits (arenaflow.servers.limits); gives
 - per engine "adapter", or "merged weights needed" with each reason (rank above the engine's
   --max-lora-rank, modules_to_save, DoRA, added vocabulary, a LoRA target or architecture the
   engine does not document);
@@ -25,11 +25,11 @@ from safetensors import safe_open
 
 from arenaflow import chat, io, models
 from arenaflow.bundles.checks import BundleCheckError
-from arenaflow.bundles.engines import ENGINES
-from arenaflow.bundles.fit import adapter_facts, engine_verdict
 from arenaflow.merge import fold
 from arenaflow.merge.parents import MergeError
 from arenaflow.merge.stream import ST_DTYPES
+from arenaflow.servers.fit import adapter_facts, engine_verdict
+from arenaflow.servers.limits import ENGINES
 
 MERGED = "merged"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -1,7 +1,7 @@
 """vLLM's offline engine as a job's decoder (engine `decoder: vllm`): candidates and readouts.
 
 The job loads its policy once (load_policy): vllm.LLM over the base, with the arm's adapter as a
-LoRARequest where vLLM's documented LoRA limits accept it (arenaflow.bundles.fit, the bundle's
+LoRARequest where vLLM's documented LoRA limits accept it (arenaflow.servers.fit, the bundle's
 own verdict), else over the merged weights (arenaflow.merge.fold) in a temporary directory beside
 the job's output; a full fine-tune's directory is loaded as it is. The tokenizer is always the
 base's, and vLLM reads the rendered prompts as token ids, so the chat template and the stop
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arenaflow import manifest, models
-from arenaflow.bundles import fit
 from arenaflow.decode import sampling
+from arenaflow.servers import fit
 
 INSTALL = (
     "install it on a GPU host with `pip install 'arenaflow[vllm]'` (vLLM 0.26.0, built for "
@@ -89,7 +89,7 @@ def sampling_kwargs(dec, k: int, seed: int, stops: list[int]) -> dict:
 def choose_form(base_model: str | Path, adapter: str | Path | None) -> dict:
     """{form: base | full | adapter | merged, reasons, max_lora_rank}: how vLLM loads the
     policy. An adapter is served as a LoRARequest where vLLM's documented limits accept it
-    (arenaflow.bundles.engines), else folded into merged weights, each reason given."""
+    (arenaflow.servers.limits), else folded into merged weights, each reason given."""
     if adapter is None:
         return {"form": "base", "reasons": [], "max_lora_rank": None}
     if not models.is_adapter(adapter):

@@ -1,8 +1,8 @@
 """What vLLM, SGLang and TGI accept of a LoRA adapter, and the flags of their launch commands.
 
 Data only, each limit with the page or source file that states it (as of the version named);
-arenaflow.bundles.serving reads it. A limit a page does not state is None (not checked), and an
-adapter feature no page documents as supported is treated as unsupported: serving then needs the
+arenaflow.servers.fit checks adapters against it. A limit a page does not state is None (not
+checked), and an adapter feature no page documents as supported is treated as unsupported: serving then needs the
 merged weights, which every engine loads as a plain model.
 """
 

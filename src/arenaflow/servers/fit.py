@@ -1,9 +1,8 @@
 """Whether an engine serves a LoRA adapter as it is, from the limits it documents
-(arenaflow.bundles.engines): "adapter", or "merged weights needed" and why.
+(arenaflow.servers.limits): "adapter", or "merged weights needed" and why.
 
-Apart from arenaflow.bundles.serving (which writes the verdicts into a bundle) so that a decoder
-can ask it of a policy's adapter (arenaflow.decode.vllm_engine) without importing the bundle
-checks, which decode with arenaflow.decode.sampling.
+Read by arenaflow.bundles.serving (which writes the verdicts into a bundle) and by
+arenaflow.decode.vllm_engine (which asks it of a policy's adapter before serving it).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from arenaflow import io, models
-from arenaflow.bundles.engines import ENGINES
+from arenaflow.servers.limits import ENGINES
 
 
 def adapter_facts(bundle: Path, base_model: str, tokenizer: str | Path | None = None) -> dict:
