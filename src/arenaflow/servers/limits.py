@@ -2,8 +2,8 @@
 
 Data only, each limit with the page or source file that states it (as of the version named);
 arenaflow.servers.fit checks adapters against it. A limit a page does not state is None (not
-checked), and an adapter feature no page documents as supported is treated as unsupported: serving then needs the
-merged weights, which every engine loads as a plain model.
+checked), and an adapter feature no page documents as supported is treated as unsupported:
+serving then needs the merged weights, which every engine loads as a plain model.
 """
 
 from __future__ import annotations
