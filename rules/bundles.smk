@@ -17,12 +17,13 @@ rule build_bundle:
         lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
         arms=afrounds.report_arms(CFG),  # the card reads the nominating round's LR sweep
         base=base_dir,
-        template=lambda wc, input: input.template[0] if input.template else "chatml",
+        template=lambda wc, input: input.template[0] if input.template else afdag.bundle_template(CFG, wc.bundle),
+        chat=CHAT_TEMPLATE,
         search=lambda wc, input: (
             f"--prompt-search {input.prompt_search}" if "prompt_search" in input.keys() else ""
         ),
     shell:
         "python -m arenaflow.bundles.build build --bundle {wildcards.bundle} {params.source} "
         "--lineage-json {params.lineage:q} --arms-json {params.arms:q} --runs runs --corpora corpora --compare {params.compare} "
-        "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} {params.search} "
+        "--base-model {params.base:q} --bundle-json {params.cfg:q} --chat-template {params.template:q} --base-chat-template {params.chat:q} {params.search} "
         "--out {output} > {log} 2>&1"

@@ -18,8 +18,10 @@ rule sample_candidates:
         adapter=lambda wc, input: afdag.adapter_flag(input.policy),
         system=CFG["system_prompt"],
         base=base_dir,
+        chat=CHAT_TEMPLATE,
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
+        "--chat-template {params.chat:q} "
         "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
         "--out {output.rows} {params.tracking} > {log} 2>&1"
 

@@ -66,6 +66,8 @@ workdir: str(REPO / CFG["results_dir"])
 
 BASE = CFG["base"]["path"]
 BASE_FILES = sorted(str(p) for p in Path(BASE).iterdir() if p.is_file())
+# base.chat_template as every rendering job takes it (own, chatml, or the .jinja file's path)
+CHAT_TEMPLATE = CFG["base"]["chat_template"]
 ARM_IDS = sorted(CFG["arms"])
 TRAINED_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afschema.TRAINED)
 MERGED_IDS = sorted(

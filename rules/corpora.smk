@@ -21,8 +21,9 @@ rule build_corpus:
         evals=lambda wc, input: f"--eval-pools {' '.join(input.evals)}" if input.evals else "",
         system=CFG["system_prompt"],
         base=base_dir,
+        chat=CHAT_TEMPLATE,
         out=lambda wc: afpaths.corpus(wc.corpus),
     shell:
         "python -m arenaflow.corpora.build --corpus {wildcards.corpus} --pool {input.pool} "
-        "{params.candidates} {params.evals} --tokenizer {params.base:q} --system-prompt={params.system:q} "
+        "{params.candidates} {params.evals} --tokenizer {params.base:q} --chat-template {params.chat:q} --system-prompt={params.system:q} "
         "--params-json {params.cfg:q} --out {params.out} > {log} 2>&1"

@@ -29,9 +29,10 @@ for _suite in CFG["evals"]:
             batch=CFG["evals"][_suite]["batch_size"],
             engine=as_json(CFG["evals"][_suite]["engine"]),
             base=base_dir,
+            chat=CHAT_TEMPLATE,
         shell:
             "python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
-            "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
+            "--pool {input.pool} --base-model {params.base:q} --chat-template {params.chat:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
             "--engine-json {params.engine:q} {params.tracking} > {log} 2>&1"
 
@@ -61,9 +62,10 @@ rule readout_search:
         engine=lambda wc: as_json(suite(wc)["engine"]),
         system=lambda wc: afschema.system_prompt_of(CFG, wc.suite, wc.regime),
         base=base_dir,
+        chat=CHAT_TEMPLATE,
     shell:
         "python -m arenaflow.evals.readout readout --suite {wildcards.suite} --arm {wildcards.rarm} "
-        "--pool {input.pool} --base-model {params.base:q} {params.adapter} "
+        "--pool {input.pool} --base-model {params.base:q} --chat-template {params.chat:q} {params.adapter} "
         "--regime {wildcards.regime} --regime-json {params.regime:q} --replicate {wildcards.rep} "
         "--seed {params.seed} --batch-size {params.batch} --engine-json {params.engine:q} --system-prompt={params.system:q} "
         "--out {output} > {log} 2>&1"

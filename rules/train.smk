@@ -42,9 +42,10 @@ rule train_arm:
         launcher=lambda wc: afdag.launcher(hyper(wc)),
         base=base_dir,
         base_name=CFG["base"]["name"],
+        chat=CHAT_TEMPLATE,
         base_rev=f"--base-revision {CFG['base']['revision']}" if "revision" in CFG["base"] else "",
     shell:
         "OMP_NUM_THREADS={threads} {params.launcher} -m arenaflow.train --arm {wildcards.arm} "
         "--params-json {params.hyper:q} --engine-json {params.engine:q} --checkpoint-every {resources.checkpoint_every} --corpus {params.corpus} --corpus-id {params.corpus_id:q} {params.mix} "
-        "--init {params.init} --base-model {params.base:q} --base-name {params.base_name:q} "
+        "--init {params.init} --base-model {params.base:q} --chat-template {params.chat:q} --base-name {params.base_name:q} "
         "{params.base_rev} --out {output} {params.tracking} > {log} 2>&1"

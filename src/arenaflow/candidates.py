@@ -60,7 +60,8 @@ def sample(
     params = full_params(params)
     if params.get("scaffold"):  # sampled under the scaffold; trained under the serving prompt
         system_prompt = params["scaffold"]["system"]
-    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]
+    fmt = chat.format_of(tokenizer)
+    prompts = [chat.render(chat.row_messages(system_prompt, r), True, fmt) for r in pool]
     dec = sampling.Decoding(
         temperature=params["temperature"],
         top_p=params["top_p"],
@@ -205,7 +206,13 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     new_tokens = params["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, engine.get("decoder"))
     load = vllm_engine.load_policy if engine.get("decoder") == "vllm" else models.load_policy
-    model, tok = load(args.base_model, args.adapter, consumer="sampling", job=args.out)
+    model, tok = load(
+        args.base_model,
+        args.adapter,
+        consumer="sampling",
+        job=args.out,
+        chat_template=args.chat_template,
+    )
     decode_warmup.finish(warm, args.out)
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()
@@ -240,6 +247,11 @@ def main(argv: list[str] | None = None) -> None:
         "--adapter", default=None, help="the policy arm's runs/{arm}/final (omit for base)"
     )
     s.add_argument("--system-prompt", default="", help="system prompt for every prompt")
+    s.add_argument(
+        "--chat-template",
+        default=None,
+        help="base.chat_template: own, chatml or a .jinja file (default: the tokenizer's as saved)",
+    )
     s.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
     s.add_argument("--out", required=True, help="candidates/{corpus}/samples.jsonl")
     v = sub.add_parser("verify", help="a verdict for every sample")

@@ -1,8 +1,10 @@
-"""The one chat renderer (ChatML) used for training rows, eval prompts and bundle template checks.
+"""The one chat renderer used for training rows, eval prompts and bundle template checks.
 
-`render` is the reference; `CHATML_TEMPLATE` is the Jinja template shipped in bundles, which must
+Callers pass the chat format of the base's tokenizer (`format_of`: the template that
+base.chat_template chose, arenaflow.chatformat); without one, or with ChatML's, `render` is
+arenaflow's ChatML, rendered here in Python. `CHATML_TEMPLATE` is its Jinja template, which must
 render byte-identically to it (arenaflow.bundles.build checks that before a bundle exists).
-Format per turn: `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
+ChatML per turn: `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from itertools import chain
 
 import numpy as np
+
+from arenaflow import chatformat
 
 IM_START, IM_END, EOS = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 CONTROL_TOKENS = (IM_START, IM_END, EOS)  # text that would become a turn's markers if rendered
@@ -31,8 +35,33 @@ def render_turn(role: str, content) -> str:
     return f"{IM_START}{role}\n{'' if content is None else content}{IM_END}\n"
 
 
-def render(messages: list[dict], add_generation_prompt: bool = False) -> str:
-    """Render a conversation exactly as training saw it."""
+def format_of(tokenizer) -> chatformat.Format | None:
+    """The chat format of a tokenizer whose chat_template models.load_tokenizer set; None (the
+    ChatML renderer) for ChatML's template or none."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or template == CHATML_TEMPLATE:
+        return None
+    return chatformat.Format(template, tokenizer)
+
+
+def apply_template(tokenizer, spec: str, base_dir) -> None:
+    """Give the base's tokenizer the template base.chat_template names (chatformat.template_text).
+    ChatML on a tokenizer without its markers adds them as special tokens (the model's embeddings
+    are resized to match: arenaflow.models.fit_embeddings)."""
+    tokenizer.chat_template = chatformat.template_text(spec, base_dir, CHATML_TEMPLATE)
+    if tokenizer.chat_template == CHATML_TEMPLATE:
+        vocab = tokenizer.get_vocab()
+        missing = [t for t in (IM_START, IM_END) if t not in vocab]
+        if missing:
+            tokenizer.add_special_tokens({"additional_special_tokens": missing})
+
+
+def render(
+    messages: list[dict], add_generation_prompt: bool = False, fmt: chatformat.Format | None = None
+) -> str:
+    """Render a conversation exactly as training saw it: in `fmt` (format_of), else ChatML."""
+    if fmt is not None:
+        return fmt.render(messages, add_generation_prompt)
     text = "".join(render_turn(m.get("role"), m.get("content")) for m in messages)
     return text + (f"{IM_START}assistant\n" if add_generation_prompt else "")
 
@@ -50,9 +79,10 @@ def row_messages(system_prompt: str | None, row: dict) -> list[dict]:
 
 
 def encode_with_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Token ids of the rendered conversation and a 0/1 mask that is 1 only on assistant
-    content and its closing <|im_end|> (so the model learns to stop), found by character
-    offsets, which holds for any tokenizer that reports them."""
+    """Token ids of the rendered conversation (in the tokenizer's format, format_of) and a 0/1
+    mask that is 1 only on assistant content and its closing end-of-turn token (so the model
+    learns to stop), found by character offsets, which holds for any tokenizer that reports
+    them."""
     ids, mask = next(encode_many_with_mask(tokenizer, [messages]))
     return ids.tolist(), mask.tolist()
 
@@ -61,10 +91,13 @@ def encode_many_with_mask(tokenizer, conversations: list[list[dict]], batch_size
     """(int32 ids, int8 mask) arrays of each conversation, as encode_with_mask: one tokenizer
     call per batch and the mask computed over the whole batch's offsets at once. Row by row,
     the corpus stage spent ~40 % of its time building masks in Python (BENCHMARKS.md)."""
+    fmt = format_of(tokenizer)
     for start in range(0, len(conversations), batch_size):
         chunk = conversations[start : start + batch_size]
         enc = tokenizer(
-            [render(m) for m in chunk], add_special_tokens=False, return_offsets_mapping=True
+            [render(m, fmt=fmt) for m in chunk],
+            add_special_tokens=False,
+            return_offsets_mapping=True,
         )
         lengths = [len(x) for x in enc["input_ids"]]
         n = sum(lengths)
@@ -76,7 +109,7 @@ def encode_many_with_mask(tokenizer, conversations: list[list[dict]], batch_size
             .reshape(-1, 2)
             .T
         )
-        spans = [assistant_spans(m) for m in chunk]
+        spans = [assistant_spans(m, fmt) for m in chunk]
         width = max(1, *map(len, spans))
         lo, hi = (
             np.full((len(chunk), width), 1, np.int64),
@@ -91,8 +124,13 @@ def encode_many_with_mask(tokenizer, conversations: list[list[dict]], batch_size
         yield from zip(np.split(ids, cuts), np.split(inside.astype(np.int8), cuts))
 
 
-def assistant_spans(messages: list[dict]) -> list[tuple[int, int]]:
-    """Character spans of each assistant turn's content and its <|im_end|> in render(messages)."""
+def assistant_spans(
+    messages: list[dict], fmt: chatformat.Format | None = None
+) -> list[tuple[int, int]]:
+    """Character spans of each assistant turn's content and its end-of-turn token (ChatML's
+    <|im_end|>) in render(messages, fmt=fmt)."""
+    if fmt is not None:
+        return fmt.assistant_spans(messages)
     spans, pos = [], 0
     for m in messages:
         turn = render_turn(m.get("role"), m.get("content"))

@@ -28,10 +28,26 @@ def is_adapter(path: str | Path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).exists()
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, chat_template: str | None = None):
+    """The tokenizer in `path`; with `chat_template` (base.chat_template: own, chatml or a
+    .jinja file), carrying that template, which arenaflow.chat.format_of then renders."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    from arenaflow import chat
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if chat_template is not None:
+        chat.apply_template(tok, chat_template, path)
+    return tok
+
+
+def fit_embeddings(model, tokenizer):
+    """Resize the model's embeddings to a tokenizer that chat.apply_template gave tokens (ChatML
+    on a base without them), the new rows the mean of the old ones (transformers'
+    mean_resizing), so they start as an average token rather than noise."""
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    return model
 
 
 def pad_id(tokenizer) -> int:
@@ -106,6 +122,7 @@ def load_policy(
     merge: bool = True,
     consumer: str = "loading a policy",
     job: str | None = None,
+    chat_template: str | None = None,
 ):
     """(model, tokenizer) for sampling: the base, plus the arm's adapter when given (or the
     arm's full weights, when its directory holds a full fine-tune).
@@ -113,7 +130,8 @@ def load_policy(
     The arm's directory must verify against its manifest first (ManifestError names the file
     and `consumer`): here, so that no caller can load an arm it has not verified.
     The adapter is merged into a private copy of the weights for speed; the files on disk are
-    untouched. With `job`, its start-up phases are marked (arenaflow.jobclock)."""
+    untouched. With `job`, its start-up phases are marked (arenaflow.jobclock). The tokenizer
+    carries `chat_template` (load_tokenizer)."""
     from arenaflow import jobclock
 
     def mark(phase: str) -> None:
@@ -131,8 +149,9 @@ def load_policy(
         model = load_base(adapter_dir)
         model.eval()
         mark("model")
-        return model, load_tokenizer(base_path)
-    model = load_base(base_path)
+        return model, load_tokenizer(base_path, chat_template)
+    tokenizer = load_tokenizer(base_path, chat_template)
+    model = fit_embeddings(load_base(base_path), tokenizer)
     if adapter_dir is not None:
         from peft import PeftModel
 
@@ -141,7 +160,7 @@ def load_policy(
             model = model.merge_and_unload()
     model.eval()
     mark("model")
-    return model, load_tokenizer(base_path)
+    return model, tokenizer
 
 
 def base_revision(path: str | Path, configured: str | None = None) -> str:

@@ -739,6 +739,29 @@ def test_a_peft_adapter_as_the_base_is_refused_at_config_time_naming_its_base(
         resolve(cfg, repo_root)
 
 
+def test_a_base_without_a_chat_template_is_refused_under_own_naming_its_directory(
+    cfg, repo_root, tmp_path
+):
+    base = tmp_path / "plain-base"
+    base.mkdir()
+    (base / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    cfg["base"]["path"] = str(base)
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{CONFIG_FILE}: key 'base/chat_template': base {re.escape(str(base))} has no "
+        r"chat template of its own .*set base.chat_template to 'chatml' or to a .jinja file",
+    ):
+        resolve(cfg, repo_root)
+    cfg["base"]["chat_template"] = "chatml"
+    assert resolve(cfg, repo_root)["base"]["chat_template"] == "chatml"
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    cfg["base"]["chat_template"] = str(tmp_path / "t.jinja")
+    assert resolve(cfg, repo_root)["base"]["chat_template"] == str(tmp_path / "t.jinja")
+    cfg["base"]["chat_template"] = "no/such.jinja"
+    with pytest.raises(ConfigError, match=r"key 'base/chat_template': no chat template file"):
+        resolve(cfg, repo_root)
+
+
 def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):
     root = tmp_path / "workflow"
     (root / "data").mkdir(parents=True)

@@ -243,6 +243,7 @@ def test_a_bundle_of_a_base_without_a_pad_token_reloads_and_keeps_the_bases_toke
             base_model=str(nopad_base),
             bundle_json=json.dumps(cfg),
             chat_template=None,
+            base_chat_template="chatml",  # as the lineage was trained
             out=str(out),
         )
     )

@@ -83,6 +83,7 @@ def test_smollm2_bundle_passes_every_check_and_reloads(smol_nopad, trained):
         base_model=str(smol),
         bundle_json=json.dumps(cfg),
         chat_template=None,
+        base_chat_template="chatml",  # config/smollm2.yaml's base.chat_template
         out=str(out),
     )
     bundles.build(args)

@@ -4,13 +4,14 @@
         (--arm B3 | --nomination nominations/r3.json) --lineage-json '{"B3": [...]}' \
         --runs runs --corpora corpora \
         --compare compare/math/greedy/B3__R2d.json --base-model DIR --bundle-json '{...}' \
-        [--chat-template chatml|FILE] --out bundles/B3f
+        [--base-chat-template own|chatml|FILE] [--chat-template base|chatml|FILE] --out bundles/B3f
     python -m arenaflow.bundles.build diff bundles/B3 bundles/B3f
 
 Checks, run on the assembled directory before it is moved into place:
 1. template_compiles: chat_template.jinja compiles in the sandboxed Jinja environment
    transformers uses (so `{% raise_exception(...) %}` fails here, as it would in a server);
-2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render over the
+2. template_matches_renderer: it renders byte-identically to arenaflow.chat.render, in the chat
+   format the lineage was trained in (base.chat_template, --base-chat-template), over the
    14 named conversation shapes (SHAPES: content with leading/trailing spaces and newlines, which a
    `| trim` would eat, and a conversation ending on an assistant turn, as training rows do,
    among them), with and without add_generation_prompt, and degrades without raising on an
@@ -58,7 +59,7 @@ from arenaflow.decode import sampling
 from arenaflow.rounds import nominate
 
 
-def generation_config(tokenizer, serving: dict) -> dict:
+def generation_config(tokenizer, serving: dict, base_model: str | None = None) -> dict:
     return {
         "do_sample": serving["do_sample"],
         "temperature": serving["temperature"],
@@ -66,16 +67,26 @@ def generation_config(tokenizer, serving: dict) -> dict:
         "top_k": 0,
         "repetition_penalty": serving["repetition_penalty"],
         "max_new_tokens": serving["max_new_tokens"],
-        "eos_token_id": sampling.stop_token_ids(tokenizer),
+        "eos_token_id": sampling.stop_token_ids(tokenizer, base_generation_config(base_model)),
         "pad_token_id": models.pad_id(tokenizer),  # EOS for a base without a pad token
     }
 
 
-def save_tokenizer(base_model: str, template: str, out: Path):
-    """The base's tokenizer with `template` as its chat template, which servers read from either
-    file, so both carry it. Nothing else changes (no pad token is added): it reloads as the
-    base's."""
-    tok = models.load_tokenizer(base_model)
+def base_generation_config(base_model: str | None):
+    """The base's generation_config (its EOS ids are stop ids too), None if it ships none."""
+    from transformers import GenerationConfig
+
+    if base_model is None or not (Path(base_model) / "generation_config.json").is_file():
+        return None
+    return GenerationConfig.from_pretrained(base_model)
+
+
+def save_tokenizer(base_model: str, template: str, out: Path, base_template: str | None = None):
+    """The base's tokenizer as training used it (`base_template`, base.chat_template: with the
+    ChatML tokens it installed, if any) with `template` as its chat template, which servers read
+    from either file, so both carry it. Nothing else changes (no pad token is added): it reloads
+    as the base's."""
+    tok = models.load_tokenizer(base_model, base_template)
     tok.chat_template = template
     tok.save_pretrained(str(out))
     io.write_text(out / "chat_template.jinja", template)
@@ -84,10 +95,13 @@ def save_tokenizer(base_model: str, template: str, out: Path):
     return tok
 
 
-def load_template(spec: str) -> str:
-    """'chatml' (the training renderer's own template) or a template file's path."""
+def load_template(spec: str, trained: str | None = None) -> str:
+    """'chatml' (the ChatML renderer's template), 'base' (`trained`: the template the lineage
+    was trained in, base.chat_template's) or a template file's path."""
     if spec == "chatml":
         return chat.CHATML_TEMPLATE
+    if spec == "base":
+        return trained or chat.CHATML_TEMPLATE
     return Path(spec).read_text(encoding="utf-8")
 
 
@@ -117,10 +131,11 @@ def build(args) -> None:
         if "mixture" in evidence
         else Path(args.corpora) / evidence["corpus"]
     )
-    template = load_template(args.chat_template or cfg["chat_template"])
+    trained = models.load_tokenizer(args.base_model, args.base_chat_template)
+    template = load_template(args.chat_template or cfg["chat_template"], trained.chat_template)
     with io.atomic_dir(Path(args.out)) as tmp:
-        tok = write_serving_files(tmp, args.base_model, run_dir, evidence, arm, cfg, template)
-        checks = run_checks(tmp, args, cfg, template, run_dir, corpus_dir)
+        tok = write_serving_files(tmp, args, run_dir, evidence, arm, cfg, template)
+        checks = run_checks(tmp, args, cfg, template, run_dir, corpus_dir, chat.format_of(trained))
         checks.update(add_serving(tmp, args.bundle, args.base_model, evidence, cfg))
         if searched:
             checks["system_prompt"] = searched
@@ -184,15 +199,16 @@ def served_arm(args, nomination: dict | None) -> str:
 
 
 def write_serving_files(
-    tmp: Path, base_model: str, run_dir: Path, evidence: dict, arm: str, cfg: dict, template: str
+    tmp: Path, args, run_dir: Path, evidence: dict, arm: str, cfg: dict, template: str
 ):
     """The weights and evidence, the tokenizer with the template, the system prompt and the
     decoding a server reads; returns the tokenizer."""
     for f in [*weight_files(run_dir), evidence_file(run_dir)]:
         shutil.copyfile(run_dir / f, tmp / f)
-    tok = save_tokenizer(base_model, template, tmp)
+    tok = save_tokenizer(args.base_model, template, tmp, args.base_chat_template)
     io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
-    io.write_json(tmp / "generation_config.json", generation_config(tok, cfg["serving"]))
+    gen = generation_config(tok, cfg["serving"], args.base_model)
+    io.write_json(tmp / "generation_config.json", gen)
     io.write_json(
         tmp / "serving_config.json",
         {
@@ -201,6 +217,12 @@ def write_serving_files(
             "arm": arm,
             "system_prompt_file": "system_prompt.txt",
             "chat_template_file": "chat_template.jinja",
+            # how it was chosen: base.chat_template (own, chatml or a file), the bundle's own
+            "chat_template": {
+                "base": args.base_chat_template or "as saved",
+                "bundle": args.chat_template or cfg["chat_template"],
+                "sha256": manifest.sha256_text(template),
+            },
             "add_generation_prompt": True,
             **cfg["serving"],
         },
@@ -237,7 +259,12 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--base-model", required=True)
     b.add_argument("--bundle-json", required=True, help="the bundle's config section as JSON")
     b.add_argument(
-        "--chat-template", help="'chatml' or a template file (default: the bundle config's)"
+        "--chat-template",
+        help="'base', 'chatml' or a template file (default: the bundle config's)",
+    )
+    b.add_argument(
+        "--base-chat-template",
+        help="base.chat_template the lineage was trained in: own, chatml or a .jinja file",
     )
     b.add_argument(
         "--prompt-search", help="prompt_search/{search}.json, for system_prompt: {search: S}"

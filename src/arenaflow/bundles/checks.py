@@ -163,23 +163,43 @@ def _difference(name: str, msgs: list[dict], gen: bool, got: str, want: str) -> 
     )
 
 
-def check_template_matches(tokenizer) -> dict:
-    """Render via the reloaded tokenizer, exactly as a server would, and compare bytes."""
-    checked = 0
+def _trained(fmt, msgs: list[dict], gen: bool) -> str | None:
+    """How training rendered `msgs` (None: the base's own template refuses that shape, a system
+    turn on Gemma, say, and so then must the served one)."""
+    if fmt is None:
+        return chat.render(msgs, add_generation_prompt=gen)
+    try:
+        return chat.render(msgs, gen, fmt)
+    except Exception:  # the template's own raise_exception: a shape it does not take
+        return None
+
+
+def check_template_matches(tokenizer, fmt=None) -> dict:
+    """Render via the reloaded tokenizer, exactly as a server would, and compare bytes with the
+    renderer training used (`fmt`, chat.format_of; None: ChatML)."""
+    checked, refused = 0, 0
     for name, msgs in SHAPES.items():
         for gen in (False, True):
+            want = _trained(fmt, msgs, gen)
+            if want is None:
+                refused += 1
+                continue
             got = _apply(tokenizer, msgs, gen, repr(name))
-            want = chat.render(msgs, add_generation_prompt=gen)
             if got != want:
                 raise BundleCheckError(_difference(name, msgs, gen, got, want))
             checked += 1
-    for name, msgs in DEGENERATE.items():
-        _apply(tokenizer, msgs, True, name)  # any exception is a failure of graceful degradation
+    if fmt is None:  # a base's own template degrades (or not) as the base does
+        for name, msgs in DEGENERATE.items():
+            _apply(tokenizer, msgs, True, name)  # an exception fails graceful degradation
     return {
         "verdict": "PASS",
         "detail": (
             f"{checked} renders of {len(SHAPES)} conversations byte-identical; "
-            "unknown role and None content degrade"
+            + (
+                "unknown role and None content degrade"
+                if fmt is None
+                else f"{refused} shapes the trained template refuses skipped"
+            )
         ),
     }
 
@@ -191,7 +211,8 @@ def check_reload(
 
     tok = models.load_tokenizer(bundle_dir)
     if models.is_adapter(bundle_dir):
-        model = PeftModel.from_pretrained(models.load_base(base_model), str(bundle_dir)).eval()
+        base = models.fit_embeddings(models.load_base(base_model), tok)
+        model = PeftModel.from_pretrained(base, str(bundle_dir)).eval()
     else:  # full weights: the bundle is the model
         model = models.load_base(bundle_dir).eval()
     gen_cfg = io.read_json(bundle_dir / "generation_config.json")
@@ -292,7 +313,7 @@ def _check_merge_parents(evidence: dict, runs: Path) -> str:
 
 
 def run_checks(
-    tmp: Path, args, cfg: dict, template: str, run_dir: Path, corpus_dir: Path | None
+    tmp: Path, args, cfg: dict, template: str, run_dir: Path, corpus_dir: Path | None, fmt=None
 ) -> dict:
     """Checks 1-4 of arenaflow.bundles.build's docstring, on the assembled directory; the first
     that fails raises BundleCheckError."""
@@ -302,7 +323,7 @@ def run_checks(
         raise BundleCheckError(
             "the reloaded tokenizer does not carry chat_template.jinja's template"
         )
-    checks["template_matches_renderer"] = check_template_matches(reloaded)
+    checks["template_matches_renderer"] = check_template_matches(reloaded, fmt)
     checks["reload"] = check_reload(
         tmp, args.base_model, cfg["serving"], cfg["system_prompt"], cfg["reload_prompts"]
     )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from arenaflow import bases, tracking
+from arenaflow import bases, chatformat, tracking
 from arenaflow.config import continual
 from arenaflow.config.arms import _apply_overrides, _resolve_arms, load_arms, template_arms
 from arenaflow.config.load import key_line
@@ -53,6 +53,7 @@ def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
         )
     if why := bases.not_a_model(cfg["base"]["path"]):
         raise ConfigError(f"{where('base', 'path')}: {why}")
+    _resolve_chat_template(cfg["base"], root, where("base", "chat_template"))
     for pid, pool in cfg["pools"].items():
         if "file" not in pool:
             continue
@@ -64,6 +65,23 @@ def _resolve_paths(cfg: dict, root: Path, config_file: str, sources) -> None:
                 f"{where('pools', pid, 'file')}: no such file {path} (a relative path is "
                 f"relative to the workflow's root, {root})"
             )
+
+
+def _resolve_chat_template(base: dict, root: Path, where: str) -> None:
+    """base.chat_template: a file's path made absolute; `own` refused before any job when the
+    base ships no template, naming the base directory."""
+    spec = base.setdefault("chat_template", chatformat.OWN)
+    if spec not in (chatformat.OWN, chatformat.CHATML):
+        path = Path(spec) if Path(spec).is_absolute() else root / spec
+        if not path.is_file():
+            raise ConfigError(f"{where}: no chat template file {path} (relative to {root})")
+        base["chat_template"] = str(path)
+    elif spec == chatformat.OWN and chatformat.own_template(base["path"]) is None:
+        raise ConfigError(
+            f"{where}: base {base['path']} has no chat template of its own (no "
+            "chat_template.jinja, no chat_template in tokenizer_config.json); set "
+            "base.chat_template to 'chatml' or to a .jinja file"
+        )
 
 
 def resolve(

@@ -310,6 +310,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", required=True, help="tokenizer directory (the base model's)")
     ap.add_argument("--system-prompt", default="", help="system turn of every training row")
     ap.add_argument(
+        "--chat-template",
+        default=None,
+        help="base.chat_template: own, chatml or a .jinja file (default: the tokenizer's as saved)",
+    )
+    ap.add_argument(
         "--eval-pools",
         nargs="*",
         default=None,
@@ -324,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     stats = build(
         Path(args.out),
         read_pool(args.pool, who),
-        models.load_tokenizer(args.tokenizer),
+        models.load_tokenizer(args.tokenizer, args.chat_template),
         args.system_prompt,
         json.loads(args.params_json),
         manifest.read_jsonl(args.samples, who, paths.SAMPLES) if args.samples else None,

@@ -247,9 +247,18 @@ def bundle_inputs(cfg: dict, bundle: str, served: str) -> dict:
 
 
 def template_file(cfg: dict, repo: Path, bundle: str) -> list[str]:
-    """The bundle's chat template file, or none for 'chatml'."""
+    """The bundle's chat template file, or none for 'chatml' and for 'base' (the template the
+    lineage was trained in: base.chat_template, already a resolved path when it is a file)."""
     spec = cfg["bundles"][bundle]["chat_template"]
+    if spec == "base":
+        base = cfg["base"].get("chat_template", "own")
+        return [base] if base not in ("own", "chatml") else []
     return [] if spec == "chatml" else [in_repo(repo, spec)]
+
+
+def bundle_template(cfg: dict, bundle: str) -> str:
+    """The bundle's --chat-template when it names no file: 'chatml' or 'base'."""
+    return "chatml" if cfg["bundles"][bundle]["chat_template"] == "chatml" else "base"
 
 
 def bundle_source(cfg: dict, bundle: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arenaflow import models
+from arenaflow import chat, models
 from arenaflow.decode import parts as decode_parts
 from arenaflow.decode import static as decode
 from arenaflow.decode import steps as decode_steps
@@ -42,11 +42,23 @@ class Decoding:
         }
 
 
-def stop_token_ids(tokenizer) -> list[int]:
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """ChatML's <|im_end|> and <|endoftext|> where the tokenizer has them, its EOS, every
+    end-of-turn token its chat format writes after an assistant turn (arenaflow.chat.format_of:
+    Llama 3's <|eot_id|>, Gemma's <end_of_turn>, Phi-3's <|end|>) and generation_config's EOS
+    ids: a base stops where its own template ends a turn, which is often not its EOS."""
     ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     ids = [i for i in ids if i is not None and i != tokenizer.unk_token_id]
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
+    fmt = chat.format_of(tokenizer)
+    eos = getattr(generation_config, "eos_token_id", None)
+    extra = [
+        tokenizer.eos_token_id,
+        *(fmt.stop_ids() if fmt is not None else []),
+        *(eos if isinstance(eos, list) else [eos]),
+    ]
+    for i in extra:
+        if i is not None and i not in ids:
+            ids.append(i)
     return ids
 
 
@@ -93,7 +105,7 @@ def generate(
     model.eval()
     if engine == "static":
         decode_steps.plan(len(prompts) * k * decoding.max_new_tokens)
-    stops = stop_token_ids(tokenizer)
+    stops = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
     pad = models.pad_id(tokenizer)
     out: list[list[dict]] = []
     per_batch = prompts_per_batch(batch_size, k)

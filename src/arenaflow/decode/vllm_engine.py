@@ -125,10 +125,20 @@ class Policy:
         return out
 
 
-def load_policy(base_model: str, adapter: str | None, consumer: str, job: str):
-    """(Policy, the base's tokenizer) for `job`, once per job (the LLM takes seconds to build):
-    the adapter's directory verified against its manifest first, as models.load_policy does."""
+def load_policy(
+    base_model: str, adapter: str | None, consumer: str, job: str, chat_template: str | None = None
+):
+    """(Policy, the base's tokenizer carrying `chat_template`) for `job`, once per job (the LLM
+    takes seconds to build): the adapter's directory verified against its manifest first, as
+    models.load_policy does. A template that added tokens to the base's vocabulary (ChatML
+    installed on a base without it) is refused: vLLM would read the base's smaller embeddings."""
     require(job)
+    tok = models.load_tokenizer(base_model, chat_template)
+    if len(tok) > len(models.load_tokenizer(base_model)):
+        raise ValueError(
+            f"{job}: engine decoder 'vllm' with base.chat_template {chat_template!r}, which adds "
+            f"tokens to {base_model}'s vocabulary; decode with the static or hf decoder"
+        )
     if adapter is not None:
         manifest.require(adapter, consumer)
     form = choose_form(base_model, adapter)
@@ -146,7 +156,7 @@ def load_policy(base_model: str, adapter: str | None, consumer: str, job: str):
 
         lora = LoRARequest(lora_name="policy", lora_int_id=1, lora_path=str(adapter))
     llm = build_llm(model, base_model, form["max_lora_rank"])
-    return Policy(llm, lora, form, merged), models.load_tokenizer(base_model)
+    return Policy(llm, lora, form, merged), tok
 
 
 def build_llm(model: str | Path, tokenizer: str | Path, max_lora_rank: int | None):

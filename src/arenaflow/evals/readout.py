@@ -113,7 +113,10 @@ def readout(
         return structure(
             pd.DataFrame.from_records(multiturn.readout(pool, model, tokenizer, *args))
         )
-    prompts = [chat.render(chat.row_messages(system_prompt, r), True) for r in pool]  # + context
+    fmt = chat.format_of(tokenizer)
+    prompts = [
+        chat.render(chat.row_messages(system_prompt, r), True, fmt) for r in pool
+    ]  # +context
     # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
     outs = sampling.generate(
         model,
@@ -275,6 +278,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the suite's engine settings as JSON (config `engine:`; default: the schema's)",
     )
     r.add_argument("--system-prompt", default="")
+    r.add_argument(
+        "--chat-template",
+        default=None,
+        help="base.chat_template: own, chatml or a .jinja file (default: the tokenizer's as saved)",
+    )
     r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     r.add_argument(
         "--tracking-json",
@@ -314,7 +322,9 @@ def _readouts(args) -> None:
     new_tokens = afschema.decoding_of(reads[0]["decoding"])["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, afengine.get("decoder"))
     load = vllm_engine.load_policy if afengine.get("decoder") == "vllm" else models.load_policy
-    model, tok = load(args.base_model, args.adapter, consumer="readout", job=job)
+    model, tok = load(
+        args.base_model, args.adapter, consumer="readout", job=job, chat_template=args.chat_template
+    )
     weights = weights_read(args.adapter)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads

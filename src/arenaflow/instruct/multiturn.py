@@ -43,10 +43,11 @@ def readout(pool, model, tokenizer, system_prompt, dec, seed, batch_size, desc, 
     from arenaflow.instruct import families  # torch-heavy
 
     convs = [chat.prompt_messages(system_prompt, r["turns"][0]) for r in pool]
+    fmt = chat.format_of(tokenizer)
     recs = []
     for k in range(max(len(r["turns"]) for r in pool)):
         live = [i for i, r in enumerate(pool) if len(r["turns"]) > k]
-        prompts = [chat.render(convs[i], True) for i in live]
+        prompts = [chat.render(convs[i], True, fmt) for i in live]
         outs = sampling.generate(
             model,
             tokenizer,

@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--init", required=True, help="'base' or the init arm's runs/{arm}/final")
     ap.add_argument("--base-model", required=True, help="base model directory")
+    ap.add_argument(
+        "--chat-template",
+        default=None,
+        help="base.chat_template: own, chatml or a .jinja file (default: the tokenizer's as saved)",
+    )
     ap.add_argument("--base-name", default=None, help="base model name for the evidence")
     ap.add_argument(
         "--base-revision", default=None, help="base revision (default: sha256 of weights)"

@@ -17,8 +17,10 @@ import torch
 from arenaflow import manifest, models
 
 
-def build(base_model: str, init: str, hyper: dict, arm: str = "the arm"):
-    """The module to train, with requires_grad set."""
+def build(base_model: str, init: str, hyper: dict, arm: str = "the arm", tokenizer=None):
+    """The module to train, with requires_grad set; its embeddings fit to `tokenizer` (ChatML
+    installed on a base without its tokens: models.fit_embeddings), whose new rows a LoRA arm
+    trains only through modules_to_save (check_new_rows)."""
     if init != "base" and not Path(init).is_dir():
         raise SystemExit(f"init {init!r} is neither 'base' nor a trained arm's directory")
     if init != "base":  # before anything of it is loaded: a changed adapter fails here, by name
@@ -27,6 +29,7 @@ def build(base_model: str, init: str, hyper: dict, arm: str = "the arm"):
         if init != "base" and models.is_adapter(init):
             raise SystemExit(f"full fine-tuning cannot continue the LoRA adapter in {init}")
         model = models.load_base(base_model if init == "base" else init)
+        model = models.fit_embeddings(model, tokenizer) if tokenizer is not None else model
         model.config.use_cache = False
         return model
     from peft import PeftModel, get_peft_model
@@ -36,10 +39,32 @@ def build(base_model: str, init: str, hyper: dict, arm: str = "the arm"):
             raise SystemExit(
                 f"a LoRA arm cannot continue {init}: it holds full weights, not an adapter"
             )
-        return PeftModel.from_pretrained(models.load_base(base_model), init, is_trainable=True)
-    model = models.load_base(base_model)
+        base = _fitted(models.load_base(base_model), tokenizer, hyper["lora"], arm)
+        return PeftModel.from_pretrained(base, init, is_trainable=True)
+    model = _fitted(models.load_base(base_model), tokenizer, hyper["lora"], arm)
     check_targets(model, hyper["lora"], f"arm {arm}", base_model)
     return get_peft_model(model, lora_config(hyper["lora"]))
+
+
+def _fitted(model, tokenizer, lora: dict, arm: str):
+    """The base with its embeddings fit to `tokenizer`; a LoRA arm whose tokenizer grew must
+    train the new rows, which LoRA's low-rank update of a linear layer cannot reach."""
+    if tokenizer is None:
+        return model
+    rows = model.get_input_embeddings().weight.shape[0]
+    model = models.fit_embeddings(model, tokenizer)
+    if len(tokenizer) > rows:
+        names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+        want = {"embed_tokens" if "embed_tokens" in names else "the input embedding"}
+        if not model.config.tie_word_embeddings:
+            want.add("lm_head")
+        if not want <= set(lora.get("modules_to_save") or []):
+            raise SystemExit(
+                f"arm {arm}: base.chat_template added {len(tokenizer) - rows} tokens to the base's "
+                f"tokenizer; a LoRA arm trains their new embedding rows only through "
+                f"lora.modules_to_save: {sorted(want)} (or train the arm with method: full)"
+            )
+    return model
 
 
 ALL_LINEAR = "all-linear"  # PEFT's spelling: every linear layer but the output head

@@ -146,9 +146,9 @@ def setup_data(r: Run) -> None:
             f"{'pairs' if preference else 'sft'} corpus; {args.corpus} is not one"
         )
     torch.manual_seed(hyper["seed"])
-    r.net = tmodel.build(args.base_model, args.init, hyper, args.arm)
+    tokenizer = models.load_tokenizer(args.base_model, args.chat_template)
+    r.net = tmodel.build(args.base_model, args.init, hyper, args.arm, tokenizer)
     jobclock.mark(args.out, "model")
-    tokenizer = models.load_tokenizer(args.base_model)
     r.pad = models.pad_id(tokenizer)
     rows = corpus["chosen"] if preference else corpus["sft"]
     if hyper["heldout_rows"]:
