@@ -5,6 +5,7 @@ byte for byte and its readout rows, for 1, 3 and 7 shards (7 leaves shards with 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +13,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 
 from arenaflow import candidates, io, manifest, models, paths, shards
+from arenaflow import config as afconfig
+from arenaflow.budget import admission
+from arenaflow.budget import ledger as afbudget
 from arenaflow.evals import readout as evals
 from arenaflow.evals import readout_merge
 from arenaflow.instruct import pool as ifpool
@@ -218,3 +223,65 @@ def test_a_multi_turn_pool_is_not_sharded():
     turns = ifpool.conversations(2, 1, "eval", "t", 2)
     with pytest.raises(ValueError, match="pools/t.jsonl is a multi-turn pool"):
         evals.shard_items(turns, "0-of-2", 2, "pools/t.jsonl")
+
+
+def budget_of(
+    tmp_path: Path, shards: int, gpu_minutes: float = 1e9, suite_shards: int | None = None
+) -> afbudget.Budget:
+    """The embedded default's budget, corpus rft_r1 in `shards` shards, suite math in
+    `suite_shards` (default: as many)."""
+    arms = tmp_path / "arms"
+    if not arms.exists():
+        shutil.copytree(REPO / "config/arms", arms)
+    over = tmp_path / f"shards{shards}-{suite_shards}.yaml"
+    over.write_text(
+        yaml.safe_dump(
+            {
+                "corpora": {"rft_r1": {"shards": shards}},
+                "evals": {"math": {"shards": suite_shards or shards}},
+                "budget": {"gpu_minutes": gpu_minutes},
+            }
+        )
+    )
+    raw, _ = afconfig.load_configs(
+        [str(REPO / "tests/e2e/config.yaml"), str(over)],
+        [f"results_dir={tmp_path / 'results'}", f"arms_dir={arms}"],
+    )
+    return afbudget.Budget(afconfig.resolve(raw))
+
+
+def test_the_budget_charges_each_shard_job_its_overhead(tmp_path):
+    one, three = budget_of(tmp_path, 1), budget_of(tmp_path, 3)
+    over = one.est["overhead_minutes"]
+    assert over > 0
+    # the same batches in 3 one-GPU jobs: 2 more jobs' overhead, by the cost model's formula
+    c = one.cfg["corpora"]["rft_r1"]
+    prompts = one.pool_rows(c["pool"])
+    decode = -(-prompts * c["k"] // c["batch_size"]) * c["max_new_tokens"]
+    decode *= one.est["decode_step_seconds"] / 60
+    assert one.sampling("rft_r1") == pytest.approx(decode + over)
+    assert three.sampling("rft_r1") == pytest.approx(decode + 3 * over)
+    assert three.sampling("rft_r2") == pytest.approx(one.sampling("rft_r2"))  # not sharded
+    assert three.readout("math", "greedy") == pytest.approx(
+        one.readout("math", "greedy") + 2 * over
+    )
+    reads = sum(1 for _ in one.readout_files("R220"))
+    e1, e3 = one.estimate("R220"), three.estimate("R220")
+    assert e3.readouts == pytest.approx(e1.readouts + reads * 2 * over)
+    assert e3.sampling == pytest.approx(e1.sampling + 2 * over)
+
+
+def test_admission_refuses_an_arm_whose_shards_overrun_the_cap(tmp_path):
+    line = ["S1", "R220"]
+    one = budget_of(tmp_path, 1)
+    cap = one.cost(line) + one.settings["spent_gpu_minutes"] + 0.05  # fits them unsharded
+    admitted = admission.admit(budget_of(tmp_path, 1, cap))
+    assert {a for a in line if admitted[a]["status"] == admission.ADMITTED} == set(line)
+    sharded = budget_of(tmp_path, 3, cap, suite_shards=1)  # S1's readouts cost as before
+    decided = admission.admit(sharded)
+    assert decided["S1"]["status"] == admission.ADMITTED
+    assert decided["R220"]["status"] == admission.REFUSED
+    over = sharded.est["overhead_minutes"]  # two more sampling jobs' start-up
+    assert sharded.cost(line) == pytest.approx(one.cost(line) + 2 * over)
+    with pytest.raises(afbudget.BudgetError, match="arm 'R220' would overrun the budget"):
+        sharded.check(line, "R220")
