@@ -285,3 +285,13 @@ def test_admission_refuses_an_arm_whose_shards_overrun_the_cap(tmp_path):
     assert sharded.cost(line) == pytest.approx(one.cost(line) + 2 * over)
     with pytest.raises(afbudget.BudgetError, match="arm 'R220' would overrun the budget"):
         sharded.check(line, "R220")
+
+
+def test_a_sharded_suite_on_a_multi_turn_pool_is_refused_naming_the_key():
+    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg["pools"]["if_turns"] = {"kind": "ifeval", "n": 40, "seed": 0, "split": "eval", "turns": 4}
+    cfg["evals"]["turns"] = {"pool": "if_turns", "shards": 2, "regimes": {"greedy": {}}}
+    with pytest.raises(afconfig.ConfigError, match=r"key 'evals/turns/shards'.*multi-turn"):
+        afconfig.resolve(cfg, repo_root=REPO, config_file="config/config.yaml")
+    cfg["evals"]["turns"]["shards"] = 1
+    assert afconfig.resolve(cfg, repo_root=REPO, config_file="c")["evals"]["turns"]["shards"] == 1
