@@ -28,7 +28,7 @@ from arenaflow.pools.validate import read_pool
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "models/tiny-arith"
 # config/config.yaml's sampling (k 4, temperature 0.8), shorter: 10 prompts, 2 a batch, 5 batches
-PARAMS = {"k": 4, "temperature": 0.8, "top_p": 1.0, "max_new_tokens": 12, "batch_size": 8}
+PARAMS = {"k": 4, "temperature": 0.8, "top_p": 1.0, "max_new_tokens": 8, "batch_size": 8}
 SHARDS = (1, 3, 7)
 
 
@@ -143,23 +143,24 @@ def test_a_part_sampled_with_other_params_is_refused_naming_it(math_pool, tmp_pa
         candidates.merge_shards(parts, str(tmp_path / "samples.jsonl"))
 
 
+READ_BATCH = 4  # 10 items: batches of 4, 4 and 2
 READS = [
-    ("greedy", {"temperature": 0.0, "max_new_tokens": 12}, 0),
-    ("served", {"temperature": 0.8, "max_new_tokens": 12}, 1),
+    ("greedy", {"temperature": 0.0, "max_new_tokens": 8}, 0),
+    ("served", {"temperature": 0.8, "max_new_tokens": 8}, 1),
 ]
 
 
 def read(policy, pool: Path, root: Path, shard: str | None = None) -> list[str]:
     """What `readout --plan (greedy r0, served r1) [--shard]` writes under `root`, the policy
     loaded once for every shard."""
-    items, first_batch = evals.shard_items(read_pool(pool), shard, 2, str(pool))
+    items, first_batch = evals.shard_items(read_pool(pool), shard, READ_BATCH, str(pool))
     outs = []
     for regime, decoding, rep in READS:
         out = str(root / f"{regime}.r{rep}.parquet")
         df = pd.DataFrame()  # a shard with no batch: an empty part, as the command writes
         if items:
             df = evals.readout(
-                items, *policy, "", decoding, 1000 * rep, 2, "t", first_batch=first_batch
+                items, *policy, "", decoding, 1000 * rep, READ_BATCH, "t", first_batch=first_batch
             )
             df.insert(0, "arm", "base")
             df["replicate"] = rep
@@ -181,10 +182,20 @@ def same_readout(merged: str, whole: str) -> None:
     }
 
 
+@pytest.fixture(scope="module")
+def whole_reads() -> dict:
+    """The unsharded readouts of each pool, read once: {pool: their paths}."""
+    return {}
+
+
 @pytest.mark.parametrize(("pool", "n"), [("math", 1), ("math", 3), ("math", 7), ("if", 3)])
-def test_merged_readout_shards_are_the_unsharded_readouts(n, pool, policy, request, tmp_path):
-    pool = request.getfixturevalue(f"{pool}_pool")
-    whole = read(policy, pool, tmp_path / "whole")
+def test_merged_readout_shards_are_the_unsharded_readouts(
+    n, pool, policy, whole_reads, request, tmp_path_factory, tmp_path
+):
+    name, pool = pool, request.getfixturevalue(f"{pool}_pool")
+    if name not in whole_reads:
+        whole_reads[name] = read(policy, pool, tmp_path_factory.mktemp("whole"))
+    whole = whole_reads[name]
     for i in range(n):
         read(policy, pool, tmp_path / "sharded", paths.shard_id(i, n))
     plan = [{"out": str(tmp_path / "sharded" / Path(w).name)} for w in whole]
@@ -200,13 +211,14 @@ def test_the_readout_command_reads_its_shard_into_the_parts(math_pool, tmp_path)
         for g, d, r in READS
     ]
     args = ["readout", "--suite", "math", "--arm", "base", "--pool", str(math_pool)]
-    args += ["--base-model", str(BASE), "--batch-size", "2", "--plan", json.dumps(plan)]
-    for shard in ("1-of-7", "6-of-7"):  # 5 batches: shard 1 holds one, shard 6 none
+    args += ["--base-model", str(BASE), "--batch-size", str(READ_BATCH)]
+    args += ["--plan", json.dumps(plan)]
+    for shard in ("1-of-7", "6-of-7"):  # 3 batches: shard 1 holds one, shard 6 none
         evals.main([*args, "--shard", shard])
         for r in plan:
             meta = evals.readout_meta(paths.shard_of(r["out"], shard))
             df = pd.read_parquet(paths.shard_of(r["out"], shard))
-            assert len(df) == (2 if shard == "1-of-7" else 0)
+            assert len(df) == (READ_BATCH if shard == "1-of-7" else 0)
             assert meta["seed"] == 1000 * r["replicate"] and meta["regime"] == r["regime"]
     assert not any(Path(r["out"]).exists() for r in plan)
 
