@@ -103,6 +103,7 @@ wildcard_constraints:
     ref=ids(READOUT_ARMS),
     regime="[A-Za-z0-9][A-Za-z0-9_-]*",
     rep="[0-9]+",
+    shard="[0-9]+-of-[0-9]+",
 
 
 def arm(wc):

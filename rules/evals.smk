@@ -1,19 +1,30 @@
 # One job per suite and arm: a process loads the model once and reads every regime x
 # replicate of the suite (one parquet each, as compare, noise and the judged reads take them).
 # A rule per suite, readout_<suite>, because suites differ in their regimes and replicates.
+# A suite with `shards: N > 1` reads each arm in N shard jobs instead (readout_<suite>_shard,
+# one GPU each, contiguous runs of whole batches: arenaflow.shards), each writing its part of
+# every readout, and a CPU job merges the parts into the same readouts (merge_readouts_<suite>).
 for _suite in CFG["evals"]:
+    _shards = CFG["evals"][_suite]["shards"]
 
     rule:
         name:
-            f"readout_{_suite}"
+            f"readout_{_suite}" + ("_shard" if _shards > 1 else "")
         input:
             pool=afpaths.pool(CFG["evals"][_suite]["pool"]),
             adapter=lambda wc: afdag.run_dirs(wc.rarm),
             base=BASE_FILES,
         output:
-            [update(p) for p in afdag.suite_readouts(CFG, _suite)],
+            [
+                update(p)
+                for p in (
+                    afdag.readout_shard_outputs(CFG, _suite)
+                    if _shards > 1
+                    else afdag.suite_readouts(CFG, _suite)
+                )
+            ],
         log:
-            f"logs/readouts/{_suite}/{{rarm}}.log",
+            f"logs/readouts/{_suite}/{{rarm}}" + (".{shard}.log" if _shards > 1 else ".log"),
         conda:
             "../envs/arenaflow.yaml"
         resources:
@@ -34,7 +45,29 @@ for _suite in CFG["evals"]:
             "python -m arenaflow.evals.readout readout --suite {params.suite} --arm {wildcards.rarm} "
             "--pool {input.pool} --base-model {params.base:q} --chat-template {params.chat:q} {params.adapter} "
             "--plan {params.plan:q} --seed {params.seed} --batch-size {params.batch} "
-            "--engine-json {params.engine:q} {params.tracking} > {log} 2>&1"
+            "--engine-json {params.engine:q} "
+            + ("--shard {wildcards.shard} " if _shards > 1 else "")
+            + "{params.tracking} > {log} 2>&1"
+
+    if _shards > 1:
+
+        rule:
+            name:
+                f"merge_readouts_{_suite}"
+            input:
+                afdag.readout_shards(CFG, _suite),
+            output:
+                [update(p) for p in afdag.suite_readouts(CFG, _suite)],
+            log:
+                f"logs/readouts/{_suite}/{{rarm}}.merge.log",
+            conda:
+                "../envs/arenaflow.yaml"
+            params:
+                plan=lambda wc, s=_suite: afdag.readout_plan(CFG, s, wc.rarm),
+                shards=_shards,
+            shell:
+                "python -m arenaflow.evals.readout_merge --plan {params.plan:q} "
+                "--shards {params.shards} > {log} 2>&1"
 
 
 # A prompt search's readouts (regimes R-<prompt> and R-none, arenaflow.config): one job each,

@@ -50,11 +50,19 @@ def full_params(params: dict) -> dict:
 
 
 def sample(
-    pool: list[dict], model, tokenizer, system_prompt: str, params: dict, job=None
+    pool: list[dict],
+    model,
+    tokenizer,
+    system_prompt: str,
+    params: dict,
+    job=None,
+    first_batch: int = 0,
 ) -> list[dict]:
     """k samples per prompt, decoded as the corpus's sampling params say (schema.sampling_params;
     a key they lack is the schema's default), by this process's engine settings' decoder. With
-    `job` (an arenaflow.decode.parts.Job), finished batches are kept and a rerun resumes."""
+    `job` (an arenaflow.decode.parts.Job), finished batches are kept and a rerun resumes. A
+    shard's `pool` is its prompts and `first_batch` the index of their first batch in the whole
+    pool (arenaflow.shards)."""
     from arenaflow.decode import sampling
 
     params = full_params(params)
@@ -78,6 +86,7 @@ def sample(
         desc="sample",
         engine=engine.get("decoder"),
         job=job,
+        first_batch=first_batch,
     )
     rows = []
     for r, samples in zip(pool, outs):
@@ -196,11 +205,37 @@ def pass_at(verdicts: list[dict]) -> dict:
     }
 
 
+def shard_of_pool(pool: list[dict], params: dict, shard: str | None) -> tuple[list[dict], int]:
+    """The prompts shard `shard` ('i-of-n'; None: the whole pool) samples and the index of their
+    first batch (arenaflow.shards)."""
+    from arenaflow import shards
+    from arenaflow.decode.sampling import prompts_per_batch
+
+    if shard is None:
+        return pool, 0
+    per_batch = prompts_per_batch(params["batch_size"], params["k"])
+    s = shards.span(len(pool), per_batch, *shards.parse(shard))
+    return pool[s.start : s.stop], s.first_batch
+
+
+def write_samples(out: str, rows: list[dict], params: dict) -> None:
+    io.write_jsonl(out, rows)
+    manifest.write_file(out, params, rows=len(rows))
+
+
 def _sample_cmd(args, pool: list[dict], params: dict) -> None:
-    """Loads the policy, samples every prompt k times, writes the samples."""
+    """Loads the policy, samples every prompt (of --shard's batches) k times, writes the
+    samples. An empty shard writes an empty part without loading the model."""
     from arenaflow import models
     from arenaflow.decode import parts, sampling, vllm_engine
     from arenaflow.decode import warmup as decode_warmup
+
+    pool, first_batch = shard_of_pool(pool, params, args.shard)
+    decoder = engine.get("decoder")
+    if not pool:
+        write_samples(args.out, [], {**params, "decoded_by": {"decoder": decoder}})
+        print(f"shard {args.shard}: no batches, an empty part -> {args.out}")
+        return
 
     batch_rows = sampling.first_batch_rows(len(pool), params["k"], params["batch_size"])
     new_tokens = params["max_new_tokens"]
@@ -217,24 +252,52 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()
     job = parts.Job(args.out, parts.weights_of(args.base_model, args.adapter))
-    rows = sample(pool, model, tok, args.system_prompt, params, job)
+    rows = sample(pool, model, tok, args.system_prompt, params, job, first_batch)
     seconds = time.perf_counter() - t0
-    io.write_jsonl(args.out, rows)
-    decoded_by = vllm_engine.describe(engine.get("decoder"), model)
-    manifest.write_file(args.out, {**params, "decoded_by": decoded_by}, rows=len(rows))
+    write_samples(args.out, rows, {**params, "decoded_by": vllm_engine.describe(decoder, model)})
     parts.finish(args.out)
     tokens = sum(r["n_tokens"] for r in rows)
     jobclock.done(args.out, tokens=tokens, seconds=seconds)
-    corpus, policy = Path(args.out).parent.name, run_arm(args.adapter)
+    # a shard's part is candidates/{corpus}/samples.shards/{shard}.jsonl
+    where = Path(args.out).parent if args.shard is None else Path(args.out).parent.parent
+    corpus, policy = where.name, run_arm(args.adapter)
+    run = f"corpora/{corpus}/sample" + (f"/{args.shard}" if args.shard else "")
     tracking.summary(
         args.tracking,
-        f"corpora/{corpus}/sample",
+        run,
         kind="sample",
         params=params,
         tags={"corpus": corpus, "policy": policy},
         metrics={0: {"sample/tokens_per_s": tokens / max(seconds, 1e-9), "sample/rows": len(rows)}},
     )
     print(f"{len(rows)} samples ({len(pool)} prompts x {params['k']}) -> {args.out}")
+
+
+def merge_shards(parts: list[str], out: str) -> int:
+    """Concatenate the sampling shards' parts, in order, into `out` with the manifest the
+    unsharded job writes (the shards' params, the rows of all): the unsharded samples byte for
+    byte. A part that fails its manifest, or was sampled with other params, raises ManifestError
+    naming it. Returns the rows."""
+    records = [manifest.require_file(p, "merging samples") for p in parts]
+    for p, r in zip(parts, records):
+        if _sampling(r["params"]) != _sampling(records[0]["params"]):
+            raise manifest.ManifestError(
+                f"merging samples refused {p}: sampled with other params than {parts[0]} "
+                "(a part of an older run of the shards)"
+            )
+    with io.atomic_path(out) as tmp, open(tmp, "wb") as f:
+        for p in parts:
+            f.write(Path(p).read_bytes())
+    rows = sum(r["rows"] for r in records)
+    decoded = next((r for r in records if r["rows"]), records[0])  # an empty part loaded nothing
+    manifest.write_file(out, decoded["params"], rows=rows)
+    return rows
+
+
+def _sampling(params: dict) -> dict:
+    """A part's params but how its decoder served the policy, which an empty part, loading
+    nothing, cannot say."""
+    return {k: v for k, v in params.items() if k != "decoded_by"}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,6 +317,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     s.add_argument("--params-json", required=True, help="the corpus's config section as JSON")
     s.add_argument("--out", required=True, help="candidates/{corpus}/samples.jsonl")
+    s.add_argument(
+        "--shard",
+        default=None,
+        help="i-of-n: sample only shard i's batches of n (arenaflow.shards); --out is its part",
+    )
+    m = sub.add_parser("merge", help="the sampling shards' parts, concatenated in order")
+    m.add_argument("--parts", nargs="+", required=True, help="the parts, shard 0 first")
+    m.add_argument("--out", required=True, help="candidates/{corpus}/samples.jsonl")
     v = sub.add_parser("verify", help="a verdict for every sample")
     v.add_argument("--pool", required=True)
     v.add_argument("--samples", required=True)
@@ -273,6 +344,10 @@ def main(argv: list[str] | None = None) -> None:
             help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: none)",
         )
     args = ap.parse_args(argv)
+    if args.cmd == "merge":
+        rows = merge_shards(args.parts, args.out)
+        print(f"{rows} samples from {len(args.parts)} shards -> {args.out}")
+        return
     args.tracking = tracking.from_json(args.tracking_json)
     pool = read_pool(args.pool)
     if args.cmd == "sample":

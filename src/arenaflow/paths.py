@@ -72,6 +72,29 @@ def verdicts(corpus_id: str) -> str:
     return VERDICTS.format(corpus=corpus_id)
 
 
+def shard_id(i: int, n: int) -> str:
+    """Shard i (from 0) of n, as its file and the rules' {shard} wildcard name it: '2-of-7'."""
+    return f"{i}-of-{n}"
+
+
+def shard_of(output: str, shard: str) -> str:
+    """The part of `output` (a path or a rule's pattern) that shard `shard` writes:
+    candidates/C/samples.jsonl, '0-of-3' -> candidates/C/samples.shards/0-of-3.jsonl."""
+    p = Path(output)
+    stem, suffix = p.name.rsplit(".", 1)
+    return str(p.parent / f"{stem}.shards" / f"{shard}.{suffix}")
+
+
+def shards_of(output: str, n: int) -> list[str]:
+    """Every shard's part of `output`, in order (what the merge concatenates)."""
+    return [shard_of(output, shard_id(i, n)) for i in range(n)]
+
+
+# A sampling shard's part of the samples, and its manifest (rule sample_candidates_shard)
+SAMPLES_SHARD = shard_of(SAMPLES, "{shard}")
+SAMPLES_SHARD_MANIFEST = SAMPLES_SHARD.removesuffix(".jsonl") + ".manifest.json"
+
+
 def corpus(corpus_id: str) -> str:
     return CORPUS.format(corpus=corpus_id)
 

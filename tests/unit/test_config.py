@@ -219,6 +219,7 @@ def test_suite_judged_and_budget_defaults_are_filled_from_the_schema(cfg, repo_r
         "replicates": 1,
         "seed": 0,
         "batch_size": 256,
+        "shards": 1,
     }
     assert (
         suite["regimes"]["served"]["replicates"] == 3

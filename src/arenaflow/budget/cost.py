@@ -26,7 +26,9 @@ from arenaflow.schema import PREFERENCE_OBJECTIVES, with_hyper_defaults
 #                      of the same base model, else of any run, else `estimate.row_seconds`
 #   generation (sampling k per prompt, a readout replicate): 1 GPU x
 #             (ceil(prompts x k / batch_size) x max_new_tokens x decode_step_seconds
-#              + overhead) / 60
+#              + overhead) / 60; in `shards: N` jobs (arenaflow.shards), each is 1 GPU x (its
+#             share of the batches x max_new_tokens x decode_step_seconds + overhead) / 60: the
+#             same batches, N overheads
 #   a prompt search's readouts (rule readout_search): a readout each, R-none and R-k for each
 #             system prompt x replicates, charged to the search's arm
 #   an MC guard (rule mc_guard): 1 GPU x (items x choices x decode_step_seconds + overhead) / 60,
@@ -88,10 +90,12 @@ def generate_minutes(
     max_new_tokens: int,
     decode_step_seconds: float,
     overhead_minutes: float,
+    shards: int = 1,
 ) -> float:
-    """One GPU generating k completions per prompt in batches (sampling; a readout: k=1)."""
+    """One GPU generating k completions per prompt in batches (sampling; a readout: k=1), or
+    `shards` one-GPU jobs sharing the batches, each paying the per-job overhead."""
     batches = math.ceil(prompts * k / batch_size) if prompts else 0
-    return batches * max_new_tokens * decode_step_seconds / 60 + overhead_minutes
+    return batches * max_new_tokens * decode_step_seconds / 60 + shards * overhead_minutes
 
 
 def measured_row_seconds(record: dict) -> float | None:

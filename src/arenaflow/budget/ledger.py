@@ -183,10 +183,12 @@ class Budget:
             c["max_new_tokens"],
             self.est["decode_step_seconds"],
             self.est["overhead_minutes"],
+            c["shards"],
         )
 
     def readout(self, suite: str, rid: str) -> float:
-        """One readout replicate of a declared regime or a prompt search's."""
+        """One readout replicate of a declared regime (in the suite's shards) or a prompt
+        search's."""
         s = self.cfg["evals"][suite]
         tokens = decoding_of(regime(self.cfg, suite, rid))["max_new_tokens"]  # as it decodes
         return generate_minutes(
@@ -196,6 +198,7 @@ class Budget:
             tokens,
             self.est["decode_step_seconds"],
             self.est["overhead_minutes"],
+            s["shards"] if rid in s["regimes"] else 1,  # a search's: rule readout_search, one job
         )
 
     def readout_files(self, arm: str):

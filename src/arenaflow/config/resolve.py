@@ -193,6 +193,11 @@ def _resolve_evals(cfg: dict, schema: dict, config_file: str) -> None:
             )
         suite = cfg["evals"][sid] = filled(schema_part(schema, "suite"), suite, schema["$defs"])
         suite["engine"] = {**cfg["engine"], **suite.get("engine", {})}
+        if suite["shards"] > 1 and cfg["pools"][suite["pool"]].get("turns", 1) > 1:
+            raise ConfigError(  # read turn by turn over every conversation: not split
+                f"{config_file}: key 'evals/{sid}/shards': pool {suite['pool']!r} holds multi-turn "
+                "conversations (turns > 1), read in one job; set shards: 1"
+            )
         for regime in suite["regimes"].values():
             regime.setdefault("replicates", suite["replicates"])
         _prompt_regimes(suite, f"{config_file}: key 'evals/{sid}/system_prompts'")

@@ -93,6 +93,18 @@ def corpus_candidates(cfg: dict, corpus: str) -> dict:
     return {"samples": paths.samples(corpus), "verdicts": paths.verdicts(corpus)}
 
 
+def sharded(section: dict, many: bool = True) -> list[str]:
+    """The ids of a config section (corpora, evals) whose `shards` is above 1 (with
+    many=False: the others), as the rules' wildcard constraints split them between the one-job
+    rule and the shard and merge rules."""
+    return sorted(i for i, v in section.items() if (v["shards"] > 1) == many)
+
+
+def sample_shards(cfg: dict, corpus: str) -> list[str]:
+    """The parts of a sharded corpus's samples, shard 0 first (rule merge_samples' input)."""
+    return paths.shards_of(paths.samples(corpus), cfg["corpora"][corpus]["shards"])
+
+
 def eval_pools(cfg: dict, corpus: str) -> list[str]:
     """Every evaluation pool, to decontaminate the corpus against (unless it opts out)."""
     if not cfg["corpora"][corpus]["decontaminate"]:
@@ -167,6 +179,17 @@ def suite_reads(cfg: dict, suite: str) -> list[tuple[str, int]]:
 def suite_readouts(cfg: dict, suite: str) -> list[str]:
     """Output patterns of readout_<suite>: one parquet per regime and replicate, {rarm} open."""
     return [paths.readout(suite, "{rarm}", g, r) for g, r in suite_reads(cfg, suite)]
+
+
+def readout_shard_outputs(cfg: dict, suite: str) -> list[str]:
+    """Output patterns of readout_<suite>_shard: each readout's part, {rarm} and {shard} open."""
+    return [paths.shard_of(out, "{shard}") for out in suite_readouts(cfg, suite)]
+
+
+def readout_shards(cfg: dict, suite: str) -> list[str]:
+    """Every shard's part of every readout of readout_<suite>, {rarm} open (the merge's input)."""
+    n = cfg["evals"][suite]["shards"]
+    return [p for out in suite_readouts(cfg, suite) for p in paths.shards_of(out, n)]
 
 
 def regime_decoding(cfg: dict, suite: str, regime: str) -> dict:

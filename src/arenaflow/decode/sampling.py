@@ -85,6 +85,7 @@ def generate(
     cache_implementation: str | None = None,
     engine: str = "hf",
     job: decode_parts.Job | None = None,
+    first_batch: int = 0,
 ) -> list[list[dict]]:
     """For each rendered prompt, `k` samples: {text, n_tokens, stopped}.
 
@@ -96,7 +97,9 @@ def generate(
     Each batch is seeded with seed + batch index, so results depend only on (seed, prompts,
     batch_size, k, engine), never on what ran before in the process. With `job`, each batch
     decoded is kept as a part beside job.out, and a batch a verified part of the same job holds
-    is read back instead of decoded (arenaflow.decode.parts).
+    is read back instead of decoded (arenaflow.decode.parts). `first_batch`: the index of
+    `prompts`' first batch in a larger pool they are a shard of (arenaflow.shards), whose seeds
+    and part numbers its batches take.
     """
     if engine == "vllm":  # `model` is vllm_engine.load_policy's; vLLM schedules every batch
         return model.generate(tokenizer, prompts, decoding, k, seed, desc)
@@ -114,7 +117,7 @@ def generate(
         record = decode_parts.identity(job, prompts, decoding, k, seed, batch_size)
         kept = decode_parts.Parts(job.out, {**record, "cache": cache_implementation})
     t0, done_tokens = time.time(), 0
-    for b, start in enumerate(range(0, len(prompts), per_batch)):
+    for b, start in enumerate(range(0, len(prompts), per_batch), start=first_batch):
         chunk = prompts[start : start + per_batch]
         batch = kept.get(b, len(chunk)) if kept is not None else None
         if batch is not None:

@@ -85,6 +85,7 @@ def readout(
     desc: str,
     engine: str = "hf",
     job=None,
+    first_batch: int = 0,
 ) -> pd.DataFrame:
     """One row per item. `correct` is the same verdict rejection sampling uses
     (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
@@ -101,7 +102,9 @@ def readout(
     made (for a math suite, `verifier`: arenaflow.verify.verifier): nomination checks
     `created_utc` against the bar's registration time. With `job` (arenaflow.decode.parts.Job),
     finished batches are kept beside job.out and a rerun after a kill decodes only the rest (not
-    for a multi-turn pool: a turn's prompts hold the earlier turns' answers)."""
+    for a multi-turn pool: a turn's prompts hold the earlier turns' answers). A shard's `pool`
+    is its items and `first_batch` the index of their first batch in the whole pool
+    (arenaflow.shards)."""
     from arenaflow import candidates, chat
     from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
 
@@ -129,6 +132,7 @@ def readout(
         desc=desc,
         engine=engine,
         job=job,
+        first_batch=first_batch,
     )
     recs = []
     for r, p, (o,) in zip(pool, prompts, outs):
@@ -285,6 +289,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--out", default=None, help="readouts/{suite}/{arm}/{regime}.r{rep}.parquet")
     r.add_argument(
+        "--shard",
+        default=None,
+        help="i-of-n: read only shard i's batches of n (arenaflow.shards), each readout into "
+        "its part (paths.shard_of)",
+    )
+    r.add_argument(
         "--tracking-json",
         default=None,
         help="config `tracking:` as resolved, JSON (arenaflow.tracking; default: none)",
@@ -316,8 +326,17 @@ def _readouts(args) -> None:
     from arenaflow.decode import warmup as decode_warmup
 
     reads = _reads(args)
+    whole = read_pool(args.pool)
+    args.verifier = verify.meta(whole)  # of the whole pool, whichever items a shard reads
+    pool, args.first_batch = shard_items(whole, args.shard, args.batch_size, args.pool)
+    if args.shard is not None:
+        reads = [{**read, "out": paths.shard_of(read["out"], args.shard)} for read in reads]
+    if not pool:  # no batches: an empty, valid part of each readout, and no model loaded
+        for read in reads:
+            meta = _meta(args, read, weights_read(args.adapter), 0, 0.0)
+            write_readout(pd.DataFrame(), read["out"], meta)
+        return
     job = reads[0]["out"]  # the job's first output, as Snakemake lists it
-    pool = read_pool(args.pool)
     batch_rows = sampling.first_batch_rows(len(pool), 1, args.batch_size)
     new_tokens = afschema.decoding_of(reads[0]["decoding"])["max_new_tokens"]
     warm = decode_warmup.start(args.base_model, batch_rows, new_tokens, afengine.get("decoder"))
@@ -342,7 +361,7 @@ def _readouts(args) -> None:
     jobclock.done(job, tokens=tokens, seconds=seconds)
     tracking.summary(
         args.tracking,
-        f"{args.arm}/readouts/{args.suite}",
+        f"{args.arm}/readouts/{args.suite}" + (f"/{args.shard}" if args.shard else ""),
         kind="readout",
         tags={"arm": args.arm, "suite": args.suite, "pool": Path(args.pool).stem},
         metrics=tracked,  # by replicate
@@ -398,19 +417,30 @@ def _read_one(
         desc=f"readout {args.suite}/{args.arm}/{read['regime']}.r{read['replicate']}",
         engine=afengine.get("decoder"),
         job=job,
+        first_batch=args.first_batch,
     )
     seconds = time.perf_counter() - t0  # decoding and scoring
     df.insert(0, "arm", args.arm)
     df["replicate"] = read["replicate"]
     tokens = int(df["n_tokens"].sum())
-    meta = {
+    write_readout(df, read["out"], _meta(args, read, weights, tokens, seconds))
+    print(
+        f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
+        f"-> {read['out']}"
+    )
+    return tokens, seconds, df["correct"].to_numpy(bool)
+
+
+def _meta(args, read: dict, weights: dict | None, tokens: int, seconds: float) -> dict:
+    """What a readout records of how it was made (write_readout adds when, and the code)."""
+    return {
         "suite": args.suite,
         "arm": args.arm,
         "regime": read["regime"],
         "decoding": read["decoding"],
         "system_prompt": read.get("system_prompt", args.system_prompt),
         "replicate": read["replicate"],
-        "seed": seed,
+        "seed": args.seed + 1000 * read["replicate"],
         "batch_size": args.batch_size,
         "engine": afengine.settings(),
         "decoded_by": vllm_engine.describe(afengine.get("decoder"), model),
@@ -418,13 +448,26 @@ def _read_one(
         "pool": args.pool,
         "tokens": tokens,
         "seconds": round(seconds, 3),
+        **args.verifier,
     }
-    write_readout(df, read["out"], {**meta, **verify.meta(pool)})
-    print(
-        f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
-        f"-> {read['out']}"
-    )
-    return tokens, seconds, df["correct"].to_numpy(bool)
+
+
+def shard_items(
+    pool: list[dict], shard: str | None, batch_size: int, where: str
+) -> tuple[list[dict], int]:
+    """The items shard `shard` ('i-of-n'; None: all) of pool file `where` reads, and the index
+    of their first batch (arenaflow.shards); a multi-turn pool raises ValueError naming it."""
+    from arenaflow import shards
+
+    if shard is None:
+        return pool, 0
+    if any("turns" in r for r in pool):
+        raise ValueError(
+            f"readout --shard {shard}: {where} is a multi-turn pool, read turn by turn over "
+            "every conversation; its suite takes `shards: 1`"
+        )
+    s = shards.span(len(pool), batch_size, *shards.parse(shard))  # k = 1: a row an item
+    return pool[s.start : s.stop], s.first_batch
 
 
 def main(argv: list[str] | None = None) -> None:
