@@ -403,6 +403,7 @@ def _read_one(
     from arenaflow.decode import parts as decode_parts
     from arenaflow.decode import vllm_engine
 
+    decoded_by = vllm_engine.describe(afengine.get("decoder"), model)
     seed = args.seed + 1000 * read["replicate"]
     job = decode_parts.Job(read["out"], decode_parts.weights_of(args.base_model, args.adapter))
     t0 = time.perf_counter()
@@ -423,7 +424,8 @@ def _read_one(
     df.insert(0, "arm", args.arm)
     df["replicate"] = read["replicate"]
     tokens = int(df["n_tokens"].sum())
-    write_readout(df, read["out"], _meta(args, read, weights, tokens, seconds))
+    meta = _meta(args, read, weights, tokens, seconds)
+    write_readout(df, read["out"], {**meta, "decoded_by": decoded_by})
     print(
         f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
         f"-> {read['out']}"
@@ -443,7 +445,7 @@ def _meta(args, read: dict, weights: dict | None, tokens: int, seconds: float) -
         "seed": args.seed + 1000 * read["replicate"],
         "batch_size": args.batch_size,
         "engine": afengine.settings(),
-        "decoded_by": vllm_engine.describe(afengine.get("decoder"), model),
+        "decoded_by": {"decoder": afengine.get("decoder")},  # _read_one's, from its model
         "weights": weights,
         "pool": args.pool,
         "tokens": tokens,

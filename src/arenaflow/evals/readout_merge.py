@@ -21,8 +21,9 @@ import pandas as pd
 from arenaflow import manifest, paths
 from arenaflow.evals import readout as evals
 
-# what differs between the parts of one readout, and is summed or written afresh by the merge
-PER_PART = ("tokens", "seconds", "created_utc", "code")
+# what differs between the parts of one readout, and is summed or written afresh by the merge;
+# decoded_by too: an empty part, loading no model, cannot say how a decoder served it
+PER_PART = ("tokens", "seconds", "created_utc", "code", "decoded_by")
 
 
 def read_part(path: str) -> tuple[pd.DataFrame, dict]:
@@ -56,7 +57,9 @@ def merge(out: str, shards: int) -> int:
     df = pd.concat(frames, ignore_index=True) if frames else read[0][0]
     tokens = sum(meta["tokens"] for _, meta in read)
     seconds = round(sum(meta["seconds"] for _, meta in read), 3)
-    evals.write_readout(df, out, {**same, "tokens": tokens, "seconds": seconds})
+    decoded = next((meta for df_, meta in read if len(df_)), read[0][1])["decoded_by"]
+    totals = {"tokens": tokens, "seconds": seconds, "decoded_by": decoded}
+    evals.write_readout(df, out, {**same, **totals})
     return len(df)
 
 
