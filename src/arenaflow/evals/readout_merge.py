@@ -57,8 +57,10 @@ def merge(out: str, shards: int) -> int:
     df = pd.concat(frames, ignore_index=True) if frames else read[0][0]
     tokens = sum(meta["tokens"] for _, meta in read)
     seconds = round(sum(meta["seconds"] for _, meta in read), 3)
-    decoded = next((meta for df_, meta in read if len(df_)), read[0][1])["decoded_by"]
-    totals = {"tokens": tokens, "seconds": seconds, "decoded_by": decoded}
+    decoded = next((meta for df_, meta in read if len(df_)), read[0][1])
+    totals = {"tokens": tokens, "seconds": seconds}
+    if "decoded_by" in decoded:
+        totals["decoded_by"] = decoded["decoded_by"]
     evals.write_readout(df, out, {**same, **totals})
     return len(df)
 
