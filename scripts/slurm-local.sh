@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A real single-node Slurm cluster on this machine, for tests and CI (Debian/Ubuntu, root).
+# A real Slurm cluster of one node (or two, ARENAFLOW_SLURM_NODES=2) on this machine, for tests and
+# CI (Debian/Ubuntu, root).
 #
 #   bash scripts/slurm-local.sh [start] [DIR]   # from nothing to an idle node; idempotent
 #   bash scripts/slurm-local.sh stop [DIR]      # stop slurmd, slurmctld, munged
@@ -20,6 +21,16 @@
 # and /etc/slurm/slurm.conf, a symlink to DIR/etc/slurm.conf so that sinfo/sbatch/squeue find
 # the cluster without SLURM_CONF (never written over a real file; removed by `stop`).
 #
+# Several nodes (ARENAFLOW_SLURM_NODES=N, 1 to 9; default 1, the single-node cluster above
+# unchanged): N slurmd on this host in Slurm's multiple-slurmd mode, `slurmd -N afnodeI`, each
+# NodeName with its own Port (ARENAFLOW_SLURMD_PORT + I - 1), pid file, log and spool dir (%n),
+# and its own NGPU fake devices under DIR/dev/afnodeI. Debian's Slurm (22.05) is built with it
+# (`scontrol show config`: MULTIPLE_SLURMD = Yes; tried: both slurmd register, a 2-node srun runs
+# a task on each), so no network namespaces: one host, one address, no veth or bridge to make (a
+# sandbox such as gVisor may not allow them).
+# The node names resolve to 127.0.0.1 through one line that `start` adds to /etc/hosts (tagged
+# with DIR; `stop` removes it): multi-node training rendezvouses at the first node's name.
+#
 # No slurmdbd: sacct does not work, so Snakemake's Slurm plugin must use
 # `slurm-status-command: squeue` (tests/slurm/profile), which needs MinJobAge >= 3 x the plugin's
 # init-seconds-before-status-checks: MinJobAge is 3600 s here.
@@ -35,15 +46,42 @@ SLURMD_PORT=${ARENAFLOW_SLURMD_PORT:-6818}
 CONF=$DIR/etc/slurm.conf
 ETC_CONF=/etc/slurm/slurm.conf
 SOCKET=$DIR/munge/munge.socket.2
+NNODES=${ARENAFLOW_SLURM_NODES:-1}
 NODE=$(hostname -s)
 export SLURM_CONF=$CONF
+[[ $NNODES =~ ^[1-9]$ ]] || { echo "slurm-local: ARENAFLOW_SLURM_NODES=$NNODES: want 1 to 9" >&2; exit 1; }
+# One node: this machine's name, as slurmd -C reports it. Several: slurmd's multiple-slurmd mode
+# (one slurmd per NodeName, each on its own port, all on this host); their names resolve to
+# 127.0.0.1 through /etc/hosts (the rendezvous of multi-node training connects to the first).
+if ((NNODES == 1)); then NODES=("$NODE"); else
+  NODES=(); for ((i = 1; i <= NNODES; i++)); do NODES+=("afnode$i"); done
+fi
+HOSTS_TAG="# scripts/slurm-local.sh $DIR"
 
 log() { echo "slurm-local: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-node_state() { sinfo -h -N -n "$NODE" -o %t 2>/dev/null | head -1; }
+node_state() { sinfo -h -N -n "$1" -o %t 2>/dev/null | head -1; }
+
+# one node keeps the single-node names (slurmd.pid, slurmd.log); several get one per node
+slurmd_file() {  # slurmd_file run|log|state NODE
+  local dir=$DIR/$1 ext=; [[ $1 == run ]] && ext=.pid; [[ $1 == log ]] && ext=.log
+  ((NNODES == 1)) && echo "$dir/slurmd$ext" || echo "$dir/slurmd-$2$ext"
+}
+
+# the names of several nodes resolve to this machine: one tagged line in /etc/hosts
+hosts_entry() {
+  remove_hosts_entry
+  ((NNODES > 1)) || return 0
+  echo "127.0.0.1 ${NODES[*]} $HOSTS_TAG" >>/etc/hosts
+}
+remove_hosts_entry() {
+  grep -qF "$HOSTS_TAG" /etc/hosts 2>/dev/null || return 0
+  # in place (/etc/hosts may be a bind mount that a rename would not replace)
+  local kept; kept=$(grep -vF "$HOSTS_TAG" /etc/hosts); printf '%s\n' "$kept" >/etc/hosts
+}
 
 stop_pidfile() {  # stop the daemon whose pid is in $1 (only that process), wait up to 15 s
   local pidfile=$1 name=$2 pid i
@@ -57,20 +95,29 @@ stop_pidfile() {  # stop the daemon whose pid is in $1 (only that process), wait
 }
 
 stop() {
-  stop_pidfile "$DIR/run/slurmd.pid" slurmd
+  local f
+  for f in "$DIR"/run/slurmd.pid "$DIR"/run/slurmd-*.pid; do
+    [[ -e $f ]] && stop_pidfile "$f" "$(basename "$f" .pid)"
+  done
   stop_pidfile "$DIR/run/slurmctld.pid" slurmctld
   stop_pidfile "$DIR/run/munged.pid" munged
   if [[ -L $ETC_CONF && $(readlink "$ETC_CONF") == "$CONF" ]]; then rm -f "$ETC_CONF"; fi
+  remove_hosts_entry
 }
 
 status() {
-  alive "$DIR/run/munged.pid" && alive "$DIR/run/slurmctld.pid" && alive "$DIR/run/slurmd.pid" \
+  local n s ok=0
+  alive "$DIR/run/munged.pid" && alive "$DIR/run/slurmctld.pid" \
     || { log "not running (pid files in $DIR/run)"; return 1; }
-  local s; s=$(node_state)
-  case $s in
-    idle|mix|mixed|alloc|allocated) log "node $NODE: $s"; return 0 ;;
-    *) log "node $NODE: ${s:-no answer}"; return 1 ;;
-  esac
+  for n in "${NODES[@]}"; do
+    alive "$(slurmd_file run "$n")" || { log "slurmd of $n not running"; return 1; }
+    s=$(node_state "$n")
+    case $s in
+      idle|mix|mixed|alloc|allocated) log "node $n: $s" ;;
+      *) log "node $n: ${s:-no answer}"; ok=1 ;;
+    esac
+  done
+  return $ok
 }
 
 install_packages() {
@@ -108,14 +155,26 @@ write_config() {
   cpus=${ARENAFLOW_SLURM_CPUS:-$((cpus * 4))}
   mem=${ARENAFLOW_SLURM_MEM_MB:-$((mem * 2))}
   mkdir -p "$DIR/etc" "$DIR/dev"
-  local i files=()
-  for ((i = 0; i < NGPU; i++)); do
-    # a character device (the numbers of /dev/null): enough for slurmd to count and bind it
-    [[ -c $DIR/dev/gpu$i ]] || mknod "$DIR/dev/gpu$i" c 1 3
-    files+=("$DIR/dev/gpu$i")
+  local i n dev gres=() nodelines=()
+  for n in "${NODES[@]}"; do
+    # one node: DIR/dev/gpuI as before; several: DIR/dev/NODE/gpuI, each node its own devices
+    dev=$DIR/dev; ((NNODES == 1)) || dev=$DIR/dev/$n
+    mkdir -p "$dev"
+    for ((i = 0; i < NGPU; i++)); do
+      # a character device (the numbers of /dev/null): enough for slurmd to count and bind it
+      [[ -c $dev/gpu$i ]] || mknod "$dev/gpu$i" c 1 3
+      gres+=("NodeName=$n Name=gpu File=$dev/gpu$i")
+    done
+    # several slurmd on one host: each its own port (multiple-slurmd mode), the same NodeHostname
+    local where="NodeAddr=127.0.0.1"
+    ((NNODES == 1)) || where="NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$((SLURMD_PORT + ${#nodelines[@]}))"
+    nodelines+=("NodeName=$n $where CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem Gres=gpu:$NGPU State=UNKNOWN")
   done
+  local what="a single-node test cluster, $NGPU fake GPUs"
+  ((NNODES == 1)) || what="a test cluster of $NNODES nodes on one host, $NGPU fake GPUs per node"
+  local nodelist; nodelist=$(IFS=,; echo "${NODES[*]}")
   cat >"$CONF.new" <<EOF
-# Written by scripts/slurm-local.sh: a single-node test cluster, $NGPU fake GPUs, no slurmdbd.
+# Written by scripts/slurm-local.sh: $what, no slurmdbd.
 ClusterName=arenaflow
 SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
@@ -126,11 +185,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$SOCKET
 StateSaveLocation=$DIR/state/slurmctld
-SlurmdSpoolDir=$DIR/state/slurmd
+SlurmdSpoolDir=$(slurmd_file state %n)
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$(slurmd_file run %n)
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$(slurmd_file log %n)
 SlurmctldDebug=info
 SlurmdDebug=info
 # no systemd, no cgroup delegation: track processes by parentage
@@ -156,12 +215,12 @@ KillWait=10
 Waittime=0
 GresTypes=gpu
 SlurmdParameters=config_overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem Gres=gpu:$NGPU State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+$(printf '%s\n' "${nodelines[@]}")
+PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP
 EOF
   {
     echo "# Written by scripts/slurm-local.sh: fake GPUs, character devices under $DIR/dev"
-    for i in "${!files[@]}"; do echo "NodeName=$NODE Name=gpu File=${files[$i]}"; done
+    printf '%s\n' "${gres[@]}"
   } >"$DIR/etc/gres.conf.new"
 }
 
@@ -189,7 +248,11 @@ wait_until() {  # wait_until SECONDS DESCRIPTION COMMAND...
 
 munge_ok() { munge -n -S "$SOCKET" 2>/dev/null | unmunge -S "$SOCKET" >/dev/null 2>&1; }
 ctld_ok() { scontrol ping 2>/dev/null | grep -q "UP"; }
-node_idle() { [[ $(node_state) == idle ]]; }
+nodes_idle() {
+  local n
+  for n in "${NODES[@]}"; do [[ $(node_state "$n") == idle ]] || return 1; done
+}
+node_states() { sinfo -h -N -o '%N %t' 2>/dev/null | tr '\n' ' '; }
 
 start() {
   local t0=$SECONDS
@@ -199,7 +262,7 @@ start() {
     write_config
     if cmp -s "$CONF.new" "$CONF" && cmp -s "$DIR/etc/gres.conf.new" "$DIR/etc/gres.conf"; then
       rm -f "$CONF.new" "$DIR/etc/gres.conf.new"
-      wait_until "$TIMEOUT" "node $NODE idle" node_idle || die "running, but node $NODE is $(node_state)"
+      wait_until "$TIMEOUT" "${NODES[*]} idle" nodes_idle || die "running, but: $(node_states)"
       log "already up (SLURM_CONF=$CONF)"
       return 0
     fi
@@ -215,6 +278,7 @@ start() {
   munge_key
   write_config
   install_config
+  hosts_entry
 
   touch "$DIR/log/munged.log" "$DIR/run/munged.pid" "$DIR/munge/munged.seed"
   chown munge:munge "$DIR/log/munged.log" "$DIR/run/munged.pid" "$DIR/munge/munged.seed"
@@ -225,13 +289,16 @@ start() {
 
   slurmctld -f "$CONF"
   wait_until 30 "slurmctld answering" ctld_ok || die "slurmctld did not answer; see $DIR/log/slurmctld.log"
-  slurmd -f "$CONF"
-  if ! wait_until "$TIMEOUT" "node $NODE idle" node_idle; then
-    log "node $NODE is '$(node_state)' after ${TIMEOUT} s; last lines of the logs:"
-    tail -n 20 "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" >&2 || true
+  local n
+  if ((NNODES == 1)); then slurmd -f "$CONF"; else
+    for n in "${NODES[@]}"; do mkdir -p "$(slurmd_file state "$n")"; slurmd -f "$CONF" -N "$n"; done
+  fi
+  if ! wait_until "$TIMEOUT" "${NODES[*]} idle" nodes_idle; then
+    log "nodes after ${TIMEOUT} s: $(node_states); last lines of the logs:"
+    tail -n 20 "$DIR/log/slurmctld.log" "$DIR"/log/slurmd*.log >&2 || true
     exit 1
   fi
-  log "up in $((SECONDS - t0)) s: $(sinfo -h -N -o '%N %t cpus=%c mem=%m gres=%G' | head -1)"
+  log "up in $((SECONDS - t0)) s: $(sinfo -h -N -o '%N %t cpus=%c mem=%m gres=%G' | tr '\n' ';')"
 }
 
 case $cmd in

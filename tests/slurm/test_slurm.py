@@ -1,7 +1,7 @@
-"""The end-to-end config through a real Slurm cluster (scripts/slurm-local.sh: one node, 2 fake
-GPUs as character devices, munge, slurmctld, slurmd, no slurmdbd).
+"""The end-to-end config through a real Slurm cluster (scripts/slurm-local.sh: one node or two, 4
+fake GPUs each as character devices, munge, slurmctld, slurmd, no slurmdbd).
 
-    bash scripts/slurm-local.sh && python -m pytest -q tests/slurm
+    ARENAFLOW_SLURM_NODES=2 bash scripts/slurm-local.sh && python -m pytest -q tests/slurm
 
 Skipped, with the reason, when `sinfo` is absent or the cluster does not answer with a usable
 node; with ARENAFLOW_SLURM_TESTS=required (.ci/run) that is a failure instead. Every Snakemake
@@ -20,6 +20,7 @@ What is checked, from Slurm's own records (`scontrol show job`), the plugin's sb
     by Snakemake (--retries) and resumes from it; a running training job requeued by Slurm
     (`scontrol requeue`) restarts as the same job and resumes from its checkpoint. Both end at
     the weights of an uninterrupted run.
+Two nodes: tests/slurm/test_two_nodes.py.
 """
 
 from __future__ import annotations
@@ -309,7 +310,7 @@ def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
 
 
 def assert_resumed_to_the_same_weights(
-    results: Path, arm: str, job_id: str, from_steps, whole: Path
+    results: Path, arm: str, job_id: str, from_steps, whole: Path, steps: int = 60
 ) -> None:
     """runs/{arm} was finished by job `job_id`, resumed from a checkpoint at one of `from_steps`,
     and has the uninterrupted run's losses and weights."""
@@ -318,7 +319,7 @@ def assert_resumed_to_the_same_weights(
 
     run = results / f"runs/{arm}/final"
     ev = json.loads((run / "training_evidence.json").read_text())
-    assert ev["job_id"] == job_id and ev["optimizer_steps"] == 60, ev
+    assert ev["job_id"] == job_id and ev["optimizer_steps"] == steps, ev
     assert ev["resumed_from_step"] in from_steps, ev["resumed_from_step"]
     assert "resumed from" in (results / f"logs/train/{arm}.log").read_text()
     m = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
