@@ -70,6 +70,22 @@ ARCHS = {
     },
 }
 
+# LoRA targets where the example's all-linear does not build a bundle, as a user of such a base
+# would set them: on Qwen3-MoE, PEFT's all-linear also adapts the fused experts' 3-D parameters
+# (target_parameters), which arenaflow's merge into merged/ (needed by every engine for such an
+# adapter) cannot fold; on a Mamba hybrid, PEFT refuses the mixer's out_proj and conv1d.
+TARGETS_OF = {
+    "qwen3_moe": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "falcon_h1": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj"],
+}
+
+# Each row of the matrix: (model_type, LoRA targets). The two all-linear rows must be refused
+# before any job, by the config check (arenaflow.bases.lora_refusal).
+MATRIX = {a: (a, TARGETS_OF.get(a, ["all-linear"])) for a in ARCHS} | {
+    "qwen3_moe-all-linear": ("qwen3_moe", ["all-linear"]),
+    "falcon_h1-all-linear": ("falcon_h1", ["all-linear"]),
+}
+
 
 def build(arch: str, tokenizer, seed: int = 0):
     """A random model of `arch` (a transformers model_type) sized for `tokenizer`."""
@@ -103,8 +119,8 @@ def stops(model, tokenizer, prompts: list[str], max_new_tokens: int) -> bool:
 
 def warm(model, tokenizer, example: dict, args) -> int:
     """Train `model` on the example's training pool's worked solutions until greedy answers to
-    its bundle's reload prompts stop (the reload check refuses a bundle whose answer never ends,
-    which a random model's never does); the steps it took."""
+    its bundle's reload prompts stop in half its max_new_tokens (the reload check refuses a
+    bundle whose answer never ends, which a random model's never does); the steps it took."""
     import torch
 
     from arenaflow import chat
@@ -130,7 +146,8 @@ def warm(model, tokenizer, example: dict, args) -> int:
         tinymodel._step(model, opt, tokenizer, rng.sample(encoded, args.batch_size))
         if step % args.check_every == 0:
             model.eval()
-            if stops(model, tokenizer, prompts, bundle["serving"]["max_new_tokens"]):
+            # within half the bundle's budget: the arms' few steps of training may lengthen it
+            if stops(model, tokenizer, prompts, bundle["serving"]["max_new_tokens"] // 2):
                 return step
     raise RuntimeError(f"warm-up: answers still do not stop after {args.max_steps} steps")
 
@@ -144,7 +161,7 @@ def make_base(arch: str, out: Path, args) -> int:
     from arenaflow.bases import tinymodel
 
     tok = tinymodel.build_tokenizer()
-    model = build(arch, tok, args.seed)
+    model = build(MATRIX[arch][0], tok, args.seed)
     steps = warm(model, tok, yaml.safe_load(EXAMPLE.read_text()), args)
     with io.atomic_dir(out) as tmp:
         model.save_pretrained(tmp)
@@ -153,16 +170,15 @@ def make_base(arch: str, out: Path, args) -> int:
 
 
 def overlay(arch: str, base: Path, root: Path) -> Path:
-    """A config file merged over the example: the tiny base and a results directory."""
+    """A config file merged over the example: the tiny base, a results directory and the row's
+    LoRA targets."""
+    cfg = {
+        "base": {"name": f"tiny/{arch}", "path": str(base)},
+        "results_dir": str(root / "results" / arch),
+    }
+    cfg["train_defaults"] = {"lora": {"target_modules": MATRIX[arch][1]}}
     path = root / f"{arch}.yaml"
-    path.write_text(
-        json.dumps(
-            {
-                "base": {"name": f"tiny/{arch}", "path": str(base)},
-                "results_dir": str(root / "results" / arch),
-            }
-        )
-    )  # YAML reads JSON
+    path.write_text(json.dumps(cfg))  # YAML reads JSON
     return path
 
 
@@ -191,7 +207,7 @@ def refusal(out: str) -> str:
 def run_arch(arch: str, root: Path, args) -> dict:
     """Build, warm and save one architecture's base, then run the example on it; the row."""
     t0 = time.time()
-    row = {"arch": arch}
+    row = {"arch": arch, "lora_targets": MATRIX[arch][1]}
     try:
         row["warm_steps"] = make_base(arch, root / "bases" / arch, args)
     except Exception as e:  # a model transformers cannot build here: a row, not a crash
@@ -251,18 +267,18 @@ def fork_server(root: Path):
 
 
 def table(rows: list[dict]) -> str:
-    out = [f"{'arch':<12} {'result':<8} {'seconds':>8} {'warm-up s':>9}  refusal"]
+    out = [f"{'arch':<22} {'result':<8} {'seconds':>8} {'warm-up s':>9}  refusal"]
     for r in rows:
         why = r.get("refusal") or r.get("error") or ""
         warm = f"{r['warm_s']:>9.1f}" if "warm_s" in r else f"{'':>9}"
-        out.append(f"{r['arch']:<12} {r['result']:<8} {r['seconds']:>8.1f} {warm}  {why}")
+        out.append(f"{r['arch']:<22} {r['result']:<8} {r['seconds']:>8.1f} {warm}  {why}")
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="arch_matrix.json", help="the matrix as JSON")
-    ap.add_argument("--archs", default=",".join(ARCHS), help="comma-separated model_types")
+    ap.add_argument("--archs", default=",".join(MATRIX), help="comma-separated rows (MATRIX)")
     ap.add_argument("--workdir", help="bases and results (default: a new temporary directory)")
     ap.add_argument("--parallel", type=int, default=2, help="architectures run at once")
     ap.add_argument("--cores", type=int, default=1, help="Snakemake's --cores per architecture")
@@ -277,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-every", type=int, default=10, help="steps between stop checks")
     args = ap.parse_args(argv)
     archs = args.archs.split(",")
-    if unknown := sorted(set(archs) - set(ARCHS)):
-        ap.error(f"--archs: unknown {unknown}; known: {sorted(ARCHS)}")
+    if unknown := sorted(set(archs) - set(MATRIX)):
+        ap.error(f"--archs: unknown {unknown}; known: {sorted(MATRIX)}")
     root = Path(args.workdir or tempfile.mkdtemp(prefix="arch_matrix-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
