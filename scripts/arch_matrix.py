@@ -119,8 +119,9 @@ def stops(model, tokenizer, prompts: list[str], max_new_tokens: int) -> bool:
 
 def warm(model, tokenizer, example: dict, args) -> int:
     """Train `model` on the example's training pool's worked solutions until greedy answers to
-    its bundle's reload prompts stop in half its max_new_tokens (the reload check refuses a
-    bundle whose answer never ends, which a random model's never does); the steps it took."""
+    its bundle's reload prompts stop, and still stop after as many steps again (the reload check
+    refuses a bundle whose answer never ends, which a random model's never does); the steps it
+    took."""
     import torch
 
     from arenaflow import chat
@@ -142,13 +143,17 @@ def warm(model, tokenizer, example: dict, args) -> int:
     prompts = [chat.render(chat.prompt_messages(system, p), True) for p in bundle["reload_prompts"]]
     rng = random.Random(args.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    budget, first = bundle["serving"]["max_new_tokens"], None
     for step in range(1, args.max_steps + 1):
         tinymodel._step(model, opt, tokenizer, rng.sample(encoded, args.batch_size))
-        if step % args.check_every == 0:
+        if step % args.check_every == 0 and (first is None or step >= 2 * first):
             model.eval()
-            # within half the bundle's budget: the arms' few steps of training may lengthen it
-            if stops(model, tokenizer, prompts, bundle["serving"]["max_new_tokens"] // 2):
-                return step
+            if stops(model, tokenizer, prompts, budget):
+                if first is not None:
+                    return step
+                # as many steps again: a model that has only just learnt to stop may stop no
+                # more after the arms' few steps of training (Gemma 3 did not)
+                first = step
     raise RuntimeError(f"warm-up: answers still do not stop after {args.max_steps} steps")
 
 
@@ -198,9 +203,9 @@ def snakemake_cmd(*args: str, files: tuple[Path, ...], cores: int) -> list[str]:
 def refusal(out: str) -> str:
     """The line of a failed run that says why (arenaflow's errors name the file and key)."""
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-    for ln in lines:
-        if "config error" in ln or "Error" in ln or "refused" in ln:
-            return ln
+    for word in ("config error", "refused", "Error"):  # Snakemake's own "WorkflowError in" last
+        if said := [ln for ln in lines if word in ln]:
+            return said[0]
     return lines[-1] if lines else ""
 
 
