@@ -33,6 +33,7 @@ SHIPPED = [
     ["config/seeds/002.yaml", "config/seeds/002-gpu.yaml"],
     ["config/seeds/003.yaml"],
     ["config/seeds/003.yaml", "config/seeds/003-gpu.yaml"],
+    ["config/examples/own-model.yaml"],
     ["tests/e2e/config.yaml"],
     ["tests/e2e/mini.yaml"],
     ["config/seeds/002.yaml", "tests/e2e/seed002.yaml"],

@@ -133,12 +133,27 @@ def resolve(
     _resolve_mc_guards(cfg, schema, set(arms), config_file)
     _resolve_budget(cfg, schema)
     _resolve_bundles(cfg, schema, arms, config_file)
+    _check_lora_targets(cfg["base"]["path"], arms)
     for sid, suite in cfg["evals"].items():  # after bundles: their serving defaults are filled
         for rid, regime in suite["regimes"].items():
             if "as_served" in regime:
                 _as_served(regime, cfg, f"{config_file}: key 'evals/{sid}/regimes/{rid}/as_served'")
     cfg["arms"] = arms
     return cfg
+
+
+def _check_lora_targets(base: str, arms: dict) -> None:
+    """Every LoRA arm's targets on the base, as far as its config.json tells
+    (arenaflow.bases.lora_refusal): refused here rather than by a job down the lineage."""
+    for arm, a in arms.items():
+        hyper = a.get("hyper") or {}
+        if hyper.get("method") != "lora":
+            continue
+        targets = (hyper.get("lora") or {}).get("target_modules") or []
+        if why := bases.lora_refusal(base, targets):
+            raise ConfigError(
+                f"{a['file']}: arm {arm!r}: LoRA target_modules on base {base}: {why}"
+            )
 
 
 def _check_template_corpus(cfg: dict, registry, config_file: str) -> None:
