@@ -18,6 +18,7 @@ from arenaflow.decode import rows, sampling
 from arenaflow.decode import static as decode
 
 K = 2
+NEW = 24  # new tokens a row
 
 
 def _prompts(device: str):
@@ -29,17 +30,18 @@ def _prompts(device: str):
 
 def _staggered_stops(model, distinct, device) -> list[int]:
     """Stop tokens taken from the prompts' own greedy continuations, chosen (a seeded search)
-    so that most rows stop before the first check (SYNC_EVERY steps) and some run past 20."""
+    so that most rows stop before the first check (SYNC_EVERY steps) and some run past the
+    second."""
     ids, mask = left_padded(distinct, 0, device)
     free = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0
+        input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0
     )[:, ids.shape[1] :].tolist()
     early = sorted({t for r in free for t in r[: decode.SYNC_EVERY]})
     rng = np.random.default_rng(0)
     for _ in range(2000):
         stops = set(rng.choice(early, 4, replace=False).tolist())
         lengths = [len(until_stop(r, stops)) for r in free]
-        if sum(n <= decode.SYNC_EVERY for n in lengths) >= len(free) // 2 + 1 and max(lengths) > 20:
+        if sum(n <= decode.SYNC_EVERY for n in lengths) >= len(free) // 2 + 1 and max(lengths) > 2 * decode.SYNC_EVERY:
             return sorted(stops)
     raise AssertionError("no stop tokens that stop rows at different steps")
 
@@ -53,14 +55,14 @@ def test_shared_prompt_pass_and_shrink_keep_generate_s_greedy_tokens(device, ste
     want = model.generate(
         input_ids=ids,
         attention_mask=mask,
-        max_new_tokens=40,
+        max_new_tokens=NEW,
         eos_token_id=stops,
         pad_token_id=0,
         do_sample=False,
     )[:, ids.shape[1] :].tolist()
     want = [until_stop(r, stops) for r in want]
-    dec = sampling.Decoding(temperature=0.0, max_new_tokens=40)
-    d = decode.StaticDecoder(model, *ids.shape, 40, dec, stops, 0, step=step, share=K)
+    dec = sampling.Decoding(temperature=0.0, max_new_tokens=NEW)
+    d = decode.StaticDecoder(model, *ids.shape, NEW, dec, stops, 0, step=step, share=K)
     assert [until_stop(r, stops) for r in d.run(ids, mask)] == want
     assert len({len(r) for r in want}) >= 4  # rows stopped at several steps
     assert d.last_decode["shrinks"] and d.last_decode["shrinks"][0][1] < ids.shape[0]
@@ -75,17 +77,17 @@ def test_samples_depend_only_on_the_seed_with_sharing_and_shrink(device):
     model = random_llama(device)
     distinct, (ids, mask) = _prompts(device)
     stops = list(range(3, 40))  # ~10 % of the tokens: rows stop at many different steps
-    dec = sampling.Decoding(temperature=1.0, top_p=0.95, max_new_tokens=40)
+    dec = sampling.Decoding(temperature=1.0, top_p=0.95, max_new_tokens=NEW)
 
     def run(seed, **kw):
-        d = decode.StaticDecoder(model, *ids.shape, 40, dec, stops, 0, **kw)
+        d = decode.StaticDecoder(model, *ids.shape, NEW, dec, stops, 0, **kw)
         torch.manual_seed(seed)
         return d.run(ids, mask), d
 
     first, d = run(3, share=K)
     assert d.last_decode["shrinks"]
     torch.manual_seed(3)
-    assert d.run(ids, mask) == first == run(3, share=K)[0]
+    assert d.run(ids, mask) == first  # reused: its narrowed views and (CUDA) graphs
     assert run(4, share=K)[0] != first
     assert run(3, share=K, shrink=False)[0] == run(3, shrink=False)[0]
 
@@ -97,14 +99,14 @@ def test_tokens_after_a_shrink_are_uniform_draws_on_a_flat_model(device):
     model = random_llama(device, zero_head=True)
     dec = sampling.Decoding(temperature=1.0, max_new_tokens=40)
     stops = list(range(1, 40))  # a row stops with p ~ 0.1 a step: ~43 % live at the check
-    n = 512
+    n = 256
     ids = torch.full((n, 4), 7, device=device)
     torch.manual_seed(0)
     d = decode.StaticDecoder(model, n, 4, 40, dec, stops, 0, share=n)
     out = d.run(ids, torch.ones_like(ids))
     first = d.last_decode["shrinks"][0][0]
     after = [t for r in out for t in until_stop(r, stops)[first:]]
-    assert len(after) > 20 * VOCAB / 4
+    assert len(after) > 3 * VOCAB
     assert stats.chisquare(np.bincount(after, minlength=VOCAB)).pvalue > 1e-3
 
 
