@@ -88,9 +88,11 @@ def test_greedy_equals_transformers_generate_on_ragged_prompts(device, penalty):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_samples_follow_the_temperature_and_top_p_distribution(device):
+@pytest.mark.parametrize("share", [1, 20_000])
+def test_samples_follow_the_temperature_and_top_p_distribution(device, share):
     """20,000 first tokens of one prompt against the probabilities that transformers' own
-    temperature and top-p warpers give (chi-square, tokens expected < 5 times pooled)."""
+    temperature and top-p warpers give (chi-square, tokens expected < 5 times pooled); the
+    prompt's pass run per row, or once for all (share)."""
     model = random_llama(device)
     dec = sampling.Decoding(temperature=0.7, top_p=0.8, max_new_tokens=1)
     prompt = torch.tensor([[5, 77, 130, 9, 250]], device=device)
@@ -101,7 +103,7 @@ def test_samples_follow_the_temperature_and_top_p_distribution(device):
     expected /= expected.sum()
     n = 20_000  # enough to tell temperature 0.7 from 0.65 (p ~ 1e-9) on this flat model
     torch.manual_seed(3)
-    draws = decode.StaticDecoder(model, n, 5, 1, dec, [-1], 0).run(
+    draws = decode.StaticDecoder(model, n, 5, 1, dec, [-1], 0, share=share).run(
         prompt.repeat(n, 1), torch.ones(n, 5, device=device)
     )
     counts = np.bincount([r[0] for r in draws], minlength=VOCAB)

@@ -160,8 +160,9 @@ def _decode_batch(
         ids, mask = (
             enc[key].repeat_interleave(k, dim=0) for key in ("input_ids", "attention_mask")
         )
+        # each prompt's k rows share its prompt pass
         decoder = decode.decoder_for(
-            model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad
+            model, *ids.shape, decoding.max_new_tokens, decoding, stops, pad, share=k
         )
         new = decoder.run(ids, mask)
         return new, {**decoder.last_decode, "batch_seconds": time.perf_counter() - t}

@@ -18,7 +18,7 @@ import torch
 from transformers import StaticCache
 
 from arenaflow import engine, fused
-from arenaflow.decode import llamastep, steps
+from arenaflow.decode import llamastep, rows, steps
 
 KV_BUCKET = 32  # key positions per captured graph: a step reads < 32 cache rows it cannot see
 SYNC_EVERY = 8  # decode steps between checks (one host sync) that every row has stopped
@@ -40,7 +40,14 @@ KEEP_DECODERS = 4  # per model: each holds a KV cache for its batch
 
 
 def decoder_for(
-    model, batch: int, prompt_len: int, new_tokens: int, decoding, stops: list[int], pad: int
+    model,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    decoding,
+    stops: list[int],
+    pad: int,
+    share: int = 1,
 ):
     """A StaticDecoder for this shape, set to `decoding` and reused across calls and decodings
     (its graphs are captured once); the least recently used beyond KEEP_DECODERS is dropped."""
@@ -48,9 +55,9 @@ def decoder_for(
     kept = model.__dict__.setdefault("_arenaflow_decoders", {})
     # the engine's choices too: a decoder built under another step or attention is another
     chosen = (engine.get("decode_step"), engine.get("decode_attention"))
-    key = (batch, prompt_len, new_tokens, tuple(stops), pad, chosen)
+    key = (batch, prompt_len, new_tokens, tuple(stops), pad, share, chosen)
     decoder = kept.pop(key, None) or StaticDecoder(
-        model, batch, prompt_len, new_tokens, decoding, stops, pad
+        model, batch, prompt_len, new_tokens, decoding, stops, pad, share=share
     )
     kept[key] = decoder
     while len(kept) > KEEP_DECODERS:
@@ -73,6 +80,10 @@ class StaticDecoder:
     uncompiled (both default to "on CUDA"), `fused` False the hf step without arenaflow.fused's
     kernels and compiled softmax even where fused_kernels_on() (so that nothing compiles:
     decode_warmup's decoder).
+    `share` k: each run of k consecutive rows is one prompt's k samples, whose prompt pass runs
+    once and is copied to the k rows; `shrink` (default on) moves the rows still decoding to
+    the front as others stop and steps run on fewer rows (arenaflow.decode.rows). Both off is
+    the loop as it was before them, which benchmarks/useful_tokens.py compares against.
     `path` names what runs, e.g. "llama-compiled+graphs"."""
 
     def __init__(
@@ -88,40 +99,54 @@ class StaticDecoder:
         step: str | None = None,
         compiled: bool | None = None,
         fused: bool = True,
+        share: int = 1,
+        shrink: bool = True,
     ):
+        if share < 1 or batch % share:
+            raise ValueError(f"share={share}: batch {batch} is not whole runs of share rows")
         self.model, self.pad = model, pad
         self.batch, self.prompt_len, self.new_tokens = batch, prompt_len, new_tokens
+        self.share, self.shrink = share, shrink
         self.length = prompt_len + new_tokens
         dev = model.device
         new = dict(device=dev)
         self.rows = torch.arange(self.length, **new)
-        # False on left padding. It and the Llama cache hold one spare row past `length`, so
-        # that no bucket's slice of them is whole (contiguous): else the last bucket compiles apart
-        self.visible = torch.ones(batch, self.length + 1, dtype=torch.bool, **new)
-        self.st = {  # the buffers a step reads and writes, at fixed addresses (graph-captured)
+        # the per-row buffers a step reads and writes, whole, at fixed addresses
+        # (graph-captured); a step sees their first self.n rows (_narrow)
+        self.whole = {
             "token": torch.zeros(batch, 1, dtype=torch.long, **new),  # the token fed next
             "position": torch.zeros(batch, 1, dtype=torch.long, **new),  # its rotary position
-            "cursor": torch.zeros((), dtype=torch.long, **new),  # its cache row
             "finished": torch.zeros(batch, dtype=torch.bool, **new),
             "out": torch.full((batch, new_tokens), pad, dtype=torch.long, **new),
+            # False on left padding. It and the Llama cache hold one spare row past `length`, so
+            # that no bucket's slice of them is whole (contiguous): else the last bucket
+            # compiles apart
+            "visible": torch.ones(batch, self.length + 1, dtype=torch.bool, **new),
+            "seen": None,  # tokens seen per row, for a repetition penalty (use())
+            "origin": torch.arange(batch, **new),  # the batch row each row decodes (shrink)
+            "logits": torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, **new),
+        }
+        self.st = {
+            "cursor": torch.zeros((), dtype=torch.long, **new),  # the fed token's cache row
             "written": torch.zeros(1, dtype=torch.long, **new),  # next column of `out`
             "stops": torch.tensor(stops, dtype=torch.long, **new),
-            "visible": self.visible,
-            "seen": None,  # tokens seen per row, for a repetition penalty (use())
         }
-        # what the forward reads and advances; the choice reads the logits it leaves here
-        self.fwd = {k: self.st[k] for k in ("token", "position", "cursor", "visible")}
-        self.logits = torch.zeros(batch, model.config.vocab_size, dtype=torch.float32, **new)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # the forward, per bucket
-        self.choosers: dict = {}  # the token choice, per decoding
+        self.by_rows: dict[int, tuple[dict, dict]] = {}  # graphs and choosers per row count
         self.prefill_graph: torch.cuda.CUDAGraph | None = None  # reads self.prompt_in
         self.prompt_in = (
-            torch.zeros(batch, prompt_len, dtype=torch.long, **new),
-            torch.ones(batch, prompt_len, dtype=torch.bool, **new),
+            torch.zeros(batch // share, prompt_len, dtype=torch.long, **new),
+            torch.ones(batch // share, prompt_len, dtype=torch.bool, **new),
         )
+        self.kv_whole = self.hf_whole = None  # the KV cache's whole tensors (Llama, hf step)
         # the decode steps of the last run, timed, its prompt pass before them, and what it took
         # to get ready before that (compiles and captures, on a decoder's first run)
-        self.last_decode = {"steps": 0, "seconds": 0.0, "prompt_seconds": 0.0, "ready_seconds": 0.0}
+        self.last_decode = {
+            "steps": 0,
+            "seconds": 0.0,
+            "prompt_seconds": 0.0,
+            "ready_seconds": 0.0,
+            "shrinks": [],
+        }
         self.use_graphs = dev.type == "cuda" if graphs is None else graphs
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.prepared = False  # compiled and captured (_ready)
@@ -129,23 +154,46 @@ class StaticDecoder:
             self._setup_llama(dev.type == "cuda" if compiled is None else compiled)
         else:
             self._setup_hf(fused)
+        self._narrow(batch)
         self.use(decoding)
+
+    def _narrow(self, n: int) -> None:
+        """Steps from now on run on the first n rows of every per-row buffer (views: the
+        whole buffers keep their addresses), with the graphs captured for n rows."""
+        self.n = n
+        for key, t in self.whole.items():
+            self.st[key] = None if t is None else t[:n]
+        self.visible, self.logits = self.st["visible"], self.st["logits"]
+        # what the forward reads and advances; the choice reads the logits it leaves
+        self.fwd = {k: self.st[k] for k in ("token", "position", "cursor", "visible")}
+        if self.kv_whole is not None:
+            self.kv = tuple([t[:n] for t in side] for side in self.kv_whole)
+        if self.hf_whole is not None:
+            for layer, (keys, values) in zip(self.cache.layers, self.hf_whole, strict=True):
+                layer.keys, layer.values = keys[:n], values[:n]
+        # the forward per bucket, and the token choice per decoding
+        self.graphs, self.choosers = self.by_rows.setdefault(n, ({}, {}))
+
+    def _forget_graphs(self) -> None:
+        self.by_rows = {}
+        self._narrow(self.n)
 
     def use(self, decoding) -> StaticDecoder:
         """Decodes with `decoding` from the next run on (its choice's graph captured then)."""
         self.decoding = decoding
-        if decoding.repetition_penalty != 1.0 and self.st["seen"] is None:
+        if decoding.repetition_penalty != 1.0 and self.whole["seen"] is None:
             vocab = self.model.config.vocab_size
-            self.st["seen"] = torch.zeros(
+            self.whole["seen"] = torch.zeros(
                 self.batch, vocab, dtype=torch.bool, device=self.model.device
             )
+            self._narrow(self.n)
         return self
 
     def _setup_llama(self, compiled: bool) -> None:
         m = self.model
         self.shape = llamastep.shape_of(m, self.batch)
         self.weights = llamastep.packed(m)
-        self.kv = llamastep.new_cache(m, self.shape, self.batch, self.length + 1)
+        self.kv_whole = llamastep.new_cache(m, self.shape, self.batch, self.length + 1)
         self.tables = llamastep.rotary_tables(m, self.length)
         self.compiled = compiled
         self.path = ("llama-compiled" if compiled else "llama-eager") + (
@@ -158,6 +206,8 @@ class StaticDecoder:
         self.attention = steps.ATTENTION if fused_ok else steps.ATTENTION_UNFUSED
         self.cache_keyword = steps.cache_keyword(m)
         self.cache = StaticCache(config=m.config, max_cache_len=self.length)
+        # a shared prompt pass (share > 1) runs on the distinct prompts, in a cache of their own
+        self.prompt_cache = StaticCache(config=m.config, max_cache_len=self.prompt_len)
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
             raise ValueError(
                 f"{type(m).__name__}: the static decode loop supports full attention "
@@ -190,7 +240,7 @@ class StaticDecoder:
             logits = self.model(
                 input_ids=st["token"],
                 position_ids=st["position"],
-                attention_mask=mask.view(self.batch, 1, 1, seen),
+                attention_mask=mask.view(self.n, 1, 1, seen),
                 use_cache=True,
                 logits_to_keep=1,
                 **{self.cache_keyword: self.cache},
@@ -215,8 +265,8 @@ class StaticDecoder:
         for t in self.tables:
             mark(t, 0)
 
-    def _set_cache_rows(self, rows: int) -> None:
-        for layer in self.cache.layers:
+    def _set_cache_rows(self, rows: int, cache=None) -> None:
+        for layer in (self.cache if cache is None else cache).layers:
             if not hasattr(layer, "cumulative_length"):
                 raise RuntimeError(
                     f"transformers' {type(layer).__name__} has no cumulative_length: "
@@ -313,8 +363,9 @@ class StaticDecoder:
         if self.path.startswith("llama"):
             weights = llamastep.packed(self.model)
             if weights is not self.weights:  # the graphs read the old copy
-                self.weights, self.graphs, self.prepared = weights, {}, False
+                self.weights, self.prepared = weights, False
                 self.prefill_graph = None
+                self._forget_graphs()
         if not self.prepared:
             self._prepare_or_fall_back()
             self.prepared = True
@@ -335,10 +386,11 @@ class StaticDecoder:
                 file=sys.stderr,
                 flush=True,
             )
-            self.graphs, self.kv, self.weights, self.prefill_graph = {}, None, None, None
+            self.kv_whole, self.weights, self.prefill_graph = None, None, None
             if self.pool is not None:
                 self.pool = torch.cuda.graph_pool_handle()
             self._setup_hf(fused_ok=False)  # its compiled kernels might fail the same way
+            self._forget_graphs()
             self.path += " (fallback)"
             self._prepare()
 
@@ -350,44 +402,84 @@ class StaticDecoder:
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
         """New token ids per row (pad after a row's stop token), for left-padded prompts of
-        exactly (batch, prompt_len)."""
+        exactly (batch, prompt_len), each run of `share` rows one prompt."""
         if tuple(input_ids.shape) != (self.batch, self.prompt_len):
             raise ValueError(
                 f"prompts of shape {tuple(input_ids.shape)}; this decoder was built for "
                 f"({self.batch}, {self.prompt_len})"
             )
+        firsts, first_valid = rows.distinct_prompts(input_ids, attention_mask.bool(), self.share)
         t_ready = time.perf_counter()
+        self._narrow(self.batch)
         self._ready()
-        chooser = self.choosers.get(self.decoding)
+        graphed = self.decoding in self.choosers
         t_prompt = time.perf_counter()
-        self._prefill(input_ids, attention_mask.bool())
+        self._prefill(firsts, first_valid)
         self._seed_seen(input_ids, attention_mask.bool())
-        if chooser:
-            chooser.replay()
-        else:
-            self._choose()
+        self._choose_graphed() if graphed else self._choose()
         written = int(self.st["written"])  # waits for the prompt pass: the clock times decoding
         t0 = time.perf_counter()
+        self.final = None  # rows that left the batch, at their batch row (_shrink)
+        shrinks = []  # (decode steps run, rows from then on)
         for i in range(self.new_tokens - 1):
-            if chooser:
+            if graphed:
                 self._forward_graph(self._bucket(i))
-                chooser.replay()
+                self._choose_graphed()
             else:
                 self._step(self._bucket(i))
-            if (i + 1) % SYNC_EVERY == 0 and bool(self.st["finished"].all()):
-                break
-        out = self.st["out"][:, : int(self.st["written"])].tolist()
+            if (i + 1) % SYNC_EVERY == 0:
+                live = int(self.n - self.st["finished"].sum())
+                if live == 0:
+                    break
+                size = rows.shrunk_size(live, self.n, self.batch) if self.shrink else self.n
+                if size < self.n:
+                    self._shrink(size, self.prompt_len + i + 1)
+                    shrinks.append((i + 1, size))
+        out = self._collected()[:, : int(self.st["written"])].tolist()
+        self._narrow(self.batch)
         self.last_decode = {
             "steps": int(self.st["written"]) - written,
             "seconds": time.perf_counter() - t0,
             "prompt_seconds": t0 - t_prompt,
             "ready_seconds": t_prompt - t_ready,
+            "shrinks": shrinks,
         }
         return out
 
+    def _choose_graphed(self) -> None:
+        """The token choice from its graph for this decoding and row count; a row count's
+        first runs eagerly (on real state: a warm-up would rewind it), then is captured."""
+        graph = self.choosers.get(self.decoding)
+        if graph is not None:
+            graph.replay()
+            return
+        self._choose()
+        with self._own_rng():  # capturing a draw must not advance the stream a replay reads
+            self.choosers[self.decoding] = self._graph_of(self._choose)
+
+    def _shrink(self, size: int, cache_rows: int) -> None:
+        """Moves the rows still decoding to the front and narrows the batch to `size` rows; the
+        outputs of the rows that leave are kept at their batch rows in self.final."""
+        st = self.st
+        if self.final is None:
+            self.final = torch.full_like(self.whole["out"], self.pad)
+        self.final.index_copy_(0, st["origin"], st["out"])
+        keep = rows.order(st["finished"], size)
+        per_row = [t for key, t in self.whole.items() if key != "logits" and t is not None]
+        rows.gather(per_row, keep)
+        kv = self.kv_whole or ([k for k, _ in self.hf_whole], [v for _, v in self.hf_whole])
+        rows.gather([*kv[0], *kv[1]], keep, along_rows=cache_rows)
+        self._narrow(size)
+
+    def _collected(self) -> torch.Tensor:
+        """Every batch row's new tokens, in batch order."""
+        if self.final is None:  # never shrunk: the rows are in order
+            return self.st["out"]
+        return self.final.index_copy_(0, self.st["origin"], self.st["out"])
+
     def _prefill(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
-        """The prompt pass: replayed from its graph where it has one (PREFILL_GRAPH_TOKENS),
-        else eager."""
+        """The prompt pass of the distinct prompts (batch / share rows): replayed from its graph
+        where it has one (PREFILL_GRAPH_TOKENS), else eager."""
         if self.prefill_graph is None:
             self._prefill_body(input_ids, valid)
             return
@@ -405,10 +497,12 @@ class StaticDecoder:
         seen.copy_(counts.scatter_add_(1, input_ids, valid.long()) > 0)
 
     def _prefill_body(self, input_ids: torch.Tensor, valid: torch.Tensor) -> None:
-        """Resets the buffers and fills the cache's first prompt_len rows; the prompt's last
-        logits go to self.logits, for the first token's choice."""
-        p, st, dev = self.prompt_len, self.st, valid.device
-        self.visible[:, :p] = valid
+        """Resets the buffers and fills the cache's first prompt_len rows from the distinct
+        prompts, each copied to its `share` rows; the prompts' last logits go to self.logits,
+        for the first token's choice."""
+        p, st, dev, k = self.prompt_len, self.st, valid.device, self.share
+        self.visible[:, :p] = valid.repeat_interleave(k, 0)
+        st["origin"].copy_(torch.arange(self.batch, device=dev))
         st["finished"].zero_()
         st["out"].fill_(self.pad)
         st["written"].zero_()
@@ -417,26 +511,29 @@ class StaticDecoder:
         mask = (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=dev)
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         if self.path.startswith("llama"):
-            rows = torch.arange(p, device=dev)
+            prompts = input_ids.shape[0]
+            kv = tuple([t[:prompts] for t in side] for side in self.kv)
+            at = torch.arange(p, device=dev)
             logits = llamastep.forward(
-                self.weights,
-                self.shape,
-                self.kv,
-                input_ids,
-                positions,
-                rows,
-                mask[:, None],
-                self.tables,
+                self.weights, self.shape, kv, input_ids, positions, at, mask[:, None], self.tables
             )
+            if k > 1:
+                for t in (*self.kv[0], *self.kv[1]):
+                    rows.spread(t[:, :, :p], k)
         else:
             logits = self._prefill_hf(input_ids, positions, mask)
-        self.logits.copy_(logits)
-        st["position"].copy_(positions[:, -1:] + 1)
+        self.logits.copy_(logits.repeat_interleave(k, 0))
+        st["position"].copy_((positions[:, -1:] + 1).repeat_interleave(k, 0))
         st["cursor"].fill_(p)
 
     def _prefill_hf(self, input_ids, positions, mask) -> torch.Tensor:
-        self._set_cache_rows(0)
-        wide = torch.zeros(*mask.shape[:2], self.length, dtype=torch.bool, device=mask.device)
+        """The prompt pass through transformers' modelling code: into the decode cache, or
+        (share > 1) into the prompts' own cache, then copied to each prompt's rows."""
+        shared = self.share > 1
+        cache = self.prompt_cache if shared else self.cache
+        self._set_cache_rows(0, cache)
+        width = self.prompt_len if shared else self.length
+        wide = torch.zeros(*mask.shape[:2], width, dtype=torch.bool, device=mask.device)
         wide[:, :, : self.prompt_len] = mask  # transformers' mask spans the whole static cache
         with steps.decode_attention(self.model, self.attention):
             logits = self.model(
@@ -445,6 +542,20 @@ class StaticDecoder:
                 attention_mask=wide[:, None],
                 use_cache=True,
                 logits_to_keep=1,
-                **{self.cache_keyword: self.cache},
+                **{self.cache_keyword: cache},
             ).logits
+        if shared:
+            self._spread_prompt_cache()
+        if self.hf_whole is None:  # the decode cache's tensors, allocated by its first write
+            self.hf_whole = [(layer.keys, layer.values) for layer in self.cache.layers]
         return logits[:, -1].float()
+
+    def _spread_prompt_cache(self) -> None:
+        p, k = self.prompt_len, self.share
+        for layer, prompt in zip(self.cache.layers, self.prompt_cache.layers, strict=True):
+            keys, values = (x.repeat_interleave(k, 0) for x in (prompt.keys, prompt.values))
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys[:, :, :p] = keys
+            layer.values[:, :, :p] = values
+        self._set_cache_rows(p)

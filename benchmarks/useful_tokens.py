@@ -1,0 +1,249 @@
+"""Useful tokens per second of the sampling engines: k samples of each prompt, rows that stop
+at lengths drawn from a real round's, static engine as it was vs now vs generate().
+
+    python benchmarks/useful_tokens.py --device cpu --model llama-100m --prompt-lens 128,512 \
+        [--k 8 --prompts 1 --engines static-old,static,generate --out results.json]
+    python benchmarks/useful_tokens.py --device cuda --dtype bfloat16 --model llama-1.2b \
+        --prompts 32   # or --model /path/to/SmolLM2-135M
+
+A useful token is one generated up to its row's stop (the stop counted), never padding after it.
+Each row's length is drawn (seeded) from --lengths, a JSONL of samples with `n_tokens` (a
+candidates stage's samples.jsonl), or by default from the SmolLM2 round's rft_r1 sampling
+(benchmarks/results/lineage_gpu-2026-12-07-h100-merged-files.tgz, logs/candidates/
+rft_r1.sample.log: 8,000 samples, 181,176 tokens, so 22.6 a row, and every 512-row batch ran
+48 steps, so its longest row ~45): a log-normal of that mean whose expected maximum over 512 draws
+is 45 (sigma 0.25); that log keeps no per-row lengths. The stop is planted: at its drawn length a
+row's logits allow only the stop token (a logits processor for generate(), the token choice
+wrapped for the static engine), so every engine decodes the same lengths and the static
+engine's shrinking runs as in a real round. Prompts are random token ids of exactly each
+length. Engines (ENGINES): "static-old" is StaticDecoder with share=1, shrink=False (each row
+runs its prompt pass, the batch runs until its longest row ends: the loop before sharing and
+shrinking); "static" shares and shrinks; "generate" is transformers' generate(). An engine that
+decodes elsewhere (e.g. vLLM) is one more entry of ENGINES. Each engine runs one untimed batch
+first (compiles, captures), then --repeats timed ones; ratios are to the first engine listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor
+
+from arenaflow.decode import sampling, steps
+from arenaflow.decode import static as decode
+
+REPO = Path(__file__).resolve().parents[1]
+SHAPES = {  # random-weight Llama shapes: (layers, hidden, heads, kv heads, intermediate)
+    "llama-100m": (12, 768, 12, 4, 2048),
+    "llama-1.2b": (24, 2048, 16, 4, 5632),  # benchmarks/gpu_bench.py's 24 x 2048
+}
+ROUND_MEAN, ROUND_SIGMA = 22.6, 0.25  # the default lengths (module docstring)
+
+
+def load_model(name: str, device: str, dtype: torch.dtype):
+    """A model by shape name, "embedded" (models/tiny-arith) or a local path."""
+    if name in SHAPES:
+        layers, hidden, heads, kv, inter = SHAPES[name]
+        cfg = LlamaConfig(
+            vocab_size=32000,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        )
+        torch.manual_seed(0)
+        with torch.device(device):
+            return LlamaForCausalLM(cfg).to(dtype).eval()
+    path = REPO / "models/tiny-arith" if name == "embedded" else Path(name)
+    return LlamaForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def draw_lengths(rows: int, max_new: int, source: str | None, rng) -> np.ndarray:
+    """Each row's length (its stop included), at most max_new."""
+    if source:
+        pool = [json.loads(line)["n_tokens"] for line in Path(source).read_text().splitlines()]
+        drawn = rng.choice(pool, rows)
+    else:
+        mu = math.log(ROUND_MEAN) - ROUND_SIGMA**2 / 2
+        drawn = np.rint(rng.lognormal(mu, ROUND_SIGMA, rows))
+    return np.clip(drawn, 1, max_new).astype(np.int64)
+
+
+class PlantedStop(LogitsProcessor):
+    """generate(): row r may only choose `stop` at its new token lengths[r] - 1."""
+
+    def __init__(self, lengths: torch.Tensor, prompt_len: int, stop: int):
+        self.lengths, self.prompt_len, self.stop = lengths, prompt_len, stop
+
+    def __call__(self, input_ids, scores):
+        due = input_ids.shape[1] - self.prompt_len >= self.lengths - 1
+        return torch.where(due[:, None], _only(scores, self.stop), scores)
+
+
+def _only(scores: torch.Tensor, stop: int) -> torch.Tensor:
+    forced = torch.full_like(scores, float("-inf"))
+    forced[:, stop] = 0.0
+    return forced
+
+
+@contextlib.contextmanager
+def planted_choice(lengths: torch.Tensor, stop: int):
+    """The static engine's token choice, a row (its batch row: st["origin"], as shrinking
+    moves rows) choosing only `stop` at its new token lengths[row] - 1; no host sync, so the
+    choice's CUDA graph captures it."""
+    choose = steps.choose
+
+    def planted(logits, st, d, pad):
+        due = st["written"] >= lengths[st["origin"]] - 1
+        choose(torch.where(due[:, None], _only(logits, stop), logits), st, d, pad)
+
+    steps.choose = planted
+    try:
+        yield
+    finally:
+        steps.choose = choose
+
+
+def static_engine(share_and_shrink: bool):
+    def run(model, ids, k, lengths, dec, stop):
+        rows = ids.repeat_interleave(k, 0)
+        kw = dict(share=k, shrink=True) if share_and_shrink else dict(share=1, shrink=False)
+        key = ("useful_tokens", share_and_shrink, tuple(rows.shape), dec)
+        kept = model.__dict__.setdefault("_bench_decoders", {})
+        with planted_choice(lengths, stop):
+            if key not in kept:
+                kept[key] = decode.StaticDecoder(
+                    model, *rows.shape, dec.max_new_tokens, dec, [stop], 0, **kw
+                )
+            return kept[key].run(rows, torch.ones_like(rows))
+
+    return run
+
+
+def generate_engine(model, ids, k, lengths, dec, stop):
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=dec.max_new_tokens,
+        num_return_sequences=k,
+        eos_token_id=[stop],
+        pad_token_id=0,
+        logits_processor=[PlantedStop(lengths, ids.shape[1], stop)],
+        **dec.generate_kwargs(),
+    )
+    return out[:, ids.shape[1] :].tolist()
+
+
+ENGINES = {  # name -> fn(model, distinct prompt ids, k, lengths [rows], Decoding, stop id)
+    "static-old": static_engine(False),
+    "static": static_engine(True),
+    "generate": generate_engine,
+}
+
+
+def measure(args, model, prompt_len: int) -> list[dict]:
+    dev = model.device
+    rows = args.prompts * args.k
+    dec = sampling.Decoding(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    stop = 2
+    rng = np.random.default_rng(args.seed)
+    batches = [
+        (
+            torch.tensor(rng.integers(3, model.config.vocab_size, (args.prompts, prompt_len))),
+            torch.tensor(draw_lengths(rows, args.max_new_tokens, args.lengths, rng)),
+        )
+        for _ in range(args.repeats + 1)
+    ]
+    lengths = torch.zeros(rows, dtype=torch.long, device=dev)  # fixed address: graph-read
+    names = args.engines.split(",")
+    tally = {name: {"seconds": 0.0, "useful_tokens": 0, "planted_tokens": 0} for name in names}
+    # engines interleaved batch by batch: a machine's load at one moment weighs on all of them
+    for b, (ids, drawn) in enumerate(batches):
+        for name in names:
+            lengths.copy_(drawn)
+            torch.manual_seed(args.seed + b)
+            sync(dev)
+            t = time.perf_counter()
+            out = ENGINES[name](model, ids.to(dev), args.k, lengths, dec, stop)
+            sync(dev)
+            if b == 0:  # compiles and captures
+                continue
+            got = tally[name]
+            got["seconds"] += time.perf_counter() - t
+            got["useful_tokens"] += sum(len(sampling.until_stop(r, [stop])) for r in out)
+            got["planted_tokens"] += int(drawn.sum())
+    results = []
+    for name, got in tally.items():
+        rate = got["useful_tokens"] / got["seconds"]
+        results.append(
+            {"engine": name, "prompt_len": prompt_len, "rows": rows, **got, "tokens_per_s": rate}
+        )
+        print(
+            f"  {name:>10}: {got['useful_tokens']} useful tokens (planted "
+            f"{got['planted_tokens']}) in {got['seconds']:.2f} s: {rate:8.1f} tok/s",
+            flush=True,
+        )
+    return results
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    ap.add_argument("--model", default="llama-100m", help=f"{sorted(SHAPES)}, embedded or a path")
+    ap.add_argument("--k", type=int, default=8, help="samples per prompt")
+    ap.add_argument("--prompts", type=int, default=1, help="distinct prompts per batch")
+    ap.add_argument("--prompt-lens", default="128,512", help="prompt tokens, one run each")
+    ap.add_argument("--max-new-tokens", type=int, default=160, help="the round's budget")
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--lengths", default=None, help="JSONL of samples with n_tokens")
+    ap.add_argument("--engines", default="static-old,static,generate", help=f"of {list(ENGINES)}")
+    ap.add_argument("--repeats", type=int, default=2, help="timed batches per engine")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="JSON results")
+    args = ap.parse_args()
+    model = load_model(args.model, args.device, getattr(torch, args.dtype))
+    params = sum(p.numel() for p in model.parameters())
+    device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor()
+    print(
+        f"{args.model} ({params / 1e6:.0f} M parameters, {args.dtype}) on {args.device} "
+        f"({device}), {args.prompts} prompts x k={args.k}, max_new_tokens "
+        f"{args.max_new_tokens}, T={args.temperature}",
+        flush=True,
+    )
+    results = []
+    for prompt_len in map(int, args.prompt_lens.split(",")):
+        print(f"prompts of {prompt_len} tokens:", flush=True)
+        rows = measure(args, model, prompt_len)
+        for r in rows:
+            r["ratio"] = r["tokens_per_s"] / rows[0]["tokens_per_s"]
+        print(
+            "  ratios to "
+            + rows[0]["engine"]
+            + ": "
+            + ", ".join(f"{r['engine']} x{r['ratio']:.2f}" for r in rows)
+        )
+        results += rows
+    if args.out:
+        record = {"args": vars(args), "parameters": params, "device": device, "rows": results}
+        Path(args.out).write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
