@@ -18,9 +18,11 @@ wrapped for the static engine), so every engine decodes the same lengths and the
 engine's shrinking runs as in a real round. Prompts are random token ids of exactly each
 length. Engines (ENGINES): "static-old" is StaticDecoder with share=1, shrink=False (each row
 runs its prompt pass, the batch runs until its longest row ends: the loop before sharing and
-shrinking); "static" shares and shrinks; "generate" is transformers' generate(). An engine that
-decodes elsewhere (e.g. vLLM) is one more entry of ENGINES. Each engine runs one untimed batch
-first (compiles, captures), then --repeats timed ones; ratios are to the first engine listed.
+shrinking); "static" shares and shrinks; "generate" is transformers' generate(); "vllm" is vLLM's
+offline LLM over the same weights, each row's planted length its max_tokens (EOS ignored). On
+CUDA each rate is also given as a share of the bandwidth bound (bound_tokens_per_s: every weight
+and each row's KV cache read once a step, at the copy bandwidth measured in the run). Each
+engine runs one untimed batch first (compiles, captures), then --repeats timed ones; ratios are to the first engine listed.
 """
 
 from __future__ import annotations
@@ -145,11 +147,76 @@ def generate_engine(model, ids, k, lengths, dec, stop):
     return out[:, ids.shape[1] :].tolist()
 
 
+def vllm_engine(model, ids, k, lengths, dec, stop):
+    """vLLM's offline LLM over the same weights (saved once to a temporary directory): each row
+    one request of the same prompt (vLLM's prefix caching runs a prompt's pass once) whose
+    planted length is its max_tokens, EOS ignored, so it decodes the same useful tokens."""
+    from vllm import SamplingParams
+
+    llm = _vllm_for(model)
+    drawn = lengths.tolist()
+    sample = {"temperature": dec.temperature, "top_p": dec.top_p, "top_k": 0}
+    sample = sample if dec.temperature > 0 else {"temperature": 0.0}
+    params = [
+        SamplingParams(n=1, max_tokens=int(n), ignore_eos=True, detokenize=False, **sample)
+        for n in drawn
+    ]
+    prompts = [{"prompt_token_ids": row.tolist()} for row in ids.repeat_interleave(k, 0)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    # a planted row ends on its stop, as the others' do: count it in the same way
+    return [list(o.outputs[0].token_ids[:-1]) + [stop] for o in outs]
+
+
+def _vllm_for(model):
+    """One vLLM engine per model, over its weights saved in bf16/fp16 as they are."""
+    kept = model.__dict__.get("_bench_vllm")
+    if kept is None:
+        import tempfile
+
+        from vllm import LLM
+
+        where = Path(tempfile.mkdtemp(prefix="useful-tokens-vllm-"))
+        model.save_pretrained(where)
+        dtype = str(model.dtype).removeprefix("torch.")
+        kept = LLM(model=str(where), skip_tokenizer_init=True, dtype=dtype, seed=0,
+                   gpu_memory_utilization=0.5, enable_prefix_caching=True)  # fmt: skip
+        model.__dict__["_bench_vllm"] = kept
+    return kept
+
+
 ENGINES = {  # name -> fn(model, distinct prompt ids, k, lengths [rows], Decoding, stop id)
     "static-old": static_engine(False),
     "static": static_engine(True),
     "generate": generate_engine,
+    "vllm": vllm_engine,
 }
+
+
+def bandwidth(dev: torch.device) -> float | None:
+    """Bytes/s of a 2 GiB device-to-device copy (read + write), as the decode bound counts."""
+    if dev.type != "cuda":
+        return None
+    x = torch.empty(2**30, dtype=torch.int16, device=dev)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    sync(dev)
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    sync(dev)
+    return 10 * 2 * x.numel() * x.element_size() / (time.perf_counter() - t)
+
+
+def bound_tokens_per_s(model, rows: int, context: float, bw: float) -> float:
+    """The bandwidth bound of decoding `rows` rows at a mean context of `context` tokens: each
+    step reads every weight once and each row's KV cache, and yields one token a row."""
+    cfg = model.config
+    size = torch.finfo(model.dtype).bits // 8
+    weights = sum(p.numel() for p in model.parameters()) * size
+    head = cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head * size * context
+    return rows * bw / (weights + rows * kv)
 
 
 def measure(args, model, prompt_len: int) -> list[dict]:
@@ -184,16 +251,21 @@ def measure(args, model, prompt_len: int) -> list[dict]:
             got["useful_tokens"] += sum(len(sampling.until_stop(r, [stop])) for r in out)
             got["planted_tokens"] += int(drawn.sum())
     results = []
+    bw = bandwidth(dev)
     for name, got in tally.items():
         rate = got["useful_tokens"] / got["seconds"]
-        results.append(
-            {"engine": name, "prompt_len": prompt_len, "rows": rows, **got, "tokens_per_s": rate}
-        )
-        print(
+        row = {"engine": name, "prompt_len": prompt_len, "rows": rows, **got, "tokens_per_s": rate}
+        line = (
             f"  {name:>10}: {got['useful_tokens']} useful tokens (planted "
-            f"{got['planted_tokens']}) in {got['seconds']:.2f} s: {rate:8.1f} tok/s",
-            flush=True,
+            f"{got['planted_tokens']}) in {got['seconds']:.2f} s: {rate:8.1f} tok/s"
         )
+        if bw is not None:  # the mean context a useful token is decoded at
+            mean_new = got["planted_tokens"] / max(1, rows * args.repeats)
+            bound = bound_tokens_per_s(model, rows, prompt_len + mean_new / 2, bw)
+            row |= {"bandwidth_bytes_per_s": bw, "bound_tokens_per_s": bound}
+            line += f", {rate / bound:.1%} of the bandwidth bound ({bound:.0f} tok/s)"
+        results.append(row)
+        print(line, flush=True)
     return results
 
 
