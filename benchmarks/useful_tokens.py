@@ -22,7 +22,8 @@ shrinking); "static" shares and shrinks; "generate" is transformers' generate();
 offline LLM over the same weights, each row's planted length its max_tokens (EOS ignored). On
 CUDA each rate is also given as a share of the bandwidth bound (bound_tokens_per_s: every weight
 and each row's KV cache read once a step, at the copy bandwidth measured in the run). Each
-engine runs one untimed batch first (compiles, captures), then --repeats timed ones; ratios are to the first engine listed.
+engine runs one untimed batch first (compiles, captures), then --repeats timed ones; ratios are
+to the first engine listed.
 """
 
 from __future__ import annotations
