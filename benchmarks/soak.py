@@ -29,6 +29,7 @@ import base64
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -182,11 +183,18 @@ def stable(record):
     return record
 
 
+# A bundle's card (README.md) quotes its nomination's digest and registration time
+CARD_VOLATILE = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?|\b[0-9a-f]{64}\b")
+
+
 def file_record(path: Path) -> str:
-    """A JSON file's stable content's sha256, any other file's bytes' sha256."""
+    """A JSON file's stable content's sha256, a card's without times and sha256s, any other
+    file's bytes' sha256."""
     if path.suffix == ".json":
         text = json.dumps(stable(json.loads(path.read_text())), sort_keys=True)
         return manifest.sha256_text(text)
+    if path.suffix == ".md":
+        return manifest.sha256_text(CARD_VOLATILE.sub("<volatile>", path.read_text()))
     return manifest.sha256_file(path)
 
 

@@ -87,6 +87,22 @@ def test_two_runs_compare_equal_up_to_times_and_differ_on_a_verdict(soak, tmp_pa
     assert a != c
 
 
+def test_a_bundle_card_compares_without_its_nominations_time_and_digest(soak, tmp_path):
+    card = "Sealed nomination, digest `{d}`: the bar was registered {t}; promoted {arm}\n"
+    texts = [
+        card.format(d="a" * 64, t="2026-12-07T12:33:27.459447+00:00", arm="B3"),
+        card.format(d="b" * 64, t="2026-12-07T13:01:02.5+00:00", arm="B3"),
+        card.format(d="a" * 64, t="2026-12-07T12:33:27.459447+00:00", arm="R2d"),
+    ]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"{i}/README.md")
+        paths[-1].parent.mkdir()
+        paths[-1].write_text(text)
+    a, b, c = map(soak.file_record, paths)
+    assert a == b != c
+
+
 def test_the_plan_has_both_signal_faults_and_one_full_disk(soak):
     for n in (2, 3, 6):
         kinds = soak.plan(random.Random(n), n, disk=True)
