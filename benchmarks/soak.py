@@ -158,7 +158,8 @@ def rewritten(before: dict[str, list], results: Path) -> list[dict]:
 
 
 # What two uninterrupted runs write differently: times (a registration's, a readout's, a
-# training's wall), the job's id, the code's identity, and the hashes of files that carry them
+# training's wall, a merge's phases), the job's id, the code's identity, and the hashes of
+# files that carry them
 VOLATILE = {
     "digest",
     "inputs",
@@ -171,7 +172,11 @@ VOLATILE = {
     "job_id",
     "gpu_hours",
     "manifest_sha256",
+    "manifest_digest",
+    "phases_s",
 }
+# ... and where a record quotes such a hash in its text (a bundle's checks: "sealed (digest ...)")
+QUOTED_HASH = re.compile(r"\b[0-9a-f]{16,64}\b")
 
 
 def stable(record):
@@ -180,11 +185,16 @@ def stable(record):
         return {k: stable(v) for k, v in record.items() if k not in VOLATILE}
     if isinstance(record, list):
         return [stable(v) for v in record]
+    if isinstance(record, str):
+        return QUOTED_HASH.sub("<sha256>", record)
     return record
 
 
-# A bundle's card (README.md) quotes its nomination's digest and registration time
-CARD_VOLATILE = re.compile(r"\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?|\b[0-9a-f]{64}\b")
+# A bundle's card (README.md) quotes its nomination's digest and registration time, the commit
+# it was built at and each training's job id (a local one: host and pid)
+CARD_VOLATILE = re.compile(
+    r"\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?|\b[0-9a-f]{12,64}\b|\blocal-[\w.-]+-\d+\b"
+)
 
 
 def file_record(path: Path) -> str:
