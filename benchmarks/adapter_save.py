@@ -98,9 +98,16 @@ def timed(save, out: Path, device: str) -> float:
 
 
 def same_bytes(tmp: Path, ways) -> bool:
-    return all(
-        (tmp / w / f).read_bytes() == (tmp / "peft" / f).read_bytes() for w in ways for f in FILES
-    )
+    """The same files as PEFT's; the config's target_modules may be in another order (PEFT
+    writes a set's iteration order, arenaflow sorts it)."""
+    return all(_content(tmp / w / f) == _content(tmp / "peft" / f) for w in ways for f in FILES)
+
+
+def _content(path: Path):
+    if path.name != "adapter_config.json":
+        return path.read_bytes()
+    cfg = json.loads(path.read_text())
+    return {**cfg, "target_modules": sorted(cfg["target_modules"])}
 
 
 def main() -> None:

@@ -221,10 +221,11 @@ def adapter_plan(model) -> list | None:
 
 
 def save_adapter(model, plan: list, out_dir: Path) -> None:
-    """PEFT's save_pretrained of a LoRA adapter: the same two files, byte for byte
-    (tests/unit/test_adapter_save.py), without PEFT's walks of the whole model, its clone of
-    every tensor that shares a buffer (all of them under ZeRO-1/2) and its model card, which
-    cost most of PEFT's save, the GPU idle through it (benchmarks/adapter_save.py)."""
+    """PEFT's save_pretrained of a LoRA adapter: the same two files, byte for byte but for the
+    config's sets, written sorted (tests/unit/test_adapter_save.py), without PEFT's walks of
+    the whole model, its clone of every tensor that shares a buffer (all of them under
+    ZeRO-1/2) and its model card, which cost most of PEFT's save, the GPU idle through it
+    (benchmarks/adapter_save.py)."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -234,6 +235,11 @@ def save_adapter(model, plan: list, out_dir: Path) -> None:
     save_file(weights, str(out_dir / models.ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.copy(model.peft_config[model.active_adapter])
     config.inference_mode = True  # as PEFT writes it: a saved adapter loads for inference
+    # PEFT writes a set (target_modules) in its iteration order, which string hashing changes
+    # from process to process: the same training would write another adapter_config.json
+    for key, value in list(vars(config).items()):
+        if isinstance(value, set):
+            setattr(config, key, sorted(value))
     if config.base_model_name_or_path is None:  # as PEFT fills it in
         config.base_model_name_or_path = unwrapped(model).__dict__.get("name_or_path") or None
     config.save_pretrained(str(out_dir))

@@ -1,0 +1,111 @@
+"""benchmarks/soak.py's bookkeeping, without running a DAG: which outputs it counts as complete
+(read from Snakemake's own records, named as Snakemake's persistence names them), what it calls
+recomputed, what it compares between two runs, and the faults it plans."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import types
+from pathlib import Path
+
+import pytest
+from snakemake.persistence.file import FilePersistence
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def soak(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import soak
+
+    return soak
+
+
+def record(results: Path, kind: str, output: str, end: float, max_len: int = 255) -> None:
+    """A record where Snakemake's FilePersistence puts it (`max_len` small: split into folders)."""
+    me = types.SimpleNamespace(_fetch_max_len=lambda subject: max_len)
+    path = Path(FilePersistence._record_path(me, str(results / ".snakemake" / kind), output))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"endtime": end, "incomplete": kind == "incomplete"}))
+
+
+@pytest.fixture
+def results(tmp_path):
+    for rel in ("pools/p.jsonl", "runs/A/final/w.bin", "runs/A/final/.snakemake_timestamp"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    (tmp_path / "nominations/journal.jsonl").parent.mkdir()
+    (tmp_path / "nominations/journal.jsonl").write_text("{}\n")  # no rule's output
+    (tmp_path / "candidates/c/samples.jsonl").parent.mkdir(parents=True)
+    (tmp_path / "candidates/c/samples.jsonl").write_text("half")
+    record(tmp_path, "metadata", "pools/p.jsonl", 1.0)
+    record(tmp_path, "metadata", "runs/A/final", 2.0, max_len=8)  # a long name's folders
+    record(tmp_path, "metadata", "candidates/c/samples.jsonl", 3.0)
+    record(tmp_path, "incomplete", "candidates/c/samples.jsonl", 3.0)
+    return tmp_path
+
+
+def test_complete_outputs_are_those_snakemake_recorded_and_did_not_mark_incomplete(soak, results):
+    snap = soak.snapshot(results)
+    assert sorted(snap) == ["pools/p.jsonl", "runs/A/final/w.bin"]
+    assert snap["runs/A/final/w.bin"][0] == 2.0
+
+
+def test_an_output_written_again_or_deleted_counts_as_recomputed(soak, results):
+    before = soak.snapshot(results)
+    assert soak.rewritten(before, results) == []
+    (results / "pools/p.jsonl").write_text("pools/p.jsonl")  # same bytes, a new write
+    os.utime(results / "pools/p.jsonl", ns=(1, 1))
+    (results / "runs/A/final/w.bin").unlink()
+    assert [c["path"] for c in soak.rewritten(before, results)] == [
+        "pools/p.jsonl",
+        "runs/A/final/w.bin",
+    ]
+
+
+def test_two_runs_compare_equal_up_to_times_and_differ_on_a_verdict(soak, tmp_path):
+    nom = {
+        "promoted": "B3",
+        "registered_utc": "2026-12-07T12:00:00+00:00",
+        "inputs": {"compare/x.json": "ab"},
+        "digest": "cd",
+        "clauses": [{"metric": "delta", "value": 0.1, "verdict": True}],
+    }
+    for run, changes in (
+        ("a", {}),
+        ("b", {"registered_utc": "2026-12-07T13:00:00+00:00", "digest": "ef"}),
+        ("c", {"promoted": "R2d"}),
+    ):
+        path = tmp_path / run / "nominations/r3.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({**nom, **changes}))
+    a, b, c = (soak.final_records(tmp_path / r) for r in "abc")
+    assert a == b and list(a) == ["nominations/r3.json"]
+    assert a != c
+
+
+def test_a_bundle_card_compares_without_its_nominations_time_and_digest(soak, tmp_path):
+    card = "Sealed nomination, digest `{d}`: the bar was registered {t}; promoted {arm}\n"
+    texts = [
+        card.format(d="a" * 64, t="2026-12-07T12:33:27.459447+00:00", arm="B3"),
+        card.format(d="b" * 64, t="2026-12-07T13:01:02.5+00:00", arm="B3"),
+        card.format(d="a" * 64, t="2026-12-07T12:33:27.459447+00:00", arm="R2d"),
+    ]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"{i}/README.md")
+        paths[-1].parent.mkdir()
+        paths[-1].write_text(text)
+    a, b, c = map(soak.file_record, paths)
+    assert a == b != c
+
+
+def test_the_plan_has_both_signal_faults_and_one_full_disk(soak):
+    for n in (2, 3, 6):
+        kinds = soak.plan(random.Random(n), n, disk=True)
+        assert kinds.count("disk_full") == 1 and len(kinds) == n + 1
+        assert kinds.count("kill_job") == (n + 1) // 2 and kinds.count("term_snakemake") == n // 2
+    assert "disk_full" not in soak.plan(random.Random(0), 2, disk=False)
