@@ -17,7 +17,9 @@ rule build_bundle:
         lineage=as_json({a: CFG["arms"][a]["lineage"] for a in ARM_IDS}),
         arms=afrounds.report_arms(CFG),  # the card reads the nominating round's LR sweep
         base=base_dir,
-        template=lambda wc, input: input.template[0] if input.template else afdag.bundle_template(CFG, wc.bundle),
+        template=lambda wc, input: (
+            input.template[0] if input.template else afdag.bundle_template(CFG, wc.bundle)
+        ),
         chat=CHAT_TEMPLATE,
         search=lambda wc, input: (
             f"--prompt-search {input.prompt_search}" if "prompt_search" in input.keys() else ""
