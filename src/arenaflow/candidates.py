@@ -221,7 +221,9 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
     seconds = time.perf_counter() - t0
     io.write_jsonl(args.out, rows)
     decoded_by = vllm_engine.describe(engine.get("decoder"), model)
-    manifest.write_file(args.out, {**params, "decoded_by": decoded_by}, rows=len(rows))
+    template = chat.template_record(tok, args.chat_template)
+    record = {**params, "chat_template": template, "decoded_by": decoded_by}
+    manifest.write_file(args.out, record, rows=len(rows))
     parts.finish(args.out)
     tokens = sum(r["n_tokens"] for r in rows)
     jobclock.done(args.out, tokens=tokens, seconds=seconds)

@@ -261,10 +261,12 @@ def build(
     verdicts: list[dict] | None = None,
     eval_items: list[dict] | None = None,
     verdicts_file: str = "verdicts",
+    chat_template: str | None = None,
 ) -> dict:
     """Select, decontaminate against `eval_items`, optionally coverage-select, tokenise and
     write the corpus atomically; return its stats (with the manifest digest). `verdicts_file`
-    names the verdicts in errors."""
+    names the verdicts in errors; `chat_template` is base.chat_template as the tokenizer was
+    loaded with it (recorded with the template's sha256, chat.template_record)."""
     from arenaflow.corpora import decontam
 
     if verdicts is None:
@@ -294,9 +296,9 @@ def build(
         io.write_jsonl(tmp / "rows.jsonl", rows)
         np.savez(tmp / ("pairs.npz" if pairs else "sft.npz"), **arrays)
         io.write_json(tmp / "stats.json", stats)
-        record = manifest.write(
-            tmp, params={**params, "system_prompt": system_prompt}, written_as=out
-        )
+        template = chat.template_record(tokenizer, chat_template)
+        recorded = {**params, "system_prompt": system_prompt, "chat_template": template}
+        record = manifest.write(tmp, params=recorded, written_as=out)
     stats["digest"] = record["digest"]
     return stats
 
@@ -338,6 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.eval_pools is not None
         else None,
         verdicts_file=args.verdicts or "verdicts",
+        chat_template=args.chat_template,
     )
     print(f"corpus {args.corpus}: {json.dumps(stats, sort_keys=True)}")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from arenaflow import chat, io, jobclock, manifest, paths, tracking, verify
 from arenaflow import engine as afengine
-from arenaflow import io, jobclock, manifest, paths, tracking, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.evals.cluster import cluster_of_row
@@ -102,7 +102,7 @@ def readout(
     `created_utc` against the bar's registration time. With `job` (arenaflow.decode.parts.Job),
     finished batches are kept beside job.out and a rerun after a kill decodes only the rest (not
     for a multi-turn pool: a turn's prompts hold the earlier turns' answers)."""
-    from arenaflow import candidates, chat
+    from arenaflow import candidates
     from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
 
     dec = sampling.Decoding(**afschema.decoding_of(regime))
@@ -414,6 +414,7 @@ def _read_one(
         "batch_size": args.batch_size,
         "engine": afengine.settings(),
         "decoded_by": vllm_engine.describe(afengine.get("decoder"), model),
+        "chat_template": chat.template_record(tok, args.chat_template),
         "weights": weights,
         "pool": args.pool,
         "tokens": tokens,
