@@ -55,6 +55,42 @@ def template_text(spec: str, base_dir: str | Path, chatml_template: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+class _Refused(Exception):
+    pass
+
+
+def _refuse(message):
+    raise _Refused(message)
+
+
+def system_turn_refusal(template: str) -> str | None:
+    """The template's own error when it refuses a system turn before a user's (Mistral v0.1
+    and Gemma raise_exception on one), None when it takes one. Rendered by jinja2 alone, as
+    transformers sets it up, so that a config is checked without loading transformers; an
+    error other than the template's raise_exception is left to the jobs that render it."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.globals["raise_exception"] = _refuse
+    tokens = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": True}
+    system = [{"role": "system", "content": "s"}]
+    try:
+        compiled = env.from_string(template)
+        compiled.render(messages=[{"role": "user", "content": "u"}], **tokens)
+    except Exception:  # not about a system turn: the jobs' renderer reports it
+        return None
+    try:
+        compiled.render(messages=[*system, {"role": "user", "content": "u"}], **tokens)
+    except _Refused as e:
+        return str(e)
+    except Exception:
+        return None
+    return None
+
+
 class Format:
     """A template and the tokenizer it renders for (its special tokens are the template's
     bos_token, eos_token, ... variables, as in apply_chat_template)."""
