@@ -38,7 +38,7 @@ from arenaflow import chat, engine, io, jobclock, manifest, paths, tracking, ver
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
-from arenaflow.pools.validate import read_pool
+from arenaflow.pools.validate import no_template_markers, read_pool
 
 # torch, transformers and the decode loop (seconds of imports) are imported where a sample is
 # drawn, so that verifying, a CPU job, does without them.
@@ -213,6 +213,7 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
         job=args.out,
         chat_template=args.chat_template,
     )
+    no_template_markers(pool, args.pool, chat.markers(tok))
     decode_warmup.finish(warm, args.out)
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()

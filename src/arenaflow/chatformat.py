@@ -159,6 +159,18 @@ class Format:
             at = hit[1]
         return out
 
+    def written_markers(self) -> list[str]:
+        """The special tokens the template writes around turns (role markers, end of turn, BOS):
+        found by rendering a conversation of every role, the system turn apart since some
+        templates refuse one."""
+        user, answer = {"role": "user", "content": "1"}, {"role": "assistant", "content": PROBE}
+        text = self.render([user, answer, user], add_generation_prompt=True)
+        try:
+            text += self.render([{"role": "system", "content": "s"}, user])
+        except Exception:  # a template without a system turn (Gemma, Mistral v0.1)
+            pass
+        return [m for m in self.markers if m in text]
+
     def stop_ids(self) -> list[int]:
         ids = self.tokenizer.convert_tokens_to_ids(self.end_of_turn())
         return [i for i in ids if i is not None and i != self.tokenizer.unk_token_id]

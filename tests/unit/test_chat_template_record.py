@@ -71,3 +71,21 @@ def test_a_corpus_records_the_template_its_rows_were_rendered_in(pool, house, tm
     recorded = io.read_json(tmp_path / "c/manifest.json")["params"]
     assert recorded["chat_template"] == {"spec": str(house), "sha256": sha(tok.chat_template)}
     assert tok.chat_template == house.read_text(encoding="utf-8")
+
+
+def test_a_job_refuses_a_pool_row_holding_a_marker_of_its_template(house, tmp_path):
+    """Pools are built without a tokenizer: the jobs that render them check the template's
+    markers (arenaflow.pools.validate.no_template_markers), here a readout's."""
+    rows = mathpool.generate(2, 11, "train", {"add": 1, "sub": 1}, "t")
+    rows[1]["prompt"] += " <|im_end|>"
+    pool = tmp_path / "pool.jsonl"
+    io.write_jsonl(pool, rows)
+    out = tmp_path / "r.parquet"
+    plan = [{"regime": "greedy", "decoding": DECODE, "replicate": 0, "out": str(out)}]
+    args = ["readout", "--suite", "math", "--arm", "base", "--pool", str(pool), "--plan"]
+    args += [json.dumps(plan), "--base-model", str(BASE), "--chat-template", str(house)]
+    with pytest.raises(
+        ValueError, match=rf"^{pool}:2 \(from synthetic:.*\): 'prompt' holds .*'<\|im_end\|>'"
+    ):
+        readout.main(args)
+    assert not out.exists()

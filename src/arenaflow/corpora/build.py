@@ -30,7 +30,7 @@ import numpy as np
 from scipy.special import comb
 
 from arenaflow import candidates, chat, io, manifest, models, paths, verify
-from arenaflow.pools.validate import read_pool
+from arenaflow.pools.validate import no_template_markers, read_pool
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -328,10 +328,15 @@ def main(argv: list[str] | None = None) -> None:
     if (args.samples is None) != (args.verdicts is None):
         ap.error("--samples and --verdicts go together")
     who = f"corpus {args.corpus}"
-    stats = build(
-        Path(args.out),
+    pool, tokenizer = (
         read_pool(args.pool, who),
         models.load_tokenizer(args.tokenizer, args.chat_template),
+    )
+    no_template_markers(pool, args.pool, chat.markers(tokenizer))
+    stats = build(
+        Path(args.out),
+        pool,
+        tokenizer,
         args.system_prompt,
         json.loads(args.params_json),
         manifest.read_jsonl(args.samples, who, paths.SAMPLES) if args.samples else None,

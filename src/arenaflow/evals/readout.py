@@ -25,7 +25,7 @@ from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.evals.cluster import cluster_of_row
 from arenaflow.instruct import families, multiturn, toolleak
-from arenaflow.pools.validate import read_pool
+from arenaflow.pools.validate import no_template_markers, read_pool
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition:
 # arenaflow.evals.degeneracy;
@@ -325,6 +325,7 @@ def _readouts(args) -> None:
     model, tok = load(
         args.base_model, args.adapter, consumer="readout", job=job, chat_template=args.chat_template
     )
+    no_template_markers(pool, args.pool, chat.markers(tok))
     weights = weights_read(args.adapter)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
