@@ -2,6 +2,7 @@ rule build_bundle:
     input:
         unpack(lambda wc: afdag.bundle_inputs(CFG, wc.bundle, bundle_arm(wc))),
         base=BASE_FILES,
+        chat=CHAT_TEMPLATE_FILE,
         template=lambda wc: afdag.template_file(CFG, REPO, wc.bundle),  # editing the served template rebuilds the bundle
     output:
         update(directory(afpaths.BUNDLE)),

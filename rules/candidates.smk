@@ -6,6 +6,7 @@ rule sample_candidates:
         pool=lambda wc: afdag.corpus_pool(CFG, wc.corpus),
         policy=lambda wc: afdag.run_dirs(CFG["corpora"][wc.corpus]["policy"]),
         base=BASE_FILES,
+        chat=CHAT_TEMPLATE_FILE,
     output:
         rows=update(afpaths.SAMPLES),
         manifest=update(afpaths.SAMPLES_MANIFEST),

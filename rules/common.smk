@@ -68,6 +68,9 @@ BASE = CFG["base"]["path"]
 BASE_FILES = sorted(str(p) for p in Path(BASE).iterdir() if p.is_file())
 # base.chat_template as every rendering job takes it (own, chatml, or the .jinja file's path)
 CHAT_TEMPLATE = CFG["base"]["chat_template"]
+# ... and its .jinja file, an input of each of those jobs so that editing it reruns what it
+# renders ([] for own, whose template is among BASE_FILES, and for chatml)
+CHAT_TEMPLATE_FILE = afdag.chat_template_file(CFG)
 ARM_IDS = sorted(CFG["arms"])
 TRAINED_IDS = sorted(a for a, v in CFG["arms"].items() if v["kind"] == afschema.TRAINED)
 MERGED_IDS = sorted(

@@ -4,6 +4,7 @@ rule build_corpus:
         pool=lambda wc: afdag.corpus_pool(CFG, wc.corpus),
         evals=lambda wc: afdag.eval_pools(CFG, wc.corpus),
         base=BASE_FILES,
+        chat=CHAT_TEMPLATE_FILE,
     output:
         # sft.npz or pairs.npz (format: pairs) is listed in the manifest
         rows=update(afpaths.CORPUS_ROWS),

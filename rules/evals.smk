@@ -14,6 +14,7 @@ for _suite in CFG["evals"]:
             pool=afpaths.pool(CFG["evals"][_suite]["pool"]),
             adapter=lambda wc: afdag.run_dirs(wc.rarm),
             base=BASE_FILES,
+            chat=CHAT_TEMPLATE_FILE,
         output:
             [
                 update(p)
@@ -77,6 +78,7 @@ rule readout_search:
         pool=lambda wc: afpaths.pool(suite(wc)["pool"]),
         adapter=lambda wc: afdag.run_dirs(wc.rarm),
         base=BASE_FILES,
+        chat=CHAT_TEMPLATE_FILE,
     output:
         update(afpaths.READOUT),
     log:

@@ -4,6 +4,7 @@ rule train_arm:
         init=lambda wc: afdag.run_dirs(arm(wc)["init"]),
         arm_file=lambda wc: arm(wc)["file"],
         base=BASE_FILES,
+        chat=CHAT_TEMPLATE_FILE,
         budget=budget_gate,  # [] or a refusal naming the arm, before any sbatch (rules/common.smk)
     output:
         update(directory(afpaths.RUN)),

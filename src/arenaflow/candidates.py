@@ -38,7 +38,7 @@ from arenaflow import chat, engine, io, jobclock, manifest, paths, tracking, ver
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy
 from arenaflow.instruct import check as ifcheck
-from arenaflow.pools.validate import read_pool
+from arenaflow.pools.validate import no_template_markers, read_pool
 
 # torch, transformers and the decode loop (seconds of imports) are imported where a sample is
 # drawn, so that verifying, a CPU job, does without them.
@@ -248,13 +248,16 @@ def _sample_cmd(args, pool: list[dict], params: dict) -> None:
         job=args.out,
         chat_template=args.chat_template,
     )
+    no_template_markers(pool, args.pool, chat.markers(tok))
     decode_warmup.finish(warm, args.out)
     jobclock.loaded(args.out)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
     t0 = time.perf_counter()
     job = parts.Job(args.out, parts.weights_of(args.base_model, args.adapter))
     rows = sample(pool, model, tok, args.system_prompt, params, job, first_batch)
     seconds = time.perf_counter() - t0
-    write_samples(args.out, rows, {**params, "decoded_by": vllm_engine.describe(decoder, model)})
+    template = chat.template_record(tok, args.chat_template)
+    record = {**params, "chat_template": template}
+    write_samples(args.out, rows, {**record, "decoded_by": vllm_engine.describe(decoder, model)})
     parts.finish(args.out)
     tokens = sum(r["n_tokens"] for r in rows)
     jobclock.done(args.out, tokens=tokens, seconds=seconds)
@@ -295,9 +298,9 @@ def merge_shards(parts: list[str], out: str) -> int:
 
 
 def _sampling(params: dict) -> dict:
-    """A part's params but how its decoder served the policy, which an empty part, loading
-    nothing, cannot say."""
-    return {k: v for k, v in params.items() if k != "decoded_by"}
+    """A part's params but what only a part that loaded the policy can say: how its decoder
+    served it and the chat template its tokenizer carried."""
+    return {k: v for k, v in params.items() if k not in ("decoded_by", "chat_template")}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ ChatML per turn: `<|im_start|>{role}\\n{content}<|im_end|>\\n`.
 
 from __future__ import annotations
 
+import hashlib
 from itertools import chain
 
 import numpy as np
@@ -54,6 +55,25 @@ def apply_template(tokenizer, spec: str, base_dir) -> None:
         missing = [t for t in (IM_START, IM_END) if t not in vocab]
         if missing:
             tokenizer.add_special_tokens({"additional_special_tokens": missing})
+
+
+def markers(tokenizer) -> tuple[str, ...]:
+    """The text a pool row must not hold: the special tokens the chat template writes around
+    turns (ChatML's control tokens when rendering in ChatML) and the tokenizer's own named ones
+    (BOS, EOS, ...), each of which would render as a token of the template, not as text."""
+    fmt = format_of(tokenizer)
+    written = CONTROL_TOKENS if fmt is None else fmt.written_markers()
+    named = [t for t in tokenizer.all_special_tokens if t.strip()]
+    return tuple(dict.fromkeys([*written, *named]))
+
+
+def template_record(tokenizer, spec: str | None) -> dict:
+    """The template a job rendered with, as its outputs record it beside its engine settings:
+    base.chat_template as passed (None: the tokenizer's as saved) and the sha256 of the
+    template's text (ChatML's when the tokenizer has none, as `render` falls back to it)."""
+    template = getattr(tokenizer, "chat_template", None)
+    text = template if isinstance(template, str) else CHATML_TEMPLATE
+    return {"spec": spec, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
 
 
 def render(

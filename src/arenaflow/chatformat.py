@@ -55,6 +55,42 @@ def template_text(spec: str, base_dir: str | Path, chatml_template: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+class _Refused(Exception):
+    pass
+
+
+def _refuse(message):
+    raise _Refused(message)
+
+
+def system_turn_refusal(template: str) -> str | None:
+    """The template's own error when it refuses a system turn before a user's (Mistral v0.1
+    and Gemma raise_exception on one), None when it takes one. Rendered by jinja2 alone, as
+    transformers sets it up, so that a config is checked without loading transformers; an
+    error other than the template's raise_exception is left to the jobs that render it."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.globals["raise_exception"] = _refuse
+    tokens = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": True}
+    system = [{"role": "system", "content": "s"}]
+    try:
+        compiled = env.from_string(template)
+        compiled.render(messages=[{"role": "user", "content": "u"}], **tokens)
+    except Exception:  # not about a system turn: the jobs' renderer reports it
+        return None
+    try:
+        compiled.render(messages=[*system, {"role": "user", "content": "u"}], **tokens)
+    except _Refused as e:
+        return str(e)
+    except Exception:
+        return None
+    return None
+
+
 class Format:
     """A template and the tokenizer it renders for (its special tokens are the template's
     bos_token, eos_token, ... variables, as in apply_chat_template)."""
@@ -122,6 +158,18 @@ class Format:
             out.append(tail[hit[0] : hit[1]])
             at = hit[1]
         return out
+
+    def written_markers(self) -> list[str]:
+        """The special tokens the template writes around turns (role markers, end of turn, BOS):
+        found by rendering a conversation of every role, the system turn apart since some
+        templates refuse one."""
+        user, answer = {"role": "user", "content": "1"}, {"role": "assistant", "content": PROBE}
+        text = self.render([user, answer, user], add_generation_prompt=True)
+        try:
+            text += self.render([{"role": "system", "content": "s"}, user])
+        except Exception:  # a template without a system turn (Gemma, Mistral v0.1)
+            pass
+        return [m for m in self.markers if m in text]
 
     def stop_ids(self) -> list[int]:
         ids = self.tokenizer.convert_tokens_to_ids(self.end_of_turn())

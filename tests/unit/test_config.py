@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from arenaflow import config, schema
+from arenaflow import chatformat, config, schema
 from arenaflow.config import ConfigError
 from arenaflow.config import __main__ as config_cli
 
@@ -761,6 +761,41 @@ def test_a_base_without_a_chat_template_is_refused_under_own_naming_its_director
     cfg["base"]["chat_template"] = "no/such.jinja"
     with pytest.raises(ConfigError, match=r"key 'base/chat_template': no chat template file"):
         resolve(cfg, repo_root)
+
+
+@pytest.mark.parametrize("family", ["gemma", "mistral"])
+def test_a_system_prompt_under_a_template_that_refuses_one_is_refused(
+    family, cfg, repo_root, tmp_path
+):
+    """Gemma and Mistral v0.1 raise_exception on a system turn: as the base's own template and
+    as a .jinja file, refused naming the base, the template and the two ways out."""
+    template = (repo_root / f"tests/data/chat_templates/{family}.jinja").read_text()
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    (tmp_path / "t.jinja").write_text(template)
+    cfg["base"]["path"] = str(base)
+    for spec in ("own", str(tmp_path / "t.jinja")):
+        cfg["base"]["chat_template"] = spec
+        with pytest.raises(
+            ConfigError,
+            match=rf"^{CONFIG_FILE}: key 'system_prompt': base {re.escape(str(base))} with chat "
+            rf"template {re.escape(repr(spec))} refuses a system turn \('.+'\), .*"
+            r'set system_prompt: "" .*or another base.chat_template',
+        ):
+            resolve(cfg, repo_root)
+    cfg["system_prompt"] = ""
+    assert resolve(cfg, repo_root)["system_prompt"] == ""
+    cfg["system_prompt"], cfg["base"]["chat_template"] = "Be brief.", "chatml"
+    assert resolve(cfg, repo_root)["base"]["chat_template"] == "chatml"
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3", "phi3"])
+def test_a_template_that_takes_a_system_turn_passes_with_a_system_prompt(family, repo_root):
+    template = (repo_root / f"tests/data/chat_templates/{family}.jinja").read_text()
+    assert chatformat.system_turn_refusal(template) is None
+    gemma = (repo_root / "tests/data/chat_templates/gemma.jinja").read_text()
+    assert chatformat.system_turn_refusal(gemma) == "System role not supported"
 
 
 def test_a_relative_pool_file_is_relative_to_the_workflows_root(cfg, tmp_path):

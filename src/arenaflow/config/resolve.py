@@ -84,6 +84,30 @@ def _resolve_chat_template(base: dict, root: Path, where: str) -> None:
         )
 
 
+def _check_system_turn(cfg: dict, sources, config_file: str) -> None:
+    """A system prompt under a template that refuses a system turn (Mistral v0.1, Gemma) is
+    refused before any job, naming the base and the template, not by the first job to render."""
+    spec = cfg["base"]["chat_template"]
+    if spec == chatformat.CHATML:
+        return
+    prompts = {("system_prompt",): cfg["system_prompt"]}
+    for sid, suite in cfg["evals"].items():
+        for k, text in (suite.get("system_prompts") or {}).items():
+            prompts[("evals", sid, "system_prompts", k)] = text
+    keys = next((k for k, text in prompts.items() if text), None)
+    if keys is None:
+        return
+    template = chatformat.template_text(spec, cfg["base"]["path"], chatformat.CHATML)
+    if why := chatformat.system_turn_refusal(template):
+        raise ConfigError(
+            f"{key_line(sources, keys) or config_file}: key '{'/'.join(keys)}': base "
+            f"{cfg['base']['path']} with chat template {spec!r} refuses a system turn "
+            f"({why!r}), and this system prompt is {prompts[keys]!r}; set "
+            'system_prompt: "" (and no suite system_prompts) or another base.chat_template '
+            "('chatml' or a .jinja file that takes a system turn)"
+        )
+
+
 def resolve(
     config: dict,
     repo_root: Path = REPO_ROOT,
@@ -125,6 +149,7 @@ def resolve(
     _resolve_corpora(cfg, schema, raw, arms_dir, config_file)
     arms = _resolve_arms(cfg, raw, files, arms_dir)
     _resolve_evals(cfg, schema, config_file)
+    _check_system_turn(cfg, sources, config_file)
     known_arms = set(arms) | {BASE}
     cfg["promotion"] = filled(schema_part(schema, "promotion"), cfg.get("promotion", {}))
     _check_rounds(cfg, known_arms, config_file)

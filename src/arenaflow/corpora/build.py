@@ -30,7 +30,7 @@ import numpy as np
 from scipy.special import comb
 
 from arenaflow import candidates, chat, io, manifest, models, paths, verify
-from arenaflow.pools.validate import read_pool
+from arenaflow.pools.validate import no_template_markers, read_pool
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -261,10 +261,12 @@ def build(
     verdicts: list[dict] | None = None,
     eval_items: list[dict] | None = None,
     verdicts_file: str = "verdicts",
+    chat_template: str | None = None,
 ) -> dict:
     """Select, decontaminate against `eval_items`, optionally coverage-select, tokenise and
     write the corpus atomically; return its stats (with the manifest digest). `verdicts_file`
-    names the verdicts in errors."""
+    names the verdicts in errors; `chat_template` is base.chat_template as the tokenizer was
+    loaded with it (recorded with the template's sha256, chat.template_record)."""
     from arenaflow.corpora import decontam
 
     if verdicts is None:
@@ -294,9 +296,9 @@ def build(
         io.write_jsonl(tmp / "rows.jsonl", rows)
         np.savez(tmp / ("pairs.npz" if pairs else "sft.npz"), **arrays)
         io.write_json(tmp / "stats.json", stats)
-        record = manifest.write(
-            tmp, params={**params, "system_prompt": system_prompt}, written_as=out
-        )
+        template = chat.template_record(tokenizer, chat_template)
+        recorded = {**params, "system_prompt": system_prompt, "chat_template": template}
+        record = manifest.write(tmp, params=recorded, written_as=out)
     stats["digest"] = record["digest"]
     return stats
 
@@ -326,10 +328,15 @@ def main(argv: list[str] | None = None) -> None:
     if (args.samples is None) != (args.verdicts is None):
         ap.error("--samples and --verdicts go together")
     who = f"corpus {args.corpus}"
-    stats = build(
-        Path(args.out),
+    pool, tokenizer = (
         read_pool(args.pool, who),
         models.load_tokenizer(args.tokenizer, args.chat_template),
+    )
+    no_template_markers(pool, args.pool, chat.markers(tokenizer))
+    stats = build(
+        Path(args.out),
+        pool,
+        tokenizer,
         args.system_prompt,
         json.loads(args.params_json),
         manifest.read_jsonl(args.samples, who, paths.SAMPLES) if args.samples else None,
@@ -338,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.eval_pools is not None
         else None,
         verdicts_file=args.verdicts or "verdicts",
+        chat_template=args.chat_template,
     )
     print(f"corpus {args.corpus}: {json.dumps(stats, sort_keys=True)}")
 

@@ -7,7 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
-from arenaflow import paths, schema, tracking
+from arenaflow import chatformat, paths, schema, tracking
 from arenaflow.pools import validate as afvalidate
 from arenaflow.schema import BASE
 
@@ -269,13 +269,19 @@ def bundle_inputs(cfg: dict, bundle: str, served: str) -> dict:
     return out
 
 
+def chat_template_file(cfg: dict) -> list[str]:
+    """base.chat_template's file (a resolved path), or none for 'own' (the template is one of
+    the base's files) and 'chatml': an input of every job that renders with it."""
+    spec = cfg["base"].get("chat_template", chatformat.OWN)
+    return [] if spec in (chatformat.OWN, chatformat.CHATML) else [spec]
+
+
 def template_file(cfg: dict, repo: Path, bundle: str) -> list[str]:
     """The bundle's chat template file, or none for 'chatml' and for 'base' (the template the
-    lineage was trained in: base.chat_template, already a resolved path when it is a file)."""
+    lineage was trained in: chat_template_file)."""
     spec = cfg["bundles"][bundle]["chat_template"]
     if spec == "base":
-        base = cfg["base"].get("chat_template", "own")
-        return [base] if base not in ("own", "chatml") else []
+        return chat_template_file(cfg)
     return [] if spec == "chatml" else [in_repo(repo, spec)]
 
 

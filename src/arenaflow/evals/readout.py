@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from arenaflow import chat, io, jobclock, manifest, paths, tracking, verify
 from arenaflow import engine as afengine
-from arenaflow import io, jobclock, manifest, paths, tracking, verify
 from arenaflow import schema as afschema
 from arenaflow.evals import degeneracy, stats
 from arenaflow.evals.cluster import cluster_of_row
 from arenaflow.instruct import families, multiturn, toolleak
-from arenaflow.pools.validate import read_pool
+from arenaflow.pools.validate import no_template_markers, read_pool
 
 # Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition:
 # arenaflow.evals.degeneracy;
@@ -344,6 +344,7 @@ def _readouts(args) -> None:
     model, tok = load(
         args.base_model, args.adapter, consumer="readout", job=job, chat_template=args.chat_template
     )
+    no_template_markers(pool, args.pool, chat.markers(tok))
     weights = weights_read(args.adapter)
     decode_warmup.finish(warm, job)
     jobclock.loaded(job)  # start-up ends: the log line benchmarks/lineage_gpu.py reads
@@ -425,7 +426,8 @@ def _read_one(
     df["replicate"] = read["replicate"]
     tokens = int(df["n_tokens"].sum())
     meta = _meta(args, read, weights, tokens, seconds)
-    write_readout(df, read["out"], {**meta, "decoded_by": decoded_by})
+    template = chat.template_record(tok, args.chat_template)
+    write_readout(df, read["out"], {**meta, "decoded_by": decoded_by, "chat_template": template})
     print(
         f"{args.suite}/{args.arm}: accuracy {df['correct'].mean():.4f} on {len(df)} items "
         f"-> {read['out']}"

@@ -22,8 +22,10 @@ from arenaflow import manifest, paths
 from arenaflow.evals import readout as evals
 
 # what differs between the parts of one readout, and is summed or written afresh by the merge;
-# decoded_by too: an empty part, loading no model, cannot say how a decoder served it
-PER_PART = ("tokens", "seconds", "created_utc", "code", "decoded_by")
+# decoded_by and chat_template too: an empty part, loading no model, cannot say how a decoder
+# served it nor which template its tokenizer carried
+LOADED = ("decoded_by", "chat_template")
+PER_PART = ("tokens", "seconds", "created_utc", "code", *LOADED)
 
 
 def read_part(path: str) -> tuple[pd.DataFrame, dict]:
@@ -59,8 +61,7 @@ def merge(out: str, shards: int) -> int:
     seconds = round(sum(meta["seconds"] for _, meta in read), 3)
     decoded = next((meta for df_, meta in read if len(df_)), read[0][1])
     totals = {"tokens": tokens, "seconds": seconds}
-    if "decoded_by" in decoded:
-        totals["decoded_by"] = decoded["decoded_by"]
+    totals |= {k: decoded[k] for k in LOADED if k in decoded}
     evals.write_readout(df, out, {**same, **totals})
     return len(df)
 

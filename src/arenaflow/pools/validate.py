@@ -116,12 +116,22 @@ def refuse_empty(paths: Iterable[str | os.PathLike]) -> None:
             raise ValueError(f"{p}: no rows; {_REBUILD}")
 
 
-def _no_control_tokens(row: dict, where: str) -> None:
+def no_template_markers(rows: list[dict], path: str, markers: Iterable[str]) -> None:
+    """validate_rows's refusal of ChatML's control tokens, for the chat template a job renders
+    in (chat.markers: its role and end-of-turn tokens, BOS, EOS): checked where both the pool
+    and the tokenizer are known, by the jobs that render the pool's rows."""
+    markers = tuple(markers)
+    for line, row in enumerate(rows, start=1):
+        source = f" (from {row['source']})" if row.get("source") else ""
+        _no_control_tokens(row, f"{path}:{line}{source}", markers)
+
+
+def _no_control_tokens(row: dict, where: str, markers: tuple[str, ...] = CONTROL_TOKENS) -> None:
     """Text that holds the chat template's markers would render as real turns (a prompt with
     `<|im_end|>\n<|im_start|>assistant` is a fake assistant turn inside every rendering of it)."""
     texts = {k: row.get(k) for k in ("prompt", "gold", "reference", "turns", "context")}
     for key, value in texts.items():
-        found = [t for t in CONTROL_TOKENS if t in json.dumps(value, ensure_ascii=False)]
+        found = [t for t in markers if t in json.dumps(value, ensure_ascii=False)]
         if found:
             raise ValueError(
                 f"{where}: {key!r} holds the chat template's control token {found[0]!r}, which "

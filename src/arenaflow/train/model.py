@@ -230,8 +230,15 @@ def save_adapter(model, plan: list, out_dir: Path) -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # ZeRO-1/2 keep each weight as a view of one flat buffer: views that do not overlap save
-    # as they are (safetensors copies each to the host)
-    weights = {key: p.detach() for key, p in plan}
+    # as they are (safetensors copies each to the host). One tensor under two keys (a resized
+    # embedding in modules_to_save: PEFT saves it as the layer and as its trained copy) is
+    # refused by safetensors, so the second is a copy, as PEFT's save_pretrained makes it.
+    weights, seen = {}, set()
+    for key, p in plan:
+        t = p.detach()
+        where = (t.data_ptr(), t.numel())
+        weights[key] = t.clone() if where in seen else t
+        seen.add(where)
     save_file(weights, str(out_dir / models.ADAPTER_WEIGHTS), metadata={"format": "pt"})
     config = copy.copy(model.peft_config[model.active_adapter])
     config.inference_mode = True  # as PEFT writes it: a saved adapter loads for inference
