@@ -3,7 +3,7 @@ random Llama: the ChatML tokens installed (tokenizer grown, embeddings resized),
 trains the new rows (modules_to_save embed_tokens and lm_head) and a full arm trained through the
 entry point, a bundle of the LoRA arm that ships ChatML, reloads with it and passes its checks,
 and vLLM's verdict on that adapter: merged weights (it adds vocabulary, it trains whole
-modules)."""
+modules), which the bundle builds (merged: auto) at the grown vocabulary."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from hypers import TINY_LORA
 
 from arenaflow import chat, io, models
@@ -98,15 +99,13 @@ def test_a_full_arm_trains_on_the_installed_template(lineage):
     assert model.get_input_embeddings().weight.shape[0] == len(models.load_tokenizer(base)) + 2
 
 
-def test_a_lora_arm_s_bundle_ships_chatml_reloads_and_needs_merged_weights_on_vllm(lineage):
+def test_a_lora_arm_s_bundle_ships_chatml_reloads_and_builds_merged_weights_for_vllm(lineage):
     root, base = lineage
     train(root, base, "A", LORA)
     out = root / "bundles/S"
     serving = {"max_input_tokens": 256, "max_new_tokens": 48, "do_sample": False}
     serving |= {"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0}
-    # merged: never: folding an adapter whose vocabulary outgrew the base's is not built yet
-    # (arenaflow.merge refuses the embedding's shape), so the verdict below names no command
-    cfg = {"chat_template": "base", "system_prompt": SYSTEM, "serving": serving, "merged": "never"}
+    cfg = {"chat_template": "base", "system_prompt": SYSTEM, "serving": serving, "merged": "auto"}
     cfg["reload_prompts"] = ["Ann has 23 apples and gets 15 more. How many apples now?"]
     ns = dict(bundle="S", arm="A", nomination=None, lineage_json=json.dumps({"A": []}))
     ns |= dict(arms_json=None, runs=str(root / "runs"), corpora=str(root / "corpora"))
@@ -123,8 +122,43 @@ def test_a_lora_arm_s_bundle_ships_chatml_reloads_and_needs_merged_weights_on_vl
     facts = fit.adapter_facts(out, str(base))
     assert facts["added_tokens"] == 2 and facts["modules_to_save"] == ["embed_tokens", "lm_head"]
     served = io.read_json(out / "serving_config.json")["serving_engines"]["engines"]["vllm"]
-    assert served["form"] == "merged" and served["use"] is None
+    assert served["form"] == "merged" and served["use"] == "merged"
     verdict = fit.engine_verdict("vllm", facts)
     assert verdict["verdict"] == "merged weights needed"
     assert any("adds 2 tokens" in r for r in verdict["reasons"])
     assert any("modules_to_save" in r for r in verdict["reasons"])
+
+    merged_check = io.read_json(out / "merged_check.json")
+    assert merged_check["verdict"] == "PASS" and checks["merged"]["verdict"] == "PASS"
+    assert all(r["adapter_ids"] == r["merged_ids"] for r in merged_check["prompts"])
+    assert all(r["max_abs_logit_diff"] <= r["tolerance"] for r in merged_check["prompts"])
+    reloaded_with_the_merged_vocabulary(out / "merged", shipped)
+
+
+def reloaded_with_the_merged_vocabulary(merged: Path, shipped) -> None:
+    """merged/ loads without PEFT or arenaflow, its vocabulary the bundle's tokenizer's, its two
+    new rows the adapter's trained copies, and it generates with the shipped ChatML."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(merged)
+    model = AutoModelForCausalLM.from_pretrained(merged).eval()
+    n = len(shipped)
+    assert len(tok) == n == io.read_json(merged / "config.json")["vocab_size"]
+    assert model.get_input_embeddings().weight.shape[0] == n
+    assert model.get_output_embeddings().weight.shape[0] == n
+    saved = load_file(str(merged.parent / "adapter_model.safetensors"))
+    for key, module in [("embed_tokens", model.get_input_embeddings()),
+                        ("lm_head", model.get_output_embeddings())]:  # fmt: skip
+        # PEFT serves the modules_to_save copy (it also saves the original beside it)
+        (copy,) = [t for k, t in saved.items() if k.endswith(f".{key}.modules_to_save.weight")]
+        assert torch.equal(module.weight, copy.to(module.weight.dtype)), key
+    text = tok.apply_chat_template(
+        chat.prompt_messages(SYSTEM, "Ann has 2 apples and gets 3 more. How many apples now?"),
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    assert tok.convert_tokens_to_ids(chat.IM_START) in ids[0].tolist()
+    out = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > ids.shape[1]

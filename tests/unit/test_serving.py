@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import warnings
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from test_merge import make_adapter
 
-from arenaflow import chat, io
+from arenaflow import chat, io, manifest
 from arenaflow.bundles import build, serving
 from arenaflow.bundles.checks import BundleCheckError
+from arenaflow.merge.parents import MergeError
+from arenaflow.models import load_base
 from arenaflow.servers.limits import ENGINES
 
 pytest.importorskip("peft")
-from peft import PeftModel  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 PLAIN = {
@@ -198,3 +202,61 @@ def test_an_adapter_the_fold_cannot_read_fails_the_bundle_by_name(bundle, tmp_pa
     io.write_json(d / "adapter_config.json", {**cfg, "use_dora": True})
     with pytest.raises(BundleCheckError, match="merged/ cannot be built: .*use_dora=True"):
         serving.write_merged(d, bundle[1])
+
+
+def grown_adapter(base: str, d, saved: list[str]):
+    """A LoRA adapter over the base with two rows added to its vocabulary (as an installed chat
+    template's tokens leave it: models.fit_embeddings), `saved` in modules_to_save and perturbed;
+    returns the PEFT model in memory, the only holder of the resized base's unsaved new rows."""
+    torch.manual_seed(5)
+    model = load_base(base)
+    model.resize_token_embeddings(model.get_input_embeddings().weight.shape[0] + 2)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=saved,
+                     init_lora_weights=False)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PEFT's note on a tied layer in modules_to_save
+        peft = get_peft_model(model, cfg)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "modules_to_save" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    peft.save_pretrained(str(d))
+    manifest.write(d, extra={"arm": d.name})
+    return peft.eval()
+
+
+def test_a_grown_vocabulary_folds_into_merged_weights_of_its_size(repo_root, tmp_path):
+    base = str(repo_root / "models/tiny-arith")
+    ref = grown_adapter(base, tmp_path / "G", ["embed_tokens", "lm_head"])
+    info = serving.fold.fold(tmp_path / "G", base, tmp_path / "m")
+    rows = io.read_json(f"{base}/config.json")["vocab_size"] + 2
+    assert info["grown_vocab_size"] == rows
+    cfg = io.read_json(tmp_path / "m/config.json")
+    assert cfg["vocab_size"] == rows and cfg["tie_word_embeddings"] is False
+    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m")).eval()
+    ids = torch.randint(0, rows, (2, 24), generator=torch.Generator().manual_seed(0))
+    ids[:, -2:] = torch.tensor([rows - 2, rows - 1])  # the new tokens, in and out
+    with torch.no_grad():
+        diff = (ref(input_ids=ids).logits - merged(input_ids=ids).logits).abs().max()
+    assert merged.get_output_embeddings().weight.shape[0] == rows and diff < 1e-4
+
+
+def test_a_grown_vocabulary_without_the_heads_copy_or_of_another_shape_is_refused(
+    repo_root, tmp_path
+):
+    base = str(repo_root / "models/tiny-arith")
+    grown_adapter(base, tmp_path / "E", ["embed_tokens"])
+    with pytest.raises(MergeError, match=r"tensor base_model.model.lm_head.weight is neither"):
+        serving.fold.fold(tmp_path / "E", base, tmp_path / "m")  # PEFT saved the resized head
+    f = tmp_path / "E/adapter_model.safetensors"
+    save_file({k: t for k, t in load_file(f).items() if "lm_head" not in k}, f)
+    with pytest.raises(MergeError, match=r"no copy of \['lm_head.weight'\]"):
+        serving.fold.fold(tmp_path / "E", base, tmp_path / "m")  # the tied head's rows unknown
+    assert not (tmp_path / "m").exists()
+    grown_adapter(base, tmp_path / "H", ["embed_tokens", "lm_head"])
+    f = tmp_path / "H/adapter_model.safetensors"
+    save_file(
+        {k: t[:, :-1].contiguous() if "lm_head" in k else t for k, t in load_file(f).items()}, f
+    )
+    with pytest.raises(MergeError, match=r"tensor .*lm_head.* has shape \[261, 127\]"):
+        serving.fold.fold(tmp_path / "H", base, tmp_path / "m")

@@ -145,6 +145,9 @@ def write_merged(tmp: Path, base_model: str) -> dict:
     for f in SERVED_FILES:
         if (tmp / f).exists():
             shutil.copyfile(tmp / f, tmp / MERGED / f)
+    rows, n_tok = info["grown_vocab_size"], len(models.load_tokenizer(tmp / MERGED))
+    if rows is not None and rows != n_tok:
+        raise BundleCheckError(f"merged/ has {rows} vocabulary rows, its tokenizer {n_tok} tokens")
     return info
 
 
@@ -173,7 +176,8 @@ def check_merged(tmp: Path, base_model: str, system_prompt: str, prompts, max_ne
     tok = models.load_tokenizer(tmp / MERGED)
     stops = io.read_json(tmp / MERGED / "generation_config.json")["eos_token_id"]
     stops = stops if isinstance(stops, list) else [stops]
-    ref = models.from_pretrained(base_model, dtype=torch.float32).to(dev)
+    ref = models.fit_embeddings(models.from_pretrained(base_model, dtype=torch.float32), tok)
+    ref = ref.to(dev)
     ref = PeftModel.from_pretrained(ref, str(tmp)).eval()
     merged = models.from_pretrained(tmp / MERGED, dtype=torch.float32).to(dev).eval()
     with safe_open(str(next((tmp / MERGED).glob("*.safetensors"))), framework="pt") as f:

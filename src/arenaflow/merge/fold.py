@@ -9,7 +9,11 @@ block, rounded once), a modules_to_save tensor as the adapter's copy, every othe
 base's, byte for byte. Where the base ties its head to its input embedding and the adapter makes
 the two differ (lm_head in modules_to_save, or LoRA on the embedding), the head is written out
 and config.json unties it, as PEFT served them: PEFT's head copy leaves the embedding as the
-base's, and PEFT's embedding LoRA leaves a tied head on the base's embedding.
+base's, and PEFT's embedding LoRA leaves a tied head on the base's embedding. Where the
+adapter's tokenizer grew (a chat template's tokens installed, models.fit_embeddings), its
+modules_to_save copies of the embedding and head have more rows than the base's: they replace
+the base's, and config.json's vocab_size becomes their row count. A vocabulary tensor the adapter
+does not carry is refused then (its new rows were random, PEFT's resize, and are not saved).
 
 Streaming as arenaflow.merge.build: tensors are read through safetensors.safe_open in row blocks
 and written by a writer that lays the header out first, so neither the base nor the output is
@@ -29,7 +33,7 @@ import torch
 from arenaflow import io
 from arenaflow.merge.build import bytes_arg
 from arenaflow.merge.full import write_shards
-from arenaflow.merge.lora import Module, collect
+from arenaflow.merge.lora import Module, collect, grows_rows
 from arenaflow.merge.parents import Base, MergeError, Parent, load_base, load_parent, tied_keys
 from arenaflow.merge.stream import Entry, Reader, Src, combine, row_ranges
 
@@ -54,10 +58,29 @@ def folded(m: Module, src: Src, reader: Reader, transposed: bool) -> Iterator[to
         yield w.to(src.dtype).reshape(-1)
 
 
+def grown_rows(p: Parent, entries: list[Entry], base: Base) -> int | None:
+    """The merged vocabulary's row count where the adapter's copies grew it, else None."""
+    grown = {e.name: e.shape for e in entries if e.shape != base.src(e.name).shape}
+    if not grown:
+        return None
+    if len({s[0] for s in grown.values()}) > 1:
+        raise MergeError(f"adapter {p.dir}: its tensors grow the vocabulary unevenly: {grown}")
+    (key, shape), *_ = grown.items()
+    old = base.src(key).shape
+    left = [e.name for e in entries if e.name not in grown and e.shape == old]
+    if left:
+        raise MergeError(
+            f"adapter {p.dir}: tensor {key} grows the vocabulary from {old[0]} to {shape[0]} "
+            f"rows, but the adapter carries no copy of {left} (modules_to_save), whose new "
+            "rows the fold cannot know"
+        )
+    return shape[0]
+
+
 def plan_fold(p: Parent, base: Base, reader: Reader) -> tuple[list[Entry], bool, int]:
     """(the merged model's tensors, whether its head must be untied from its embedding, the
     modules folded)."""
-    modules, wholes = collect([p], base)
+    modules, wholes = collect([p], base, grow=True)
     transposed = bool(p.config.get("fan_in_fan_out"))
     changed = {f"{n}.weight" for n in modules} | set(wholes)
     tied = {h: e for h, e in tied_keys(base.path).items() if h in changed or e in changed}
@@ -72,9 +95,16 @@ def plan_fold(p: Parent, base: Base, reader: Reader) -> tuple[list[Entry], bool,
                 Entry(key, src.dtype, src.shape, lambda m=m, s=src, t=t: folded(m, s, reader, t))
             )
             continue
+        # a modules_to_save copy replaces the base's tensor, grown rows included
         terms = [(1.0, wholes[key].parts[0][1] if key in wholes else src)]
+        shape = terms[0][1].shape
+        if shape != src.shape and not grows_rows(src, terms[0][1]):  # a tied head's base
+            raise MergeError(
+                f"adapter {p.dir}: tensor {terms[0][1].key} has shape {list(shape)}, the "
+                f"base's {src.key} {list(src.shape)} (base model {base.path})"
+            )
         entries.append(
-            Entry(key, src.dtype, src.shape, lambda t=terms, d=src.dtype: combine(reader, t, d))
+            Entry(key, src.dtype, shape, lambda t=terms, d=src.dtype: combine(reader, t, d))
         )
     return entries, bool(tied), len(modules)
 
@@ -92,6 +122,7 @@ def fold(adapter_dir: str | Path, base_model: str | Path, out: str | Path, shard
     reader = Reader()
     try:
         entries, untie, n_folded = plan_fold(p, base, reader)
+        rows = grown_rows(p, entries, base)
         out.mkdir(parents=True)
         write_shards(entries, out, shard_bytes, reader.blocks.recycle)
     finally:
@@ -99,6 +130,9 @@ def fold(adapter_dir: str | Path, base_model: str | Path, out: str | Path, shard
     cfg = io.read_json(base.path / "config.json")
     if untie:
         cfg["tie_word_embeddings"] = False
+    if rows is not None:
+        text = cfg.get("text_config") or {}
+        (text if "vocab_size" in text else cfg)["vocab_size"] = rows
     io.write_json(out / "config.json", cfg)
     if (base.path / "generation_config.json").exists():
         shutil.copyfile(base.path / "generation_config.json", out / "generation_config.json")
@@ -106,6 +140,7 @@ def fold(adapter_dir: str | Path, base_model: str | Path, out: str | Path, shard
         "tensors": len(entries),
         "folded_modules": n_folded,
         "untied_head": untie,
+        "grown_vocab_size": rows,
     }
 
 

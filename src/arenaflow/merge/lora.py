@@ -175,7 +175,15 @@ def add_module(
     m.parts.append((p.weight * scaling(p, name, a.shape[0]), a, b))
 
 
-def add_whole(p: Parent, base: Base, wholes: dict[str, Whole], base_key: str, key: str) -> None:
+def grows_rows(base: Src, t: Src) -> bool:
+    """Whether `t` is `base` with rows appended: a vocabulary tensor of a tokenizer that grew."""
+    return len(t.shape) == 2 and t.shape[1:] == base.shape[1:] and t.shape[0] > base.shape[0]
+
+
+def add_whole(
+    p: Parent, base: Base, wholes: dict[str, Whole], base_key: str, key: str, grow: bool = False
+) -> None:
+    """grow: a copy with more rows than the base's is allowed (it replaces the base's whole)."""
     t = p.index[key]
     w = wholes.setdefault(base_key, Whole(key, base_key, t.shape, t.dtype))
     if t.shape != w.shape:
@@ -184,7 +192,7 @@ def add_whole(p: Parent, base: Base, wholes: dict[str, Whole], base_key: str, ke
             f"parent {w.parts[0][2]}'s {list(w.shape)}"
         )
     src = base.index.get(base_key)  # a tied head is checked in base_terms, if the base is needed
-    if src is not None and src.shape != t.shape:
+    if src is not None and src.shape != t.shape and not (grow and grows_rows(src, t)):
         raise MergeError(
             f"parent {p.arm}: tensor {key} has shape {list(t.shape)}, the base's "
             f"{src.key} {list(src.shape)} (base model {base.path})"
@@ -192,7 +200,10 @@ def add_whole(p: Parent, base: Base, wholes: dict[str, Whole], base_key: str, ke
     w.parts.append((p.weight, t, p.arm))
 
 
-def collect(parents: list[Parent], base: Base) -> tuple[dict[str, Module], dict[str, Whole]]:
+def collect(
+    parents: list[Parent], base: Base, grow: bool = False
+) -> tuple[dict[str, Module], dict[str, Whole]]:
+    """grow (one adapter folded): modules_to_save copies may have more rows than the base's."""
     modules, wholes = {}, {}
     if len({bool(p.config.get("fan_in_fan_out")) for p in parents}) > 1:
         raise MergeError(f"parents {[p.arm for p in parents]} disagree on fan_in_fan_out")
@@ -202,7 +213,7 @@ def collect(parents: list[Parent], base: Base) -> tuple[dict[str, Module], dict[
         for name, ab in factors.items():
             add_module(p, base, modules, name, ab)
         for base_key, key in whole.items():
-            add_whole(p, base, wholes, base_key, key)
+            add_whole(p, base, wholes, base_key, key, grow)
     both = sorted(
         m
         for m in modules
