@@ -1,6 +1,7 @@
 """Architecture matrix: tiny random models of ten architectures, each the base of
-config/examples/own-model.yaml run through Snakemake (a corpus, a LoRA and a full fine-tuning arm,
-readouts decoded from each, a round and a bundle with its reload check), or refused
+config/examples/own-model.yaml run through Snakemake (candidates sampled from the base and
+verified, a corpus, a LoRA and a full fine-tuning arm, readouts decoded from each, a round and a
+bundle with its reload check), or refused
 before any job with an error naming the architecture and what it lacks.
 
     nice -n 10 python scripts/arch_matrix.py --out arch_matrix.json
@@ -10,7 +11,9 @@ No download: every model is built here from a transformers config (hidden 64, 2 
 the embedded default's byte-level ChatML tokenizer (arenaflow.bases.tinymodel), warmed on the
 example pool's worked solutions just until its greedy answers end (a bundle whose answers never
 stop fails its reload check); the example trains on those solutions, so no arm needs a model that
-solves prompts (rejection sampling from a random model keeps no row). Prints a table
+solves prompts (rejection sampling from a random model keeps no row). Each row also samples k
+answers per prompt from its base on a few training prompts and verifies each (SAMPLING), a corpus
+no arm trains on. Prints a table
 (arch, result, seconds, refusal) and writes it as JSON; exits 1 if an architecture neither ran
 nor was refused before any job.
 """
@@ -31,7 +34,17 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config/examples/own-model.yaml"
-TARGETS = ("nominations/r1.json", "bundles/lora")
+
+# Candidate sampling and verification, which the example's `policy: reference` corpus never runs:
+# a corpus of the matrix's own overlay sampled from the base on a few training prompts. No arm
+# trains on it (rejection sampling from a random model may keep no row); its verdicts are a
+# target, so every row samples k answers per prompt and verifies each.
+SAMPLED = "sampled"
+PROBE_POOL = {"file": "data/examples/gsm8k-train.jsonl", "n": 4, "seed": 3}
+SAMPLING = {"pool": "probe", "policy": "base", "k": 2, "temperature": 0.8, "max_new_tokens": 16}
+SAMPLES = f"candidates/{SAMPLED}/samples.jsonl"  # arenaflow.paths.SAMPLES
+VERDICTS = f"candidates/{SAMPLED}/verdicts.jsonl"  # arenaflow.paths.VERDICTS
+TARGETS = ("nominations/r1.json", "bundles/lora", VERDICTS)
 
 # Every size the architectures share; each entry adds what its config needs beyond them
 # (head_dim where the default would not divide 64 by 4 heads, the MoE's experts, the hybrid's
@@ -175,11 +188,13 @@ def make_base(arch: str, out: Path, args) -> int:
 
 
 def overlay(arch: str, base: Path, root: Path) -> Path:
-    """A config file merged over the example: the tiny base, a results directory and the row's
-    LoRA targets."""
+    """A config file merged over the example: the tiny base, a results directory, the row's
+    LoRA targets and the sampled corpus (SAMPLING) with its pool."""
     cfg = {
         "base": {"name": f"tiny/{arch}", "path": str(base)},
         "results_dir": str(root / "results" / arch),
+        "pools": {SAMPLING["pool"]: PROBE_POOL},
+        "corpora": {SAMPLED: SAMPLING},
     }
     cfg["train_defaults"] = {"lora": {"target_modules": MATRIX[arch][1]}}
     path = root / f"{arch}.yaml"
@@ -231,14 +246,34 @@ def run_arch(arch: str, root: Path, args) -> dict:
     log.write_text(proc.stdout + proc.stderr)
     row |= {"seconds": round(time.time() - t0, 1), "log": str(log)}
     if proc.returncode == 0:
-        checks = json.loads((root / "results" / arch / "bundles/lora/checks.json").read_text())
-        return row | {"result": "ran", "checks": {k: c["verdict"] for k, c in checks.items()}}
+        results = root / "results" / arch
+        checks = json.loads((results / "bundles/lora/checks.json").read_text())
+        row["checks"] = {k: c["verdict"] for k, c in checks.items()}
+        return row | {"result": "ran", "sampled": sampled(results)}
     # Snakemake prints "rule <name>:" as it starts a job: a failure before the first one is a
     # refusal at DAG-build time (the config's and the base's checks)
     started = re.search(r"^(local)?rule \w+:", proc.stdout + proc.stderr, re.M)
     if started:
         return row | {"result": "failed", "error": refusal(proc.stdout + proc.stderr)}
     return row | {"result": "refused", "refusal": refusal(proc.stdout + proc.stderr)}
+
+
+def sampled(results: Path) -> dict:
+    """What the sampled corpus's jobs wrote: samples per prompt, and verdicts per sample."""
+    from arenaflow import io
+
+    samples = io.read_jsonl(results / SAMPLES)
+    verdicts = io.read_jsonl(results / VERDICTS)
+    per_prompt: dict[str, int] = {}
+    for s in samples:
+        per_prompt[s["prompt_id"]] = per_prompt.get(s["prompt_id"], 0) + 1
+    judged = {v["id"] for v in verdicts}
+    return {
+        "samples_per_prompt": per_prompt,
+        "unjudged": sorted(s["id"] for s in samples if s["id"] not in judged),
+        "correct": sum(bool(v["correct"]) for v in verdicts),
+        "verdicts": len(verdicts),
+    }
 
 
 def _fork_overlay(root: Path, socket: str) -> Path:

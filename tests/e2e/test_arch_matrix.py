@@ -1,18 +1,22 @@
 """The architecture matrix (scripts/arch_matrix.py): config/examples/own-model.yaml through
 Snakemake on a tiny random model of each of ten architectures (Llama, Qwen2, Qwen3, Mistral,
 Gemma 2, Gemma 3, Phi-3 and GPT-NeoX with partial rotary, Qwen3-MoE, the Falcon-H1 hybrid) with the
-embedded default's ChatML tokenizer: each either builds its bundle, with both arms trained, every
-arm read out and the bundle reloaded as a server would, or is refused before any job naming the
-architecture. Marked `archs` (CI runs it; docs/operations.md gives its time)."""
+embedded default's ChatML tokenizer: each either builds its bundle, with candidates sampled from its
+base and verified, both arms trained, every arm read out and the bundle reloaded as a server would,
+or is refused before any job naming the architecture. Marked `archs` (CI runs it;
+docs/operations.md gives its time)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
 
 import pytest
 from dagrun import REPO, serve_greedy
+
+from arenaflow import io, manifest
 
 pytestmark = pytest.mark.archs
 
@@ -63,6 +67,31 @@ def test_each_bundle_passes_its_checks_on_trained_arms_of_its_architecture(matri
         for arm in ("base", "lora", "full"):
             assert (results / f"readouts/math/{arm}/greedy.r0.parquet").is_file(), (arch, arm)
         assert (results / "nominations/r1.json").is_file(), arch
+
+
+def test_each_ran_row_sampled_k_answers_per_prompt_from_its_base_and_verified_each(matrix):
+    k = arch_matrix.SAMPLING["k"]
+    ran = [r for r in matrix["report"]["rows"] if r["result"] == "ran"]
+    assert ran
+    for row in ran:
+        results = matrix["root"] / "results" / row["arch"]
+        pool = io.read_jsonl(results / f"pools/{arch_matrix.SAMPLING['pool']}.jsonl")
+        samples = io.read_jsonl(results / arch_matrix.SAMPLES)
+        verdicts = io.read_jsonl(results / arch_matrix.VERDICTS)
+        assert len(pool) == arch_matrix.PROBE_POOL["n"], row["arch"]
+        per_prompt = collections.Counter(s["prompt_id"] for s in samples)
+        assert per_prompt == {r["id"]: k for r in pool}, (row["arch"], per_prompt)
+        assert row["sampled"]["samples_per_prompt"] == dict(per_prompt), row
+        # one verdict per sample, in the samples' order, each a judgement of that sample
+        assert [v["id"] for v in verdicts] == [s["id"] for s in samples], row["arch"]
+        assert [v["n_tokens"] for v in verdicts] == [s["n_tokens"] for s in samples], row["arch"]
+        assert all(isinstance(v["correct"], bool) for v in verdicts), row["arch"]
+        assert row["sampled"]["unjudged"] == [], row
+        assert all(0 < s["n_tokens"] <= arch_matrix.SAMPLING["max_new_tokens"] for s in samples)
+        made = json.loads(manifest.sidecar(results / arch_matrix.SAMPLES).read_text())
+        assert made["rows"] == len(samples), row["arch"]
+        sampled_as = {key: made["params"][key] for key in arch_matrix.SAMPLING}
+        assert sampled_as == arch_matrix.SAMPLING, (row["arch"], sampled_as)
 
 
 @pytest.mark.parametrize("arch", ["phi3", "qwen3_moe", "falcon_h1"])

@@ -47,12 +47,14 @@ def test_the_placeholder_base_is_refused_naming_the_key(repo_root, tmp_path):
 
 
 def base_dir(tmp_path, model_type: str, arch: str, **cfg):
+    """A base of `model_type` that is its config.json alone: the base key naming it, with ChatML
+    as its chat template (it has none of its own, which the config check refuses first)."""
     d = tmp_path / model_type
     d.mkdir()
     (d / "config.json").write_text(
         json.dumps({"model_type": model_type, "architectures": [arch], **cfg})
     )
-    return str(d)
+    return {"path": str(d), "chat_template": "chatml"}
 
 
 @pytest.mark.parametrize(
@@ -68,7 +70,7 @@ def test_all_linear_on_fused_experts_or_mamba_mixers_is_refused_before_any_job(
 ):
     base = base_dir(tmp_path, model_type, arch, **extra)
     with pytest.raises(config.ConfigError) as e:
-        resolved(repo_root, tmp_path, base={"path": base})
+        resolved(repo_root, tmp_path, base=base)
     msg = str(e.value)
     assert "arms/lora.yaml: arm 'lora'" in msg and f"{arch} (model_type '{model_type}')" in msg
     assert part in msg and "all-linear" in msg
@@ -77,14 +79,12 @@ def test_all_linear_on_fused_experts_or_mamba_mixers_is_refused_before_any_job(
 def test_named_targets_on_a_hybrid_resolve_and_its_mixers_out_proj_is_refused(repo_root, tmp_path):
     base = base_dir(tmp_path, "falcon_h1", "FalconH1ForCausalLM")
     ok = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj"]
-    cfg = resolved(
-        repo_root, tmp_path, base={"path": base}, train_defaults={"lora": {"target_modules": ok}}
-    )
+    cfg = resolved(repo_root, tmp_path, base=base, train_defaults={"lora": {"target_modules": ok}})
     assert cfg["arms"]["lora"]["hyper"]["lora"]["target_modules"] == ok
     with pytest.raises(config.ConfigError, match=r"target \['out_proj'\] includes them"):
         resolved(
             repo_root,
             tmp_path,
-            base={"path": base},
+            base=base,
             train_defaults={"lora": {"target_modules": ["q_proj", "out_proj"]}},
         )
