@@ -242,7 +242,9 @@ def test_a_template_that_renders_apart_or_raises_fails_the_check(template, messa
 
 
 @pytest.mark.parametrize(
-    "template, message", BAD_TEMPLATES, ids=["trim", "open last turn", "raises"]
+    "template, message",
+    [*BAD_TEMPLATES, (B3_TEMPLATE, ".*raise_exception")],
+    ids=["trim", "open last turn", "raises", "B3 does not compile"],
 )
 def test_a_failed_template_check_writes_no_bundle(tmp_path, repo_root, capsys, template, message):
     run = tmp_path / "runs/A/final"

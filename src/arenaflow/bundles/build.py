@@ -207,7 +207,10 @@ def write_serving_files(
         shutil.copyfile(run_dir / f, tmp / f)
     tok = save_tokenizer(args.base_model, template, tmp, args.base_chat_template)
     io.write_text(tmp / "system_prompt.txt", cfg["system_prompt"] + "\n")
-    gen = generation_config(tok, cfg["serving"], args.base_model)
+    # the stops the bundle was evaluated with: the trained template's, not the served one's,
+    # which the template check has yet to pass (a broken one is refused there, by name)
+    trained = models.load_tokenizer(args.base_model, args.base_chat_template)
+    gen = generation_config(trained, cfg["serving"], args.base_model)
     io.write_json(tmp / "generation_config.json", gen)
     io.write_json(
         tmp / "serving_config.json",
