@@ -240,8 +240,8 @@ def test_static_engine_samples_are_seeded(policy):
 
 def test_unknown_engine_and_wrong_batch_shape_are_refused(policy):
     model, tok = policy
-    with pytest.raises(ValueError, match="engine 'vllm': expected 'hf' or 'static'"):
-        sampling.generate(model, tok, ["x"], sampling.Decoding(), engine="vllm")
+    with pytest.raises(ValueError, match="engine 'sglang': expected 'hf', 'static' or 'vllm'"):
+        sampling.generate(model, tok, ["x"], sampling.Decoding(), engine="sglang")
     decoder = decode.StaticDecoder(model, 2, 8, 4, sampling.Decoding(), [0], 0)
     with pytest.raises(ValueError, match=r"shape \(3, 8\); this decoder was built for \(2, 8\)"):
         decoder.run(torch.zeros(3, 8, dtype=torch.long), torch.ones(3, 8))
