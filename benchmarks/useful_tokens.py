@@ -32,6 +32,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import platform
 import time
 from pathlib import Path
@@ -176,6 +177,7 @@ def _vllm_for(model):
 
         from vllm import LLM
 
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # vllm_engine.build_llm
         where = Path(tempfile.mkdtemp(prefix="useful-tokens-vllm-"))
         model.save_pretrained(where)
         dtype = str(model.dtype).removeprefix("torch.")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -164,6 +165,9 @@ def build_llm(model: str | Path, tokenizer: str | Path, max_lora_rank: int | Non
     in on this device; LoRA enabled up to `max_lora_rank` where given."""
     from vllm import LLM
 
+    # vLLM forks its engine core unless told otherwise, and a forked child cannot use CUDA once
+    # this process has touched it (device checks, the static engine in the same process)
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     dtype = str(models.dtype_for(models.device())).removeprefix("torch.")
     lora = {"enable_lora": True, "max_lora_rank": max_lora_rank, "max_loras": 1}
     return LLM(model=str(model), tokenizer=str(tokenizer), dtype=dtype, seed=0,
