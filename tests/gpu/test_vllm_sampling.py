@@ -8,12 +8,11 @@ CPU side of this code is tests/unit/test_vllm_engine.py."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 from realmodel import import_smollm2
+from transformers import AutoModelForCausalLM
 
 from arenaflow import candidates, chat, engine, models
 from arenaflow.decode import sampling, vllm_engine
@@ -38,20 +37,19 @@ def engines(tmp_path_factory):
     smol = str(import_smollm2(tmp / "smollm2"))
     policy, tok = vllm_engine.load_policy(smol, None, "test", job=str(tmp / "samples.jsonl"))
     model, _ = models.load_policy(smol, None)
-    return policy, model, tok
+    return policy, model, tok, smol
 
 
 def prompts(tok) -> list[str]:
     return [chat.render(chat.row_messages(SYSTEM, r), True) for r in POOL]
 
 
-def tie_ratio(model, prompt_ids: list[int], ours: list[int], ref: list[int]) -> float:
+def tie_ratio(model, exact, prompt_ids: list[int], ours: list[int], ref: list[int]) -> float:
     """At the first token where two greedy runs differ (each ending on its stop token), the
-    float32 model's logit gap between the two tokens over twice the bf16 model's rounding there
-    (<= 1: a tie either run could take)."""
+    float32 model's (`exact`) logit gap between the two tokens over twice the bf16 model's
+    rounding there (<= 1: a tie either run could take)."""
     i = next((j for j, (x, y) in enumerate(zip(ours, ref)) if x != y), min(len(ours), len(ref)))
     ctx = torch.tensor([prompt_ids + ref[:i]], device=model.device)
-    exact = copy.deepcopy(model).float()
     with torch.no_grad():
         own, high = model(ctx).logits[0, -1].float(), exact(ctx).logits[0, -1].float()
     noise = (own - high).abs().max()
@@ -59,7 +57,7 @@ def tie_ratio(model, prompt_ids: list[int], ours: list[int], ref: list[int]) -> 
 
 
 def test_vllm_greedy_answers_equal_the_static_engines_but_at_bf16_ties(engines):
-    policy, model, tok = engines
+    policy, model, tok, path = engines
     texts = prompts(tok)
     dec = sampling.Decoding(temperature=0.0, max_new_tokens=48)
     ours = sampling.generate(policy, tok, texts, dec, engine="vllm")
@@ -70,8 +68,10 @@ def test_vllm_greedy_answers_equal_the_static_engines_but_at_bf16_ties(engines):
     rows = tok(texts, add_special_tokens=False)["input_ids"]
     our_ids = vllm_engine.decode(policy, rows, dec, 1, 0, stops)
     # the static run's tokens, read back from its text (ASCII arithmetic: one tokenization)
+    # loaded afresh: the static engine's model holds CUDA graphs, which do not deep-copy
+    exact = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(model.device)
     ratios = {
-        i: tie_ratio(model, rows[i], our_ids[i][0] + stops[:1],
+        i: tie_ratio(model, exact, rows[i], our_ids[i][0] + stops[:1],
                      tok(ref[i][0]["text"], add_special_tokens=False)["input_ids"] + stops[:1])
         for i in differ
     }  # fmt: skip
@@ -80,7 +80,7 @@ def test_vllm_greedy_answers_equal_the_static_engines_but_at_bf16_ties(engines):
 
 
 def test_vllm_sampled_pass_at_8_is_the_static_engines_by_mcnemar(engines):
-    policy, model, tok = engines
+    policy, model, tok, _ = engines
     texts = prompts(tok)
     dec = sampling.Decoding(temperature=0.8, top_p=0.95, max_new_tokens=48)
     passed = {}
