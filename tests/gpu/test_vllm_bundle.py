@@ -7,6 +7,8 @@ it ran."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from arenaflow.bundles.checks import check_reload
 
 pytestmark = [pytest.mark.gpu]
 WHY = vllm_offline.unavailable()
+REPO = Path(__file__).resolve().parents[2]
 SERVING = {"max_input_tokens": 256, "max_new_tokens": 16, "do_sample": False, "temperature": 0.0,
            "top_p": 1.0, "repetition_penalty": 1.0}  # fmt: skip
 PROMPTS = ["Ann has 23 apples and gets 15 more. How many apples now?", "What is 7 * 6?"]
@@ -46,8 +49,8 @@ def make_adapter(base: str, d, head: bool):
 
 @pytest.mark.skipif(WHY is not None, reason=f"vLLM offline check: {WHY}")
 @pytest.mark.parametrize("head", [False, True], ids=["adapter", "merged"])
-def test_vllm_answers_as_the_bundles_reload_check(repo_root, tmp_path, head):
-    base = str(repo_root / "models/tiny-arith")
+def test_vllm_answers_as_the_bundles_reload_check(tmp_path, head):
+    base = str(REPO / "models/tiny-arith")
     d = make_adapter(base, tmp_path / "X", head)
     tok = build.save_tokenizer(base, chat.CHATML_TEMPLATE, d)
     io.write_json(d / "generation_config.json", build.generation_config(tok, SERVING))
