@@ -19,9 +19,11 @@ from arenaflow.bundles.checks import check_reload
 pytestmark = [pytest.mark.gpu]
 WHY = vllm_offline.unavailable()
 REPO = Path(__file__).resolve().parents[2]
-SERVING = {"max_input_tokens": 256, "max_new_tokens": 16, "do_sample": False, "temperature": 0.0,
+SERVING = {"max_input_tokens": 256, "max_new_tokens": 48, "do_sample": False, "temperature": 0.0,
            "top_p": 1.0, "repetition_penalty": 1.0}  # fmt: skip
-PROMPTS = ["Ann has 23 apples and gets 15 more. How many apples now?", "What is 7 * 6?"]
+PROMPTS = ["Ann has 23 apples and gets 15 more. How many apples now?",
+           "Cal had 81 coins and gave away 27. How many coins are left?"]  # config.yaml's B3f
+SYSTEM = "You are a careful math tutor."
 
 
 def make_adapter(base: str, d, head: bool):
@@ -54,11 +56,11 @@ def test_vllm_answers_as_the_bundles_reload_check(tmp_path, head):
     d = make_adapter(base, tmp_path / "X", head)
     tok = build.save_tokenizer(base, chat.CHATML_TEMPLATE, d)
     io.write_json(d / "generation_config.json", build.generation_config(tok, SERVING))
-    check_reload(d, base, SERVING, "Be brief.", PROMPTS)
+    check_reload(d, base, SERVING, SYSTEM, PROMPTS)
     facts = serving.adapter_facts(d, base)
     if head:
         serving.write_merged(d, base)
     rec = serving.engine_records("X", base, facts, head, SERVING)["vllm"]
     assert rec["use"] == ("merged" if head else "adapter")
-    got = vllm_offline.run(d, base, rec, "Be brief.", PROMPTS)
+    got = vllm_offline.run(d, base, rec, SYSTEM, PROMPTS)
     assert got["verdict"] == "PASS", got["answers"]
