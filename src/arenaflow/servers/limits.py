@@ -88,7 +88,10 @@ ENGINES = {
         ],
     },
     "sglang": {
-        # the pages below are SGLang's current (unversioned) docs, read for 0.5
+        # the pages below are SGLang's current (unversioned) docs, read for 0.5. Later sources
+        # (python/sglang/srt/lora/lora_config.py) read an adapter's added_tokens.json and
+        # rank_pattern/alpha_pattern; no release is pinned here, so both stay unsupported and
+        # such an adapter is served from merged/, which is right on any release
         "version": "SGLang 0.5",
         "docs": {
             "lora": "https://docs.sglang.io/advanced_features/lora.html",
