@@ -1,13 +1,15 @@
 """arenaflow.bundles.serving: each engine's verdict on an adapter, the commands, and merged/.
 
-The verdicts are checked against the limits the engines' pages state (vLLM's --max-lora-rank
-tops at 512, no engine loads modules_to_save or added vocabulary from an adapter); merged/ against
+The verdicts are checked against the limits the engines' sources and pages state (vLLM 0.26.0's
+--max-lora-rank tops at 512, no engine loads modules_to_save or added vocabulary from an adapter,
+vLLM alone LoRA on a Llama's or Qwen3's embedding and head); merged/ against
 PEFT's own PeftModel over the base in float32, and reloaded with plain
 AutoModelForCausalLM.from_pretrained and the bundle's tokenizer.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 import shutil
 import warnings
@@ -22,10 +24,12 @@ from arenaflow.bundles import build, serving
 from arenaflow.bundles.checks import BundleCheckError
 from arenaflow.merge.parents import MergeError
 from arenaflow.models import load_base
+from arenaflow.servers import fit
 from arenaflow.servers.limits import ENGINES
 
 pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from peft.tuners.lora import LoraLayer  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 PLAIN = {
@@ -33,6 +37,8 @@ PLAIN = {
     "target_modules": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
     "modules_to_save": [],
     "use_dora": False,
+    "bias": "none",
+    "rescaled_modules": [],
     "added_tokens": 0,
     "architecture": "LlamaForCausalLM",
     "dtype": "float32",
@@ -66,7 +72,7 @@ def test_rank_768_is_above_vllms_largest_max_lora_rank_only():
     assert v["vllm"]["verdict"] == "merged weights needed"
     assert v["vllm"]["reasons"] == [
         "rank 768 is above --max-lora-rank's largest choice 512 "
-        "(https://docs.vllm.ai/en/latest/configuration/engine_args.html)"
+        "(https://github.com/vllm-project/vllm/blob/v0.26.0/vllm/config/lora.py)"
     ]
     assert v["sglang"]["verdict"] == v["tgi"]["verdict"] == "adapter"  # no documented limit
     assert verdicts(rank=512)["vllm"]["verdict"] == "adapter"
@@ -75,12 +81,42 @@ def test_rank_768_is_above_vllms_largest_max_lora_rank_only():
 def test_added_tokens_an_unknown_target_or_architecture_need_merged_weights():
     for over, text in (
         ({"added_tokens": 3}, "adds 3 tokens"),
-        ({"target_modules": ["q_proj", "lm_head"]}, "LoRA on ['lm_head']"),
+        ({"target_modules": ["q_proj", "in_proj"]}, "LoRA on ['in_proj']"),
         ({"architecture": "MambaForCausalLM"}, "LoRA on MambaForCausalLM is not documented"),
         ({"use_dora": True}, "DoRA"),
+        ({"bias": "lora_only"}, "bias='lora_only' is not loaded"),
+        ({"rescaled_modules": ["q_proj"]}, "rank_pattern/alpha_pattern scale ['q_proj']"),
     ):
         for name, r in verdicts(**over).items():
             assert r["form"] == "merged" and any(text in x for x in r["reasons"]), (name, r)
+
+
+def test_vllm_serves_lora_on_the_embedding_and_head_of_llama_and_qwen3_only():
+    """vLLM 0.26.0's LlamaForCausalLM and Qwen3ForCausalLM list embed_tokens and lm_head in
+    their embedding_modules; Mistral's empties it, Qwen2's and Gemma2's have none."""
+    for arch, served in (("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True),
+                         ("MistralForCausalLM", False), ("Qwen2ForCausalLM", False)):  # fmt: skip
+        v = verdicts(architecture=arch, target_modules=["embed_tokens", "lm_head", "q_proj"])
+        assert (v["vllm"]["form"] == "adapter") is served, (arch, v["vllm"])
+        assert v["sglang"]["form"] == v["tgi"]["form"] == "merged", arch
+
+
+def test_rescaled_modules_are_those_peft_scales_apart(repo_root):
+    """rescaled_modules against PEFT's own per-module scaling on the tiny model: a pattern that
+    leaves alpha / r as it is (q_proj) is not one."""
+    cfg = {"r": 8, "lora_alpha": 16, "rank_pattern": {"q_proj": 4, "k_proj": 16},
+           "alpha_pattern": {"q_proj": 8, "v_proj": 8}}  # fmt: skip
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    for rslora in (False, True):
+        model = load_base(str(repo_root / "models/tiny-arith"))
+        peft = get_peft_model(model, LoraConfig(**cfg, use_rslora=rslora, target_modules=targets))
+        top = cfg["lora_alpha"] / (math.sqrt(8) if rslora else 8)
+        scalings = {n.rsplit(".", 1)[-1]: m.scaling["default"]
+                    for n, m in peft.named_modules() if isinstance(m, LoraLayer)}  # fmt: skip
+        apart = sorted(k for k, x in scalings.items() if not math.isclose(x, top))
+        got = fit.rescaled_modules({**cfg, "use_rslora": rslora})
+        assert got == apart, (rslora, got, scalings)
+        assert ("q_proj" in got) is rslora  # 8/sqrt(4) != 16/sqrt(8); 8/4 == 16/8
 
 
 def test_merged_is_built_when_an_engine_needs_it_or_asked():
@@ -167,6 +203,15 @@ def test_every_command_names_bundle_files_and_documented_flags_only(bundle):
             assert (d / p).exists() and any(a in (p, f"X={p}") for a in rec["adapter"]["argv"])
     assert plain["vllm"]["adapter"]["argv"][2] == base
     assert plain["tgi"]["note"] == "served in bfloat16: --dtype has no float32"
+    # vLLM's LoRA kernels take float16/bfloat16 only; the merged weights serve in float32
+    lora_dtype = plain["vllm"]["adapter"]["argv"].index("--dtype") + 1
+    assert plain["vllm"]["adapter"]["argv"][lora_dtype] == "bfloat16"
+    assert plain["vllm"]["note"].startswith(
+        "served in bfloat16: vLLM 0.26.0's LoRA kernels take no float32 (https://github.com/"
+    )
+    merged = records["vllm"]["merged"]["argv"]
+    assert facts["dtype"] == "float32" == merged[merged.index("--dtype") + 1]
+    assert "note" not in records["vllm"] and "note" not in plain["sglang"]
 
 
 def test_lora_on_a_tied_embedding_folds_as_peft_serves_it(repo_root, tmp_path):
@@ -175,7 +220,10 @@ def test_lora_on_a_tied_embedding_folds_as_peft_serves_it(repo_root, tmp_path):
     base = str(repo_root / "models/tiny-arith")
     d = make_adapter(base, tmp_path / "E", 8, r=4, targets=("embed_tokens", "q_proj"))
     build.save_tokenizer(base, chat.CHATML_TEMPLATE, d)
-    assert serving.engine_verdict("vllm", serving.adapter_facts(d, base))["form"] == "merged"
+    facts = serving.adapter_facts(d, base)
+    assert facts["target_modules"] == ["embed_tokens", "q_proj"]
+    forms = {n: serving.engine_verdict(n, facts)["form"] for n in ENGINES}
+    assert forms == {"vllm": "adapter", "sglang": "merged", "tgi": "merged"}
     serving.fold.fold(d, base, tmp_path / "m")
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(d)).eval()

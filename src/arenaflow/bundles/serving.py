@@ -40,14 +40,16 @@ SERVED_FILES = (*TOKENIZER_FILES, "chat_template.jinja", "generation_config.json
 LOGIT_EPS = 64
 
 
-def engine_dtype(name: str, dtype: str) -> str:
-    """The --dtype that serves weights of `dtype`: itself where the engine has it, else bfloat16
-    (TGI has no float32)."""
-    return dtype if dtype in ENGINES[name]["dtypes"] else "bfloat16"
+def engine_dtype(name: str, dtype: str, lora: bool = False) -> str:
+    """The --dtype that serves weights of `dtype` (with `lora`, under an adapter): itself where
+    the engine has it, else bfloat16 (TGI has no float32; vLLM's LoRA kernels take float16 and
+    bfloat16 only)."""
+    e = ENGINES[name]
+    return dtype if dtype in ((lora and e["lora_dtypes"]) or e["dtypes"]) else "bfloat16"
 
 
 def adapter_argv(name: str, bundle: str, base: str, facts: dict, v: dict, serving: dict) -> list:
-    d = engine_dtype(name, facts["dtype"])
+    d = engine_dtype(name, facts["dtype"], lora=True)
     total = str(serving["max_input_tokens"] + serving["max_new_tokens"])
     lora = f"{bundle}=."
     rank = str(v["max_lora_rank"])
@@ -123,10 +125,22 @@ def engine_records(bundle: str, base: str, facts: dict | None, merged: bool, ser
             argv = model_argv(name, bundle, MERGED, facts["dtype"], serving)
             rec["merged"] = command(argv, model_paths(name, MERGED))
         rec["use"] = v["form"] if v["form"] in rec else None  # None: merged/ was not built
-        if engine_dtype(name, facts["dtype"]) != facts["dtype"] and facts["dtype"] != "auto":
-            rec["note"] = f"served in bfloat16: --dtype has no {facts['dtype']}"
+        note = dtype_note(name, facts["dtype"], rec["use"] == "adapter")
+        if note:
+            rec["note"] = note
         out[name] = rec
     return out
+
+
+def dtype_note(name: str, dtype: str, lora: bool) -> str | None:
+    """Why the command in use serves weights of `dtype` in bfloat16, if it does."""
+    if dtype == "auto" or engine_dtype(name, dtype, lora) == dtype:
+        return None
+    e = ENGINES[name]
+    if engine_dtype(name, dtype) == dtype:
+        why = f"{e['version']}'s LoRA kernels take no {dtype}"
+        return f"served in bfloat16: {why} ({e['docs']['lora_dtypes']})"
+    return f"served in bfloat16: --dtype has no {dtype}"
 
 
 def wants_merged(setting: str, records: dict) -> bool:

@@ -7,6 +7,7 @@ arenaflow.decode.vllm_engine (which asks it of a policy's adapter before serving
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from safetensors import safe_open
@@ -17,7 +18,8 @@ from arenaflow.servers.limits import ENGINES
 
 def adapter_facts(bundle: Path, base_model: str, tokenizer: str | Path | None = None) -> dict:
     """What the engines' limits are checked against: the adapter's rank (the largest of r and its
-    rank_pattern), targets, modules_to_save, DoRA, the vocabulary it adds (beyond `tokenizer`'s,
+    rank_pattern), targets, modules_to_save, DoRA, its bias setting, the rank_pattern/alpha_pattern
+    keys whose scaling is not r and lora_alpha's, the vocabulary it adds (beyond `tokenizer`'s,
     by default the bundle's own), the base's architecture and dtype."""
     cfg = io.read_json(bundle / models.ADAPTER_CONFIG)
     base = io.read_json(Path(base_model) / "config.json")
@@ -32,10 +34,25 @@ def adapter_facts(bundle: Path, base_model: str, tokenizer: str | Path | None = 
         "target_modules": sorted({t.rsplit(".", 1)[-1] for t in targets}),
         "modules_to_save": sorted(cfg.get("modules_to_save") or []),
         "use_dora": bool(cfg.get("use_dora")),
+        "bias": str(cfg.get("bias") or "none"),
+        "rescaled_modules": rescaled_modules(cfg),
         "added_tokens": max(0, vocab - text["vocab_size"]),
         "architecture": (base.get("architectures") or ["?"])[0],
         "dtype": str(base.get("dtype") or base.get("torch_dtype") or "auto"),
     }
+
+
+def rescaled_modules(cfg: dict) -> list[str]:
+    """The rank_pattern/alpha_pattern keys that give their modules another scaling than
+    lora_alpha / r (/ sqrt(r) with rsLoRA): what an engine reading r and lora_alpha alone gets
+    wrong."""
+    ranks, alphas = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
+    root = math.sqrt if cfg.get("use_rslora") else float
+
+    def scale(key: str | None) -> float:
+        return alphas.get(key, cfg["lora_alpha"]) / root(ranks.get(key, cfg["r"]))
+
+    return sorted(k for k in {*ranks, *alphas} if not math.isclose(scale(k), scale(None)))
 
 
 def _vocab_tensor(key: str) -> bool:
@@ -61,7 +78,17 @@ def engine_verdict(name: str, facts: dict) -> dict:
             f"from an adapter ({e['docs'].get('peft_helper', doc)})"
         )
     if facts["use_dora"] and not e["dora"]:
-        reasons.append(f"DoRA adapters are not supported ({doc})")
+        reasons.append(f"DoRA adapters are not supported ({e['docs'].get('peft_helper', doc)})")
+    if facts["bias"] != "none" and not e["bias"]:
+        reasons.append(
+            f"bias={facts['bias']!r} is not loaded ({e['docs'].get('peft_helper', doc)})"
+        )
+    if facts["rescaled_modules"] and not e["per_module_scaling"]:
+        reasons.append(
+            f"rank_pattern/alpha_pattern scale {facts['rescaled_modules']} apart from "
+            f"lora_alpha / r, which the engine applies to every module "
+            f"({e['docs'].get('patterns', e['docs'].get('adapters', doc))})"
+        )
     if facts["added_tokens"] and not e["added_tokens"]:
         reasons.append(
             f"the adapter adds {facts['added_tokens']} tokens to the vocabulary "
