@@ -243,8 +243,8 @@ def shards(corpus, two_nodes, tmp_path_factory):
     samples.rename(whole)
     manifest.sidecar(samples).rename(manifest.sidecar(whole))
     # A node has G GPUs; each shard job asks for G // 3 + 1 of them, so no node can run all three
-    # at once (with the 4 of slurm-local.sh: two on one node, the third on the other). With
-    # gpu:1 each, Slurm's cons_tres fills the first node with all three.
+    # at once (with the 4 of slurm-local.sh: two on one node, the third on the other). At gpu:1
+    # each, one node has room for all three, and Slurm may well put them there.
     per_job = gpus_per_node(two_nodes) // 3 + 1
     log = root / "snakemake_shards.log"
     cmd = snakemake_cmd(
