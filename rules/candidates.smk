@@ -37,6 +37,7 @@ rule sample_candidates_shard:
         pool=lambda wc: afdag.corpus_pool(CFG, wc.corpus),
         policy=lambda wc: afdag.run_dirs(CFG["corpora"][wc.corpus]["policy"]),
         base=BASE_FILES,
+        chat=CHAT_TEMPLATE_FILE,
     output:
         rows=update(afpaths.SAMPLES_SHARD),
         manifest=update(afpaths.SAMPLES_SHARD_MANIFEST),
@@ -54,8 +55,10 @@ rule sample_candidates_shard:
         adapter=lambda wc, input: afdag.adapter_flag(input.policy),
         system=CFG["system_prompt"],
         base=base_dir,
+        chat=CHAT_TEMPLATE,
     shell:
         "python -m arenaflow.candidates sample --pool {input.pool} --base-model {params.base:q} "
+        "--chat-template {params.chat:q} "
         "{params.adapter} --system-prompt={params.system:q} --params-json {params.cfg:q} "
         "--shard {wildcards.shard} --out {output.rows} {params.tracking} > {log} 2>&1"
 

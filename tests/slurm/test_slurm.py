@@ -20,7 +20,8 @@ What is checked, from Slurm's own records (`scontrol show job`), the plugin's sb
     by Snakemake (--retries) and resumes from it; a running training job requeued by Slurm
     (`scontrol requeue`) restarts as the same job and resumes from its checkpoint. Both end at
     the weights of an uninterrupted run.
-Two nodes: tests/slurm/test_two_nodes.py.
+Two nodes: tests/slurm/test_two_nodes.py. What both share (the cluster check, a test's folders,
+Snakemake through the profile or locally, reading the jobs back): tests/slurm/slurmrun.py.
 """
 
 from __future__ import annotations
@@ -28,23 +29,32 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from slurmrun import (
+    REPO,
+    TIMEOUT,
+    assert_resumed_to_the_same_weights,
+    finished,
+    gres_count,
+    in_background,
+    require_cluster,
+    rule_of,
+    run_id,
+    run_locally,
+    running_job,
+    sbatch_calls,
+    slurm_jobs,
+    snakemake_cmd,
+    squeue,
+    workdir,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-PROFILE = REPO / "tests/slurm/profile"
-TIMEOUT = int(os.environ.get("ARENAFLOW_SLURM_TEST_TIMEOUT", "900"))  # per Snakemake call, seconds
-# The smallest DAG that runs every rule (tests/e2e/mini.yaml), to round r3's nomination: every
-# GPU rule and the CPU rules up to the checkpoint. bundles/B3f adds the served readouts of the
-# lineage and the bundle (~2 min more on 2 cores): ARENAFLOW_SLURM_E2E_TARGET=bundles/B3f.
-CONFIGS = [
-    str(REPO / f) for f in ("config/config.yaml", "tests/e2e/config.yaml", "tests/e2e/mini.yaml")
-]
+# To round r3's nomination: every GPU rule and the CPU rules up to the checkpoint. bundles/B3f
+# adds the served readouts of the lineage and the bundle (~2 min more on 2 cores):
+# ARENAFLOW_SLURM_E2E_TARGET=bundles/B3f.
 TARGET = os.environ.get("ARENAFLOW_SLURM_E2E_TARGET", "nominations/r3.json")
 pytestmark = pytest.mark.slurm
 
@@ -62,99 +72,16 @@ CPU_RULES = {
 }
 
 
-def cluster_problem() -> str | None:
-    if shutil.which("sinfo") is None:
-        return "sinfo is not installed (no Slurm client)"
-    try:
-        proc = subprocess.run(
-            ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=15
-        )
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 15 s (no slurm.conf, or no slurmctld)"
-    if proc.returncode != 0:
-        return f"the Slurm cluster is not up (sinfo: {proc.stderr.strip()[:300]})"
-    states = proc.stdout.split()
-    if not any(s.rstrip("*~#") in ("idle", "mix", "alloc") for s in states):
-        return f"no usable Slurm node (sinfo states: {states or 'none'})"
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    why = cluster_problem()
-    if why:
-        msg = f"{why}; start one with `bash scripts/slurm-local.sh`"
-        if os.environ.get("ARENAFLOW_SLURM_TESTS") == "required":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-def snakemake_cmd(
-    *args: str, results: Path, arms: Path, logdir: Path, timeout: int = TIMEOUT
-) -> list[str]:
-    # as tests/e2e/test_dag.py's snakemake(): targets first, both config files, then --config
-    return [
-        "timeout",
-        "-k",
-        "30",
-        str(timeout),
-        sys.executable,
-        "-m",
-        "snakemake",
-        *args,
-        "--profile",
-        str(PROFILE),
-        "--slurm-logdir",
-        str(logdir),
-        "--verbose",
-        "--configfile",
-        *CONFIGS,
-        "--config",
-        f"results_dir={results}",
-        f"arms_dir={arms}",
-    ]
-
-
-def run_id(output: str) -> str:
-    m = re.search(r"SLURM run ID: (\S+)", output)
-    assert m, f"no 'SLURM run ID' in Snakemake's output:\n{output[-3000:]}"
-    return m.group(1)
-
-
-def rule_of(comment: str) -> str:
-    return comment.removeprefix("rule_").split("_wildcards_")[0]
-
-
-def slurm_jobs(uuid: str) -> list[dict]:
-    """Every job of the run as slurmctld records it (MinJobAge keeps finished jobs an hour)."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "-o"], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-    jobs = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
-    return [j for j in jobs if j.get("JobName") == uuid]
-
-
-def sbatch_calls(output: str) -> dict[str, list[str]]:
-    """comment -> the options of every sbatch call the plugin made (before --wrap)."""
-    calls: dict[str, list[str]] = {}
-    for line in output.splitlines():
-        if "sbatch call: " in line:
-            opts = line.split("sbatch call: ", 1)[1].split(" --wrap=", 1)[0]
-            m = re.search(r"--comment '?([^' ]+)'?", opts)
-            calls.setdefault(m.group(1) if m else "?", []).append(opts)
-    return calls
-
-
-def gres_count(tres_per_node: str | None) -> int:
-    m = re.search(r"gres:gpu:(\d+)", tres_per_node or "")
-    return int(m.group(1)) if m else 0
+    require_cluster(1)
 
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm_e2e")
-    arms, results, logdir = root / "arms", root / "results", root / "slurm_logs"
-    shutil.copytree(REPO / "config/arms", arms)
+    w = workdir(root)
+    arms, results, logdir = w["arms"], w["results"], root / "slurm_logs"
     cmd = snakemake_cmd(TARGET, results=results, arms=arms, logdir=logdir)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT + 90)
@@ -248,12 +175,6 @@ PREEMPT_HYPER = {
 }
 
 
-def squeue(*args: str) -> str:
-    return subprocess.run(
-        ["squeue", "-h", *args], capture_output=True, text=True, timeout=30
-    ).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(e2e):
     """Arms P0-P2 share PREEMPT_HYPER; P0 trains locally (the default profile) without a break
@@ -264,75 +185,9 @@ def uninterrupted(e2e):
         (arms / f"{arm}.yaml").write_text(
             f"init: base\ncorpus: sft_s1\nhyper: {json.dumps(PREEMPT_HYPER)}\n"
         )
-    local = [
-        "timeout",
-        "-k",
-        "30",
-        str(TIMEOUT),
-        sys.executable,
-        "-m",
-        "snakemake",
-        "runs/P0/final",
-        "--cores",
-        "2",
-        "--configfile",
-        *CONFIGS,
-        "--config",
-        f"results_dir={results}",
-        f"arms_dir={arms}",
-    ]
-    proc = subprocess.run(local, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT + 90)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    assert (
-        "rule train_arm" in proc.stdout + proc.stderr
-        and "rule build_corpus" not in proc.stdout + proc.stderr
-    )
+    out = run_locally("runs/P0/final", results=results, arms=arms)
+    assert "rule train_arm" in out and "rule build_corpus" not in out
     return results / "runs/P0/final"
-
-
-def in_background(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
-    with open(log, "w") as f:
-        return subprocess.Popen(
-            cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env
-        )
-
-
-def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
-    """Snakemake's output, once it has exited 0 (it is killed if it outlives `timeout`)."""
-    try:
-        sm.wait(timeout=max(1.0, timeout))
-    finally:
-        if sm.poll() is None:
-            sm.kill()
-    out = log.read_text()
-    assert sm.returncode == 0, out[-8000:]
-    return out
-
-
-def assert_resumed_to_the_same_weights(
-    results: Path, arm: str, job_id: str, from_steps, whole: Path, steps: int = 60
-) -> None:
-    """runs/{arm} was finished by job `job_id`, resumed from a checkpoint at one of `from_steps`,
-    and has the uninterrupted run's losses and weights."""
-    import torch
-    from safetensors.torch import load_file
-
-    run = results / f"runs/{arm}/final"
-    ev = json.loads((run / "training_evidence.json").read_text())
-    assert ev["job_id"] == job_id and ev["optimizer_steps"] == steps, ev
-    assert ev["resumed_from_step"] in from_steps, ev["resumed_from_step"]
-    assert "resumed from" in (results / f"logs/train/{arm}.log").read_text()
-    m = [json.loads(x)["loss"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    r = [json.loads(x)["loss"] for x in (whole / "metrics.jsonl").read_text().splitlines()]
-    assert m == pytest.approx(r, abs=1e-6)
-    wa, wb = (
-        load_file(whole / "adapter_model.safetensors"),
-        load_file(run / "adapter_model.safetensors"),
-    )
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], atol=1e-6, rtol=1e-5)
-    assert not (run.parent / "checkpoints").exists(), "checkpoints outlived the final weights"
 
 
 def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_weights(
@@ -361,16 +216,6 @@ def test_a_killed_training_job_is_retried_under_slurm_and_resumes_to_the_same_we
     )  # the training's own exit, as if preempted
     assert all(gres_count(j.get("TresPerNode")) == 1 for j in attempts)
     assert_resumed_to_the_same_weights(results, "P1", attempts[1]["JobId"], {10}, uninterrupted)
-
-
-def running_job(comment_part: str, deadline: float) -> str:
-    while time.time() < deadline:
-        for line in squeue("-o", "%i|%k|%T").splitlines():
-            jid, comment, state = line.split("|")
-            if comment_part in comment and state == "RUNNING":
-                return jid
-        time.sleep(0.5)
-    raise AssertionError(f"no RUNNING Slurm job with {comment_part!r} in its comment:\n{squeue()}")
 
 
 def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_weights(

@@ -1,16 +1,21 @@
-"""Multi-node training on two Slurm nodes of one machine (ARENAFLOW_SLURM_NODES=2 bash
-scripts/slurm-local.sh, as .ci/run does: two slurmd in multiple-slurmd mode), through the test
-profile, the srun + one-torchrun-per-node path of arenaflow.train.launch with gloo ranks:
+"""Two Slurm nodes of one machine (ARENAFLOW_SLURM_NODES=2 bash scripts/slurm-local.sh, as
+.ci/run does: two slurmd in multiple-slurmd mode), through the test profile.
 
+Multi-node training, the srun + one-torchrun-per-node path of arenaflow.train.launch with gloo
+ranks:
   - a LoRA and a full arm on 2 nodes x 2 ranks end at the weights (and losses) of the same arm on
     1 node x 4 ranks: the same world and data, only where the ranks run differs;
   - a rank killed on the second node, as a node lost to preemption, fails the job (its torchrun
     fails, srun's --kill-on-bad-exit ends the first node's task); Snakemake resubmits it
     (--retries 1) and the new two-node job resumes from its checkpoint to the unbroken run's
     weights.
+Sharded sampling: the sampling corpus rft_r1 in 3 shards runs as 3 Slurm jobs on both nodes
+(where each ran, from slurmctld's record of the job) and its merge job writes the samples of the
+unsharded job byte for byte (that one run locally: the bytes do not depend on the executor).
 
-Skipped on a one-node cluster, failed instead with ARENAFLOW_SLURM_TESTS=required. Only the
-reference corpus sft_s1 of tests/e2e/mini.yaml is built (locally) first: no sampling.
+Skipped on a one-node cluster, failed instead with ARENAFLOW_SLURM_TESTS=required. The reference
+corpus sft_s1 of tests/e2e/mini.yaml is built locally first, and rft_r1's policy S1 before its
+sampling.
 """
 
 from __future__ import annotations
@@ -18,28 +23,30 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_slurm import (
+from slurmrun import (
     CONFIGS,
-    REPO,
     TIMEOUT,
     assert_resumed_to_the_same_weights,
-    cluster_problem,
     finished,
     gres_count,
     in_background,
+    output,
+    require_cluster,
+    rule_of,
     run_id,
+    run_locally,
     running_job,
     slurm_jobs,
     snakemake_cmd,
+    workdir,
 )
+
+from arenaflow import manifest, paths
 
 pytestmark = pytest.mark.slurm
 
@@ -58,31 +65,11 @@ ARMS = {  # arm -> (method, layout); each pair differs only in where its 4 ranks
     "F14": ("full", "1x4"),
     "F22": ("full", "2x2"),
 }
-# the sampling corpus in 3 shards on both nodes, merged to the unsharded bytes, goes here once
-# corpora can be sharded
-
-
-def output(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-
-
-def usable_nodes() -> list[str]:
-    rows = (line.split() for line in output("sinfo", "-h", "-N", "-o", "%N %t").splitlines())
-    return sorted({n for n, s in rows if s.rstrip("*~#") in ("idle", "mix", "alloc")})
 
 
 @pytest.fixture(scope="module", autouse=True)
 def two_nodes():
-    why = cluster_problem()
-    nodes = [] if why else usable_nodes()
-    if len(nodes) < 2:
-        msg = (why or f"one usable Slurm node {nodes}") + (
-            "; start two with `ARENAFLOW_SLURM_NODES=2 bash scripts/slurm-local.sh`"
-        )
-        if os.environ.get("ARENAFLOW_SLURM_TESTS") == "required":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return nodes
+    return require_cluster(2)
 
 
 def write_arm(arms: Path, arm: str, method: str, layout: str) -> None:
@@ -93,29 +80,9 @@ def write_arm(arms: Path, arm: str, method: str, layout: str) -> None:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Results with the corpus sft_s1 built (locally: it takes no GPU), and an arms directory."""
-    root = tmp_path_factory.mktemp("slurm_two_nodes")
-    arms, results = root / "arms", root / "results"
-    shutil.copytree(REPO / "config/arms", arms)
-    cmd = [
-        "timeout",
-        "-k",
-        "30",
-        str(TIMEOUT),
-        sys.executable,
-        "-m",
-        "snakemake",
-        "corpora/sft_s1/manifest.json",
-        "--cores",
-        "2",
-        "--configfile",
-        *CONFIGS,
-        "--config",
-        f"results_dir={results}",
-        f"arms_dir={arms}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT + 90)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return {"root": root, "arms": arms, "results": results}
+    w = workdir(tmp_path_factory.mktemp("slurm_two_nodes"))
+    run_locally("corpora/sft_s1/manifest.json", results=w["results"], arms=w["arms"])
+    return w
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +208,82 @@ def test_a_rank_killed_on_one_node_fails_the_job_and_the_retry_resumes_on_two_no
     assert_resumed_to_the_same_weights(
         results, "K22", attempts[1]["JobId"], {4, 8}, results / "runs/L22/final", steps=12
     )
+
+
+# ---- a sampling corpus in shards ---------------------------------------------------------
+# rft_r1 of the embedded default (tests/e2e/mini.yaml's sizes: 24 prompts, k = 2) decoded 16
+# sequences a batch: 3 batches, one for each of 3 shards. Its policy S1 is trained locally.
+SHARDED = "rft_r1"
+SAMPLING = {"batch_size": 16}
+
+
+def gpus_per_node(nodes: list[str]) -> int:
+    rows = (line.split() for line in output("sinfo", "-h", "-N", "-o", "%N %G").splitlines())
+    gres = {n: int(re.search(r"gpu:(?:\w+:)?(\d+)", g).group(1)) for n, g in rows if n in nodes}
+    return min(gres[n] for n in nodes)
+
+
+@pytest.fixture(scope="module")
+def shards(corpus, two_nodes, tmp_path_factory):
+    """The corpus's samples, unsharded (locally: the bytes do not depend on the executor), then
+    in 3 shard jobs and a merge through Slurm in the same results."""
+    root = tmp_path_factory.mktemp("slurm_shards")
+    whole_cfg, sharded_cfg = root / "whole.yaml", root / "sharded.yaml"
+    whole_cfg.write_text(json.dumps({"corpora": {SHARDED: SAMPLING}}))
+    sharded_cfg.write_text(json.dumps({"corpora": {SHARDED: {**SAMPLING, "shards": 3}}}))
+    results, arms = corpus["results"], corpus["arms"]
+    samples = results / paths.samples(SHARDED)
+    run_locally(
+        str(samples.relative_to(results)),
+        results=results,
+        arms=arms,
+        configs=[*CONFIGS, str(whole_cfg)],
+    )
+    whole = root / "whole.jsonl"
+    samples.rename(whole)
+    manifest.sidecar(samples).rename(manifest.sidecar(whole))
+    # A node has G GPUs; each shard job asks for G // 3 + 1 of them, so no node can run all three
+    # at once (with the 4 of slurm-local.sh: two on one node, the third on the other). At gpu:1
+    # each, one node has room for all three, and Slurm may well put them there.
+    per_job = gpus_per_node(two_nodes) // 3 + 1
+    log = root / "snakemake_shards.log"
+    cmd = snakemake_cmd(
+        str(samples.relative_to(results)),
+        "--set-resources",
+        f"sample_candidates_shard:gres=gpu:{per_job}",
+        results=results,
+        arms=arms,
+        logdir=root / "slurm_logs",
+        configs=[*CONFIGS, str(sharded_cfg)],
+    )
+    t0 = time.time()
+    out = finished(in_background(cmd, log), log, TIMEOUT + 60)
+    print(f"\n{SHARDED} in 3 shards on the two-node cluster: {time.time() - t0:.0f} s wall")
+    return {"samples": samples, "whole": whole, "per_job": per_job, "jobs": slurm_jobs(run_id(out))}
+
+
+def test_a_corpus_in_three_shards_lands_on_both_nodes_and_merges_to_the_unsharded_bytes(
+    shards, two_nodes
+):
+    jobs = shards["jobs"]
+    assert sorted(rule_of(j["Comment"]) for j in jobs) == [
+        "merge_samples",
+        *["sample_candidates_shard"] * 3,
+    ], "only the shards and their merge ran: the pool and the policy were reused"
+    assert all(j["JobState"] == "COMPLETED" for j in jobs), jobs
+    shard_jobs = [j for j in jobs if rule_of(j["Comment"]) == "sample_candidates_shard"]
+    # where each shard ran, as slurmctld records it (no slurmdbd here: sacct has no record)
+    hosts = {j["JobId"]: output("scontrol", "show", "hostnames", j["NodeList"]) for j in shard_jobs}
+    assert sorted(set(hosts.values())) == two_nodes, hosts
+    assert all(gres_count(j.get("TresPerNode")) == shards["per_job"] for j in shard_jobs)
+    merge = next(j for j in jobs if rule_of(j["Comment"]) == "merge_samples")
+    assert gres_count(merge.get("TresPerNode")) == 0, merge
+
+    samples, whole = shards["samples"], shards["whole"]
+    parts = paths.shards_of(str(samples), 3)
+    assert all(manifest.require_file(p, "test")["rows"] > 0 for p in parts), "a shard was empty"
+    assert samples.read_bytes() == whole.read_bytes()
+    merged, unsharded = (json.loads(manifest.sidecar(p).read_text()) for p in (samples, whole))
+    assert {k: merged[k] for k in ("sha256", "rows", "params")} == {
+        k: unsharded[k] for k in ("sha256", "rows", "params")
+    }

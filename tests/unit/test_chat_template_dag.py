@@ -14,7 +14,15 @@ from dagrun import MINI, REPO, dry_run, planned_blocks
 from arenaflow import config
 from arenaflow.dag import stages
 
-RENDERING = {"sample_candidates", "build_corpus", "train_arm", "readout_math", "build_bundle"}
+# rft_r1 in 2 shards: its shard jobs render as the one job does; their merge renders nothing
+RENDERING = {
+    "sample_candidates",
+    "sample_candidates_shard",
+    "build_corpus",
+    "train_arm",
+    "readout_math",
+    "build_bundle",
+}
 
 
 def test_only_a_template_file_is_an_input(repo_root):
@@ -32,7 +40,7 @@ def test_every_rendering_job_reads_the_template_file(tmp_path):
     template = tmp_path / "house.jinja"
     shutil.copy(REPO / "tests/data/chat_templates/chatml.jinja", template)
     over = tmp_path / "over.yaml"
-    over.write_text(f"base: {{chat_template: {template}}}\n")
+    over.write_text(f"base: {{chat_template: {template}}}\ncorpora: {{rft_r1: {{shards: 2}}}}\n")
     shutil.copytree(REPO / "config/arms", tmp_path / "arms")
     cmd = dry_run(results=tmp_path / "r", arms=tmp_path / "arms", configfiles=(*MINI, over))
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -44,3 +52,4 @@ def test_every_rendering_job_reads_the_template_file(tmp_path):
     assert RENDERING <= set(reads)
     assert all(all(reads[r]) for r in RENDERING), {r: reads[r] for r in RENDERING}
     assert not any(reads["verify_candidates"]) and not any(reads["compare"])
+    assert not any(reads["merge_samples"])
