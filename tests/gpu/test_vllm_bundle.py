@@ -21,8 +21,10 @@ WHY = vllm_offline.unavailable()
 REPO = Path(__file__).resolve().parents[2]
 SERVING = {"max_input_tokens": 256, "max_new_tokens": 48, "do_sample": False, "temperature": 0.0,
            "top_p": 1.0, "repetition_penalty": 1.0}  # fmt: skip
-PROMPTS = ["Ann has 23 apples and gets 15 more. How many apples now?",
-           "Cal had 81 coins and gave away 27. How many coins are left?"]  # config.yaml's B3f
+PROMPTS = [
+    "Ann has 23 apples and gets 15 more. How many apples now?",
+    "Cal had 81 coins and gave away 27. How many coins are left?",
+]  # config.yaml's B3f
 SYSTEM = "You are a careful math tutor."
 
 
