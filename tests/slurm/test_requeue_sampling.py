@@ -28,7 +28,6 @@ back-off after the job had ended.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -41,9 +40,9 @@ from slurmrun import (
     CONFIGS,
     REPO,
     TIMEOUT,
-    cluster_problem,
     finished,
     in_background,
+    require_cluster,
     rule_of,
     run_id,
     running_job,
@@ -85,12 +84,7 @@ MANIFEST = "candidates/rq/samples.manifest.json"
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    why = cluster_problem()
-    if why:
-        msg = f"{why}; start one with `bash scripts/slurm-local.sh`"
-        if os.environ.get("ARENAFLOW_SLURM_TESTS") == "required":
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_cluster(1)
 
 
 def sample_locally(results: Path, arms: Path, extra: Path) -> None:
