@@ -3,21 +3,38 @@ random faults, and the two runs' results compared.
 
     nice -n 10 python benchmarks/soak.py --rounds 6 --faults 6 --seed 1 --root /tmp/soak \\
         --out benchmarks/results/soak-2026-12-07.json      # full size, by hand (as root)
-    python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --root /tmp/soak-ci   # CI's size
+    python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --shared-prefix --pool-n 12 \\
+        --tmpfs-size 64m --disk-full-hold 30 --root /tmp/soak-ci     # CI's (tests/e2e, dag tier)
+    python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --tmpfs-size 512m \\
+        --disk-full-hold 30 --root /tmp/soak-small                   # small (marker soak, by hand)
+
+Times, on the 2-core x86 development VM shared with other sessions (load average 8-14: walls
+there are several times an idle machine's; the CPU seconds, user + system of Snakemake and every
+job, are the runs' own), raw benchmarks/results/soak-ci-2026-12-07-a.json: the CI setting,
+before B3f joined the prefix, took 21.6 min wall: prefix 373 s (CPU 161), reference 372 s (CPU
+158), faulty run 549 s over 4 attempts (CPU 211), all 7 checks passed; 530 CPU s in all is at
+least 4.4 min on an idle 2 cores. B3f in the prefix moves the lineage's readouts and
+comparisons (base, S1, R220; 29 jobs were left to each run, 16 of them the round's) into the
+one uninterrupted build. The small setting: ~15 min idle. The full one has not run yet.
 
 Both runs are the command a user runs (`python -m snakemake --cores 2 rounds/rN.json bundles/...
 --configfile ... --config results_dir=...`) on the smallest DAG (tests/e2e/mini.yaml) with
 `--rounds` continual rounds after r3 (stop rule off: every round runs) and a bundle of the last
-round's nominee. The faulty run's results live on a tmpfs the harness mounts (root only;
-without it the disk-full fault is skipped, the reason printed and recorded). An injector, at
-moments drawn from a seeded RNG, (i) SIGKILLs one running job's python process (a job mid-write),
-(ii) SIGTERMs Snakemake itself, (iii) once fills the results disk; after each fault the same
-command is run again with --rerun-incomplete, as a person or a cluster's requeue would (a full
-disk is emptied first).
+round's nominee. With --shared-prefix (the CI setting) the DAG up to r3's nomination and its
+bundle B3f is built once, uninterrupted, and both runs start from a copy of it (Snakemake's
+records and mtimes with it): only the continual rounds and their bundle are left to compute, so
+every fault lands there, and a prefix output written again fails the recompute check. The
+faulty run's results live on a tmpfs the harness mounts (root only; without it the disk-full
+fault is skipped, the reason printed and recorded). An injector, at moments drawn from a seeded
+RNG, once a job runs, (i) SIGKILLs one running job's python process (a job mid-write), (ii)
+SIGTERMs Snakemake itself, (iii) once fills the results disk; after each fault the same command
+is run again with --rerun-incomplete, as a person or a cluster's requeue would (a full disk is
+emptied first).
 
 Checks (exit 1 if one fails): every planned fault was injected and the run recovered from each
-(the final attempt exits 0, no attempt failed without a fault); no output that was complete
-after an attempt (present, not marked incomplete by Snakemake) was rewritten later (mtime and
+(the final attempt exits 0, no attempt failed without a fault); each landed (jobs ran; a full
+disk failed its attempt); no output that was complete after an attempt (present, not marked
+incomplete by Snakemake), or copied from the shared prefix, was rewritten later (mtime and
 sha256, output by output); the nominations (their sealed digests), the corpora's and the
 bundles' sha256 manifests (their content digests) equal the uninterrupted run's.
 """
