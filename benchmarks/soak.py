@@ -598,8 +598,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--shared-prefix",
         action="store_true",
         help=f"build {', '.join(PREFIX)} once, uninterrupted, and start both runs from a copy "
-        f"(without {', '.join(PREFIX_BUNDLES)}): faults land only in the continual rounds and "
-        "the last round's bundle",
+        "(bundles/Bdose left out): faults land only in the continual rounds and the last "
+        "round's bundle",
     )
     ap.add_argument("--reference", type=Path, help="an uninterrupted run's results, reused")
     ap.add_argument("--reference-wall", type=float, default=300, help="its wall, if reused")
