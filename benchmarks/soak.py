@@ -8,14 +8,15 @@ random faults, and the two runs' results compared.
     python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --tmpfs-size 512m \\
         --disk-full-hold 30 --root /tmp/soak-small                   # small (marker soak, by hand)
 
-Times, on the 2-core x86 development VM shared with other sessions (load average 8-14: walls
-there are several times an idle machine's; the CPU seconds, user + system of Snakemake and every
-job, are the runs' own), raw benchmarks/results/soak-ci-2026-12-07-a.json: the CI setting,
-before B3f joined the prefix, took 21.6 min wall: prefix 373 s (CPU 161), reference 372 s (CPU
-158), faulty run 549 s over 4 attempts (CPU 211), all 7 checks passed; 530 CPU s in all is at
-least 4.4 min on an idle 2 cores. B3f in the prefix moves the lineage's readouts and
-comparisons (base, S1, R220; 29 jobs were left to each run, 16 of them the round's) into the
-one uninterrupted build. The small setting: ~15 min idle. The full one has not run yet.
+Times, on the 2-core x86 development VM shared with other sessions (load average 7-14, 2 at the
+end: walls there are several times an idle machine's; the CPU seconds, user + system of
+Snakemake and every job, are the runs' own). The CI setting, as its test runs it
+(`nice -n 10 python -m pytest -q -m dag tests/e2e/test_soak_runs.py`, raw
+benchmarks/results/soak-ci-2026-12-07-b.json): 17.9 min wall, prefix 650 s (37 jobs, CPU 226),
+reference 240 s (20 jobs, CPU 125), faulty run 185 s over 4 attempts (CPU 133), all 7 checks
+passed; 484 CPU s in all is at least 4.0 min on an idle 2 cores. A first run, before B3f
+joined the prefix (raw ...-a.json): 21.6 min wall, 530 CPU s (each run had 29 jobs left, the
+lineage's readouts among them). The small setting: ~15 min idle. The full one has not run yet.
 
 Both runs are the command a user runs (`python -m snakemake --cores 2 rounds/rN.json bundles/...
 --configfile ... --config results_dir=...`) on the smallest DAG (tests/e2e/mini.yaml) with
