@@ -3,21 +3,39 @@ random faults, and the two runs' results compared.
 
     nice -n 10 python benchmarks/soak.py --rounds 6 --faults 6 --seed 1 --root /tmp/soak \\
         --out benchmarks/results/soak-2026-12-07.json      # full size, by hand (as root)
-    python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --root /tmp/soak-ci   # CI's size
+    python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --shared-prefix --pool-n 12 \\
+        --tmpfs-size 64m --disk-full-hold 30 --root /tmp/soak-ci     # CI's (tests/e2e, dag tier)
+    python benchmarks/soak.py --rounds 1 --faults 2 --seed 3 --tmpfs-size 512m \\
+        --disk-full-hold 30 --root /tmp/soak-small                   # small (marker soak, by hand)
+
+Times, on the 2-core x86 development VM shared with other sessions (load average 7-14, 2 at the
+end: walls there are several times an idle machine's; the CPU seconds, user + system of
+Snakemake and every job, are the runs' own). The CI setting, as its test runs it
+(`nice -n 10 python -m pytest -q -m dag tests/e2e/test_soak_runs.py`, raw
+benchmarks/results/soak-ci-2026-12-07-b.json): 17.9 min wall, prefix 650 s (37 jobs, CPU 226),
+reference 240 s (20 jobs, CPU 125), faulty run 185 s over 4 attempts (CPU 133), all 7 checks
+passed; 484 CPU s in all is at least 4.0 min on an idle 2 cores. A first run, before B3f
+joined the prefix (raw ...-a.json): 21.6 min wall, 530 CPU s (each run had 29 jobs left, the
+lineage's readouts among them). The small setting: ~15 min idle. The full one has not run yet.
 
 Both runs are the command a user runs (`python -m snakemake --cores 2 rounds/rN.json bundles/...
 --configfile ... --config results_dir=...`) on the smallest DAG (tests/e2e/mini.yaml) with
 `--rounds` continual rounds after r3 (stop rule off: every round runs) and a bundle of the last
-round's nominee. The faulty run's results live on a tmpfs the harness mounts (root only;
-without it the disk-full fault is skipped, the reason printed and recorded). An injector, at
-moments drawn from a seeded RNG, (i) SIGKILLs one running job's python process (a job mid-write),
-(ii) SIGTERMs Snakemake itself, (iii) once fills the results disk; after each fault the same
-command is run again with --rerun-incomplete, as a person or a cluster's requeue would (a full
-disk is emptied first).
+round's nominee. With --shared-prefix (the CI setting) the DAG up to r3's nomination and its
+bundle B3f is built once, uninterrupted, and both runs start from a copy of it (Snakemake's
+records and mtimes with it): only the continual rounds and their bundle are left to compute, so
+every fault lands there, and a prefix output written again fails the recompute check. The
+faulty run's results live on a tmpfs the harness mounts (root only; without it the disk-full
+fault is skipped, the reason printed and recorded). An injector, at moments drawn from a seeded
+RNG, once a job runs, (i) SIGKILLs one running job's python process (a job mid-write), (ii)
+SIGTERMs Snakemake itself, (iii) once fills the results disk; after each fault the same command
+is run again with --rerun-incomplete, as a person or a cluster's requeue would (a full disk is
+emptied first).
 
 Checks (exit 1 if one fails): every planned fault was injected and the run recovered from each
-(the final attempt exits 0, no attempt failed without a fault); no output that was complete
-after an attempt (present, not marked incomplete by Snakemake) was rewritten later (mtime and
+(the final attempt exits 0, no attempt failed without a fault); each landed (jobs ran; a full
+disk failed its attempt); no output that was complete after an attempt (present, not marked
+incomplete by Snakemake), or copied from the shared prefix, was rewritten later (mtime and
 sha256, output by output); the nominations (their sealed digests), the corpora's and the
 bundles' sha256 manifests (their content digests) equal the uninterrupted run's.
 """
@@ -30,6 +48,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -48,6 +67,13 @@ from arenaflow.schema import round_ids  # noqa: E402
 CONFIGS = ("config/config.yaml", "tests/e2e/config.yaml", "tests/e2e/mini.yaml")
 AFTER = "r3"  # the round the embedded default's continual template follows
 KINDS = ("kill_job", "term_snakemake", "disk_full")
+# The smallest DAG up to AFTER's nomination and its bundle B3f (whose card cites the lineage's
+# readouts and comparisons, base to R2d: the continual bundle's card cites them too): with
+# --shared-prefix built once, uninterrupted, and copied as both runs' starting state
+PREFIX = [f"nominations/{AFTER}.json", "bundles/B3f"]
+# Bundles of AFTER's arms: targets of both runs unless they share the prefix (B3f is in it,
+# Bdose would be a job on no fault's path)
+PREFIX_BUNDLES = ["bundles/B3f", "bundles/Bdose"]
 
 
 # -- the workflow and its command ---------------------------------------------------------------
@@ -80,16 +106,17 @@ def overlay(rounds: int, pool_n: int) -> dict:
     }
 
 
-def targets(rounds: int) -> list[str]:
-    return [f"rounds/{last_round(rounds)}.json", "bundles/B3f", "bundles/Bdose", "bundles/Bsoak"]
+def targets(rounds: int, shared_prefix: bool) -> list[str]:
+    bundles = [] if shared_prefix else PREFIX_BUNDLES
+    return [f"rounds/{last_round(rounds)}.json", *bundles, "bundles/Bsoak"]
 
 
-def command(rounds: int, results: Path, arms: Path, extra: Path, rerun: bool) -> list[str]:
+def command(goals: list[str], results: Path, arms: Path, extra: Path, rerun: bool) -> list[str]:
     return [
         sys.executable,
         "-m",
         "snakemake",
-        *targets(rounds),
+        *goals,
         "--cores",
         "2",
         *(["--rerun-incomplete"] if rerun else []),
@@ -290,6 +317,13 @@ def plan(rng: random.Random, faults: int, disk: bool) -> list[str]:
 # -- one attempt --------------------------------------------------------------------------------
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children and theirs, once reaped: one
+    attempt's Snakemake and every job it ran, on a machine where other work runs too."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
 class Attempt:
     """One `snakemake` invocation, and the fault (if any) injected into it."""
 
@@ -300,7 +334,7 @@ class Attempt:
             cmd, cwd=REPO, stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.snake = psutil.Process(self.proc.pid)
-        self.t0 = time.monotonic()
+        self.t0, self.cpu0 = time.monotonic(), children_cpu()
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -325,57 +359,92 @@ class Attempt:
         return {
             "rc": rc,
             "wall_s": round(time.monotonic() - self.t0, 1),
+            "cpu_s": round(children_cpu() - self.cpu0, 1),
             "log": self.log.name,
             "strays": len(stray),
             "strays_killed": len(alive),
         }
 
 
+def running_jobs(att: Attempt) -> list[psutil.Process]:
+    """The attempt's running jobs, once there is one: a fault lands in a job, not in Snakemake's
+    DAG building or between jobs; [] if the attempt ended first."""
+    while att.running():
+        jobs = job_processes(att.snake)
+        if jobs:
+            return jobs
+        time.sleep(0.2)
+    return []
+
+
 def inject(kind: str, att: Attempt, rng: random.Random, mount: Path, hold: float) -> dict | None:
-    """Inject `kind` into the running attempt; None if it ended first."""
-    if kind == "kill_job":
-        while att.running():
-            jobs = job_processes(att.snake)
-            if jobs:
-                victim = rng.choice(jobs)
-                try:
-                    what = " ".join(victim.cmdline()[:4])
-                    victim.send_signal(signal.SIGKILL)
-                except psutil.Error:
-                    continue
-                return {"kind": kind, "pid": victim.pid, "process": what}
-            time.sleep(0.2)
+    """Inject `kind` into the running attempt while a job runs; None if it ended first."""
+    jobs = running_jobs(att)
+    if not jobs:
         return None
+    try:
+        running = [" ".join(p.cmdline()[2:4]) for p in jobs]
+    except psutil.Error:  # a job ended meanwhile: wait for the next
+        return inject(kind, att, rng, mount, hold)
+    if kind == "kill_job":
+        victim = rng.choice(jobs)
+        try:
+            what = " ".join(victim.cmdline()[:4])
+            victim.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            return inject(kind, att, rng, mount, hold)
+        return {"kind": kind, "pid": victim.pid, "process": what, "jobs_running": running}
     if kind == "term_snakemake":
-        if not att.running():
-            return None
-        running = [" ".join(p.cmdline()[2:4]) for p in job_processes(att.snake)]
         att.proc.send_signal(signal.SIGTERM)
         return {"kind": kind, "pid": att.proc.pid, "jobs_running": running}
-    if not att.running():
-        return None
     filler, n = fill(mount)
     rc = att.wait(hold)
     filler.unlink()  # freed before any rerun, as a person would
-    return {"kind": kind, "filled_bytes": n, "attempt_failed_while_full": rc is not None}
+    return {
+        "kind": kind,
+        "filled_bytes": n,
+        "jobs_running": running,
+        "attempt_failed_while_full": rc is not None,
+    }
 
 
 # -- the two runs -------------------------------------------------------------------------------
 
 
-def uninterrupted(args, root: Path, extra: Path, arms: Path) -> dict:
+def shared_prefix(args, root: Path, extra: Path, arms: Path) -> dict:
+    """PREFIX built once, uninterrupted, in ROOT/prefix: both runs start from a copy of it."""
+    results = root / "prefix"
+    shutil.rmtree(results, ignore_errors=True)
+    att = Attempt(command(PREFIX, results, arms, extra, False), root / "prefix.log")
+    res = att.finish(args.attempt_timeout)
+    if res["rc"] != 0:
+        raise SystemExit(f"the shared prefix's run failed (rc {res['rc']}): see {att.log}")
+    return {"results": str(results), "targets": PREFIX, **res}
+
+
+def seed(prefix: dict | None, results: Path) -> None:
+    """Start `results` as a copy of the shared prefix, Snakemake's records with it (copy2 keeps
+    the mtimes: Snakemake sees every output complete and up to date), or empty without one."""
+    shutil.rmtree(results, ignore_errors=True)
+    if prefix:
+        shutil.copytree(prefix["results"], results, symlinks=True)
+
+
+def uninterrupted(args, root: Path, extra: Path, arms: Path, prefix: dict | None) -> dict:
     results = root / "reference"
     if args.reference:
         return {"results": str(args.reference), "reused": True}
-    shutil.rmtree(results, ignore_errors=True)
-    att = Attempt(command(args.rounds, results, arms, extra, False), root / "reference.log")
+    seed(prefix, results)
+    start = snapshot(results)
+    cmd = command(targets(args.rounds, bool(prefix)), results, arms, extra, False)
+    att = Attempt(cmd, root / "reference.log")
     res = att.finish(args.attempt_timeout)
     if res["rc"] != 0:
         raise SystemExit(f"the uninterrupted run failed (rc {res['rc']}): see {att.log}")
-    return {"results": str(results), **res}
+    return {"results": str(results), **res, "recomputed_complete": rewritten(start, results)}
 
 
-def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float) -> dict:
+def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float, prefix: dict | None):
     rng = random.Random(args.seed)
     mount = root / "faulty"
     if mount.is_mount():
@@ -388,11 +457,13 @@ def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float) -> dict:
         print(f"disk-full fault skipped: {why}", flush=True)
     results = mount / "results"
     todo = plan(rng, args.faults, why is None)
-    attempts, injected, complete = [], [], []
+    attempts, injected = [], []
     try:
+        seed(prefix, results)
+        complete = [snapshot(results)]  # the shared prefix: complete before the first attempt
         while len(attempts) < len(todo) + args.extra_attempts + 1:
             n = len(attempts)
-            cmd = command(args.rounds, results, arms, extra, n > 0)
+            cmd = command(targets(args.rounds, bool(prefix)), results, arms, extra, n > 0)
             att = Attempt(cmd, root / f"faulty-{n}.log")
             fault = None
             if len(injected) < len(todo):
@@ -410,8 +481,10 @@ def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float) -> dict:
             if res["rc"] == 0 and len(injected) == len(todo):
                 break
         changed = []
+        # complete[0] is the starting state, complete[i + 1] what attempt i left complete
         for i, snap in enumerate(complete[:-1]):
-            changed += [{**c, "complete_after_attempt": i} for c in rewritten(snap, results)]
+            when = i - 1 if i else "start"
+            changed += [{**c, "complete_after_attempt": when} for c in rewritten(snap, results)]
         return {
             "results": str(results),
             "disk_full_skipped": why,
@@ -419,7 +492,8 @@ def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float) -> dict:
             "faults": injected,
             "attempts": attempts,
             "recomputed_complete": _dedup(changed),
-            "complete_after_each_attempt": complete,
+            "complete_after_each_attempt": complete[1:],
+            "complete_at_start": complete[0],
             "records": final_records(results),
         }
     finally:
@@ -449,6 +523,15 @@ def _copy_out(results: Path, to: Path) -> None:
 # -- the report ---------------------------------------------------------------------------------
 
 
+def landed(fault: dict) -> bool:
+    """A job was killed; a SIGTERM or a full disk came while jobs ran, and a full disk failed
+    its attempt (something wrote to it)."""
+    if fault["kind"] == "kill_job":
+        return bool(fault["process"])
+    full = fault["kind"] != "disk_full" or fault["attempt_failed_while_full"]
+    return bool(fault.get("jobs_running")) and full
+
+
 def checks(report: dict) -> dict[str, bool]:
     f = report["faulty"]
     ref = report["reference"]["records"]
@@ -458,9 +541,20 @@ def checks(report: dict) -> dict[str, bool]:
         "final attempt exits 0": atts[-1]["rc"] == 0,
         "no attempt failed without a fault": all(a["rc"] == 0 or a["fault"] for a in atts),
         "no job outlived its Snakemake": all(a["strays"] == 0 for a in atts),
-        "0 complete outputs recomputed": not f["recomputed_complete"],
+        "every fault landed while a job ran": all(landed(x) for x in f["faults"]),
+        "0 complete outputs recomputed": not f["recomputed_complete"]
+        and not report["reference"].get("recomputed_complete"),
         "nominations, corpora, bundles identical": f["records"] == ref and bool(ref),
     }
+
+
+def _times(runs: list[dict], missing: str) -> str:
+    if not all("wall_s" in r for r in runs):
+        return missing
+    wall = f"{sum(r['wall_s'] for r in runs):.1f}"
+    if not all("cpu_s" in r for r in runs):  # a report from before CPU was recorded
+        return wall
+    return f"{wall}, {sum(r['cpu_s'] for r in runs):.1f}"
 
 
 def summary(report: dict) -> str:
@@ -474,8 +568,9 @@ def summary(report: dict) -> str:
     )
     rows = [
         ("rounds", report["rounds"]),
-        ("reference wall (s)", report["reference"].get("wall_s", "reused")),
-        ("faulty wall (s), all attempts", round(sum(a["wall_s"] for a in f["attempts"]), 1)),
+        ("shared prefix: wall s, CPU s", _times([report.get("prefix") or {}], "none")),
+        ("reference: wall s, CPU s", _times([report["reference"]], "reused")),
+        ("faulty, all attempts: wall s, CPU s", _times(f["attempts"], "-")),
         ("attempts", len(f["attempts"])),
         *[(f"faults: {k}", n) for k, n in kinds.items()],
         ("disk-full skipped", f["disk_full_skipped"] or "no"),
@@ -500,6 +595,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tmpfs-size", default="1g", help="the faulty run's results disk")
     ap.add_argument("--no-disk-full", action="store_true", help="skip the disk-full fault")
     ap.add_argument("--disk-full-hold", type=float, default=60, help="s the disk stays full")
+    ap.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help=f"build {', '.join(PREFIX)} once, uninterrupted, and start both runs from a copy "
+        "(bundles/Bdose left out): faults land only in the continual rounds and the last "
+        "round's bundle",
+    )
     ap.add_argument("--reference", type=Path, help="an uninterrupted run's results, reused")
     ap.add_argument("--reference-wall", type=float, default=300, help="its wall, if reused")
     ap.add_argument("--extra-attempts", type=int, default=2, help="reruns beyond one a fault")
@@ -536,6 +638,8 @@ def recheck(root: Path, out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.shared_prefix and args.reference:
+        raise SystemExit("--shared-prefix and --reference: a reused run has no prefix to share")
     root = args.root.resolve()
     if args.recheck:
         return recheck(root, args.out or root / "soak.json")
@@ -546,17 +650,19 @@ def main(argv: list[str] | None = None) -> int:
     extra = root / "soak.yaml"
     extra.write_text(yaml.safe_dump(overlay(args.rounds, args.pool_n)))
     t0 = time.monotonic()
-    ref = uninterrupted(args, root, extra, arms)
+    prefix = shared_prefix(args, root, extra, arms) if args.shared_prefix else None
+    ref = uninterrupted(args, root, extra, arms, prefix)
     report = {
         "argv": sys.argv if argv is None else argv,
         "seed": args.seed,
         "rounds": args.rounds,
-        "targets": targets(args.rounds),
+        "targets": targets(args.rounds, args.shared_prefix),
         "code": manifest.code_version(),
+        "prefix": prefix,
         "reference": ref,
     }
     wall = ref.get("wall_s", args.reference_wall)
-    report["faulty"] = faulty(args, root, extra, arms, wall)
+    report["faulty"] = faulty(args, root, extra, arms, wall, prefix)
     ref["records"] = final_records(Path(ref["results"]))  # a reused run may finish meanwhile
     report["wall_s"] = round(time.monotonic() - t0, 1)
     return write(report, args.out or root / "soak.json")

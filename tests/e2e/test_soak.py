@@ -1,5 +1,5 @@
-"""Faults at random moments (the `dag` tier): a real sampling process SIGKILLed after some of its
-batches, then run again; and benchmarks/soak.py at a small setting, whose checks must all pass."""
+"""A fault at a random moment (the `dag` tier): a real sampling process SIGKILLed after some of its
+batches, then run again. benchmarks/soak.py's runs: test_soak_runs.py."""
 
 from __future__ import annotations
 
@@ -80,39 +80,3 @@ def test_a_sigkilled_sampling_job_decodes_only_its_missing_batches_into_the_same
     assert decoded_batches(rerun.stderr) == BATCHES - len(kept)
     assert out.read_bytes() == (tmp_path / "whole/samples.jsonl").read_bytes()
     assert not parts.parts_dir(out).exists()
-
-
-# a reference run and a faulted one of the smallest DAG plus a round: ~15 min on an idle 2-core
-# machine, too long for CI's budget beside the other tiers; run by hand with -m soak
-@pytest.mark.soak
-def test_the_soak_harness_at_a_small_setting_passes_every_check(tmp_path):
-    report = tmp_path / "soak.json"
-    cmd = [
-        sys.executable,
-        str(REPO / "benchmarks/soak.py"),
-        "--rounds",
-        "1",
-        "--faults",
-        "2",
-        "--seed",
-        "3",
-        "--root",
-        str(tmp_path / "soak"),
-        "--tmpfs-size",
-        "512m",
-        "--disk-full-hold",
-        "30",
-        "--out",
-        str(report),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    rep = json.loads(report.read_text())
-    assert all(rep["checks"].values()) and len(rep["checks"]) == 6
-    kinds = [f["kind"] for f in rep["faulty"]["faults"]]
-    assert sorted(k for k in kinds if k != "disk_full") == ["kill_job", "term_snakemake"]
-    # disk-full needs a tmpfs mount (root); otherwise its skip is recorded with the reason
-    assert ("disk_full" in kinds) == (rep["faulty"]["disk_full_skipped"] is None)
-    assert rep["reference"]["records"] == rep["faulty"]["records"]
-    assert any(k.startswith("bundles/Bsoak") for k in rep["faulty"]["records"])
-    assert "check: 0 complete outputs recomputed" in proc.stdout

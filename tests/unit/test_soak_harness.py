@@ -109,3 +109,47 @@ def test_the_plan_has_both_signal_faults_and_one_full_disk(soak):
         assert kinds.count("disk_full") == 1 and len(kinds) == n + 1
         assert kinds.count("kill_job") == (n + 1) // 2 and kinds.count("term_snakemake") == n // 2
     assert "disk_full" not in soak.plan(random.Random(0), 2, disk=False)
+
+
+def test_a_copied_prefix_is_complete_as_it_was_and_the_ci_targets_leave_its_bundles(
+    soak, results, tmp_path
+):
+    copy = tmp_path / "copy/results"
+    soak.seed({"results": str(results)}, copy)
+    # Snakemake's records and the mtimes came along: nothing the prefix made counts as rewritten
+    assert soak.snapshot(copy) == soak.snapshot(results)
+    assert soak.rewritten(soak.snapshot(results), copy) == []
+    soak.seed(None, copy)
+    assert not copy.exists()
+    assert soak.PREFIX[0] == f"nominations/{soak.AFTER}.json"
+    assert soak.targets(2, shared_prefix=True) == ["rounds/r5.json", "bundles/Bsoak"]
+    assert set(soak.PREFIX_BUNDLES) < set(soak.targets(2, shared_prefix=False))
+
+
+def report_of(faults: list[dict], ref_recomputed: list) -> dict:
+    records = {"nominations/r4.json": "ab"}
+    attempt = {"rc": 0, "fault": None, "strays": 0}
+    return {
+        "reference": {"records": records, "recomputed_complete": ref_recomputed},
+        "faulty": {
+            "planned": [f["kind"] for f in faults],
+            "faults": faults,
+            "attempts": [attempt],
+            "recomputed_complete": [],
+            "records": records,
+        },
+    }
+
+
+def test_a_fault_that_hit_no_running_job_or_a_full_disk_nothing_wrote_fails_its_check(soak):
+    kill = {"kind": "kill_job", "process": "python -m arenaflow.train --arm"}
+    term = {"kind": "term_snakemake", "jobs_running": ["arenaflow.train --arm"]}
+    full = {**term, "kind": "disk_full", "attempt_failed_while_full": True}
+    landed = "every fault landed while a job ran"
+    assert all(soak.checks(report_of([kill, term, full], [])).values())
+    for bad in ({**term, "jobs_running": []}, {**full, "attempt_failed_while_full": False}):
+        assert not soak.checks(report_of([kill, bad], []))[landed]
+    # the reference run rewrote an output of the shared prefix
+    ran_again = soak.checks(report_of([kill], [{"path": "pools/p.jsonl"}]))
+    assert not ran_again["0 complete outputs recomputed"]
+    assert [k for k, ok in ran_again.items() if not ok] == ["0 complete outputs recomputed"]
