@@ -28,7 +28,7 @@ import pandas as pd
 from arenaflow import io, manifest
 from arenaflow.bundles import sources
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file
 
 
 def best(fn, repeats: int) -> float:
@@ -98,7 +98,7 @@ def compares(repeats: int) -> list[dict]:
     for path in sorted(Path("compare").rglob("*.json")):
         srcs = [s["path"] for s in comparisons.pooled(io.read_json(path))]
         plain = best(lambda s=srcs: [pd.read_parquet(p) for p in s], repeats)
-        checked = best(lambda s=srcs: [evals.read_readout(p) for p in s], repeats)
+        checked = best(lambda s=srcs: [readout_file.read_readout(p) for p in s], repeats)
         hashed = best(lambda s=srcs: [manifest.sha256_file(p) for p in s], repeats)
         rows.append(
             row(

@@ -1,5 +1,6 @@
 """What the math verdict costs per sample: arenaflow.verify.check over the labelled set
-(tests/data/math_verdicts.jsonl), for the working tree and earlier revisions of verify.py.
+(tests/data/math_verdicts.jsonl), for the working tree and earlier revisions of verify.py (and,
+from the revision that split it out, answers.py, the answer extraction it calls).
 
     python benchmarks/verify_speed.py [--revs HEAD~1 ...] [--repeats 3] [--out speed.json]
 
@@ -20,13 +21,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LABELLED = ROOT / "tests" / "data" / "math_verdicts.jsonl"
+# the verdict's modules: answers.py from the revision that split it out of verify.py
+MODULES = ("verify.py", "answers.py")
 
-# One run, in its own process: argv[1] is the verify.py to load, argv[2] the labelled set.
+# One run, in its own process: argv[1] is the directory holding the revision's arenaflow package
+# (its verify.py and answers.py only), argv[2] the labelled set.
 RUN = """
-import importlib.util, json, sys, time
-spec = importlib.util.spec_from_file_location("verify_under_test", sys.argv[1])
-v = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(v)
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import arenaflow.verify as v
 rows = [json.loads(line) for line in open(sys.argv[2])]
 v.check("The answer is 1.", "1")
 v.check("\\\\boxed{\\\\frac{1}{2}}", "0.5")  # math-verify and sympy imported
@@ -41,19 +44,22 @@ print(json.dumps({"rows": len(rows), "cold_ms": times[0], "warm_ms": times[1]}))
 
 
 def source(rev: str, tmp: Path) -> Path:
-    """verify.py of `rev` ("WORKTREE" for the files on disk) as a file to load."""
+    """A directory whose arenaflow package holds verify.py of `rev` ("WORKTREE" for the files on
+    disk) and the answers.py it imports, where the revision has one."""
     if rev == "WORKTREE":
-        return ROOT / "src" / "arenaflow" / "verify.py"
-    text = subprocess.run(
-        ["git", "show", f"{rev}:src/arenaflow/verify.py"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    path = tmp / f"verify_{len(list(tmp.iterdir()))}.py"
-    path.write_text(text)
-    return path
+        return ROOT / "src"
+    root = tmp / f"rev_{len(list(tmp.iterdir()))}"
+    (root / "arenaflow").mkdir(parents=True)
+    (root / "arenaflow" / "__init__.py").write_text("")
+    for name in MODULES:
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:src/arenaflow/{name}"], cwd=ROOT, capture_output=True, text=True
+        )
+        if shown.returncode == 0:
+            (root / "arenaflow" / name).write_text(shown.stdout)
+    if not (root / "arenaflow" / "verify.py").exists():
+        raise SystemExit(f"{rev}: no src/arenaflow/verify.py")
+    return root
 
 
 def main() -> None:

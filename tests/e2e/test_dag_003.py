@@ -15,7 +15,7 @@ import pytest
 from dagrun import REPO, build, planned_jobs
 
 from arenaflow.budget import ledger as afbudget
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file
 
 pytestmark = pytest.mark.dag
 
@@ -105,7 +105,9 @@ def test_the_budget_table_shows_the_cap_each_arms_cost_and_the_refusal(built):
     # the jobs LA2b200 caused, measured from what they recorded (the table waits for them)
     la = rows["LA2b200"]
     meta = [
-        evals.readout_meta(built["results"] / f"readouts/ifeval/LA2b200/greedy-{k}.r0.parquet")
+        readout_file.readout_meta(
+            built["results"] / f"readouts/ifeval/LA2b200/greedy-{k}.r0.parquet"
+        )
         for k in ("none", "k0", "k0h", "k0m")
     ]
     assert la["search_readouts"] == pytest.approx(sum(m["seconds"] / 60 + over for m in meta))

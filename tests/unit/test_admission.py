@@ -19,7 +19,7 @@ from arenaflow import paths
 from arenaflow.budget import admission
 from arenaflow.budget import ledger as afbudget
 from arenaflow.budget import plan as afplan
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests/e2e"))
@@ -210,7 +210,7 @@ def test_once_they_ran_they_count_as_measured_and_the_table_shows_them(tmp_path)
     frame = pd.DataFrame({"item_id": ["i0"], "correct": [True]})
     for k, seconds in {"none": 30.0, "k0": 45.0}.items():  # two of the four searched so far
         path = results / paths.readout("ifeval", "LA2b200", f"greedy-{k}", 0)
-        evals.write_readout(frame, path, {"seconds": seconds})
+        readout_file.write_readout(frame, path, {"seconds": seconds})
     (results / "guards/mc").mkdir(parents=True)
     (results / "guards/mc/LA2b200.json").write_text(json.dumps({"seconds": 12.0}))
     b = afbudget.Budget(cfg, results=results)

@@ -14,7 +14,7 @@ from scipy import stats as sps
 
 from arenaflow import io
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file, readout_rows
 from arenaflow.rounds import bar, nominate
 
 FAMILIES = (
@@ -67,7 +67,9 @@ def write(path, arm, items, passed, replicate=0):
             "checks": [json.dumps([{"type": f, "passed": p}]) for (_, f), p in zip(items, passed)],
         }
     )
-    evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": replicate})
+    readout_file.write_readout(
+        readout_rows.structure(df), path, {"arm": arm, "replicate": replicate}
+    )
     return str(path)
 
 

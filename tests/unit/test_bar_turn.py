@@ -19,7 +19,7 @@ from test_multiturn import turn_rows
 from arenaflow import config as afconfig
 from arenaflow import io
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file
 from arenaflow.rounds import nominate
 
 N = 40  # conversations of 4 turns; nobody passes turn 4
@@ -35,7 +35,7 @@ def judge(tmp_path, bar_: list[dict]) -> dict:
     sides = []
     for arm, passes in (("B", CAND), ("A", REF)):
         sides.append(str(tmp_path / f"{arm}.parquet"))
-        evals.write_readout(turn_rows(arm, passes), sides[-1], {"arm": arm, "replicate": 0})
+        readout_file.write_readout(turn_rows(arm, passes), sides[-1], {"arm": arm, "replicate": 0})
     comp = str(tmp_path / "compare/mt/greedy/B__A.json")
     comparisons.main(["compare", "--suite", "mt", "--regime", "greedy", "--cand", sides[0]]
                + ["--ref", sides[1], "--out", comp])  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 
 from arenaflow import candidates, chat, io, models
 from arenaflow.corpora import build as corpora
-from arenaflow.evals import readout
+from arenaflow.evals import readout, readout_file
 from arenaflow.pools import math as mathpool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_a_readout_records_the_template_it_rendered_with(spec, pool, house, tmp_
     args = ["readout", "--suite", "math", "--arm", "base", "--pool", str(pool), "--plan"]
     args += [json.dumps(plan), "--base-model", str(BASE), "--chat-template", spec]
     readout.main(args)
-    assert readout.readout_meta(out)["chat_template"] == {"spec": spec, "sha256": sha(text)}
+    assert readout_file.readout_meta(out)["chat_template"] == {"spec": spec, "sha256": sha(text)}
 
 
 def test_a_corpus_records_the_template_its_rows_were_rendered_in(pool, house, tmp_path):

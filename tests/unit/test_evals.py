@@ -14,8 +14,7 @@ import pytest
 
 from arenaflow import engine, io, schema, verify
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import degeneracy
-from arenaflow.evals import readout as evals
+from arenaflow.evals import degeneracy, readout, readout_file, readout_rows
 
 
 def frame(correct, prompts=None, cats=None):
@@ -75,8 +74,8 @@ def test_compare_refuses_an_outcome_that_is_not_0_or_1_naming_the_readout(bad):
 
 def test_compare_and_noise_clis_name_the_readout_file_with_a_nan_outcome(tmp_path):
     good, bad = tmp_path / "A.r0.parquet", tmp_path / "A.r1.parquet"
-    evals.write_readout(battery([1, 0, 1]), good, {})
-    evals.write_readout(battery([1, np.nan, 1], replicate=1), bad, {})
+    readout_file.write_readout(battery([1, 0, 1]), good, {})
+    readout_file.write_readout(battery([1, np.nan, 1], replicate=1), bad, {})
     for argv in (
         ["compare", "--cand", str(bad), "--ref", str(good)],
         ["noise", "--readouts", str(good), str(bad)],
@@ -105,15 +104,15 @@ def battery(correct, replicate=0, arm="A", completions=None, stopped=None):
     df["completion"] = completions or ["1 + 2 = 3. The answer is 3."] * n
     df["n_tokens"] = [len(c) for c in df["completion"]]
     df["stopped"] = stopped if stopped is not None else [True] * n
-    return evals.structure(df)
+    return readout_rows.structure(df)
 
 
 def test_rep_ratio_is_one_minus_distinct_over_all_word_6grams():
-    assert evals.rep_ratio("a b c d e") == 0.0  # fewer than 6 words
-    assert evals.rep_ratio("a b c d e f g h") == 0.0  # 3 distinct 6-grams
+    assert readout_rows.rep_ratio("a b c d e") == 0.0  # fewer than 6 words
+    assert readout_rows.rep_ratio("a b c d e f g h") == 0.0  # 3 distinct 6-grams
     looped = " ".join(["the answer is 3 ."] * 4)  # 20 words, 15 6-grams, 5 distinct
-    assert evals.rep_ratio(looped) == pytest.approx(1 - 5 / 15)
-    assert evals.rep_ratio(looped) >= evals.LOOP_AT
+    assert readout_rows.rep_ratio(looped) == pytest.approx(1 - 5 / 15)
+    assert readout_rows.rep_ratio(looped) >= readout_rows.LOOP_AT
 
 
 def test_structure_flags_truncated_empty_loop_and_fffd():
@@ -176,8 +175,8 @@ def test_noise_is_the_arm_against_itself_paired_by_item():
 
 def test_noise_cli_needs_two_replicates_of_one_arm(tmp_path):
     p0, p1 = tmp_path / "a.r0.parquet", tmp_path / "b.r0.parquet"
-    evals.write_readout(battery([1, 0, 1]), p0, {})
-    evals.write_readout(battery([1, 0, 1], arm="B"), p1, {})
+    readout_file.write_readout(battery([1, 0, 1]), p0, {})
+    readout_file.write_readout(battery([1, 0, 1], arm="B"), p1, {})
     with pytest.raises(SystemExit, match=">= 2 replicates"):
         comparisons.main(["noise", "--readouts", str(p0), "--out", str(tmp_path / "n.json")])
     with pytest.raises(SystemExit, match="one arm against itself"):
@@ -212,7 +211,7 @@ def tiny_readout(tmp_path_factory, repo_root):
 
     def run(name, replicate=0, seed=0, regime=sampled, decoder="hf"):
         out = d / f"{name}.parquet"
-        evals.main(
+        readout.main(
             [
                 "readout",
                 "--suite",
@@ -259,8 +258,8 @@ def test_same_seed_gives_identical_readout_rows_and_shows_progress(tiny_readout,
     pd.testing.assert_frame_equal(da, db)
     assert len(da) == len(POOL) and da["item_id"].tolist() == [r["id"] for r in POOL]
     # the metadata is read here from the parquet schema itself, not through readout_meta
-    ma, mb = (json.loads(pq.read_schema(p).metadata[evals.META_KEY]) for p in (a, b))
-    assert evals.readout_meta(a) == ma
+    ma, mb = (json.loads(pq.read_schema(p).metadata[readout_file.META_KEY]) for p in (a, b))
+    assert readout_file.readout_meta(a) == ma
     assert ma["seed"] == 0 and ma["decoding"]["temperature"] == 0.8
     assert ma["verifier"] == verify.verifier()  # a math pool
     # when each was made is recorded (a UTC time inside its own run), so it differs between the
@@ -272,7 +271,7 @@ def test_same_seed_gives_identical_readout_rows_and_shows_progress(tiny_readout,
 
 def test_replicates_decode_with_distinct_seeds_and_pair_by_item(tiny_readout):
     r0, r1 = tiny_readout("r0", replicate=0), tiny_readout("r1", replicate=1)
-    m0, m1 = evals.readout_meta(r0), evals.readout_meta(r1)
+    m0, m1 = readout_file.readout_meta(r0), readout_file.readout_meta(r1)
     assert (m0["seed"], m1["seed"]) == (0, 1000)
     d0, d1 = pd.read_parquet(r0), pd.read_parquet(r1)
     assert d0["completion"].tolist() != d1["completion"].tolist()  # T=0.8, another seed
@@ -294,7 +293,7 @@ def test_the_static_engine_reads_out_the_same_greedy_rows_and_records_itself(tin
     greedy = json.dumps({"temperature": 0.0, "max_new_tokens": 24})
     hf, static = (tiny_readout(f"g-{e}", regime=greedy, decoder=e) for e in ("hf", "static"))
     pd.testing.assert_frame_equal(pd.read_parquet(static), pd.read_parquet(hf))
-    meta = [evals.readout_meta(r)["engine"] for r in (hf, static)]
+    meta = [readout_file.readout_meta(r)["engine"] for r in (hf, static)]
     assert [m["decoder"] for m in meta] == ["hf", "static"]
     # every engine setting is recorded, the schema's defaults where the job set none
     assert {k: v for k, v in meta[1].items() if k != "decoder"} == {
@@ -318,7 +317,7 @@ def test_one_process_reads_a_plan_of_regimes_and_replicates_as_separate_runs_do(
     pool = tmp_path / "pool.jsonl"
     io.write_jsonl(pool, POOL)
     capsys.readouterr()
-    evals.main(
+    readout.main(
         ["readout", "--suite", "math", "--arm", "base", "--pool", str(pool), "--base-model"]
         + [str(repo_root / "models/tiny-arith"), "--plan", json.dumps(plan), "--seed", "0"]
         + ["--batch-size", "4", "--system-prompt", "You are a careful math tutor."]
@@ -327,7 +326,7 @@ def test_one_process_reads_a_plan_of_regimes_and_replicates_as_separate_runs_do(
     for (g, d, r), p in zip(reads, plan):
         alone = tiny_readout(f"alone-{g}{r}", replicate=r, regime=json.dumps(d))
         pd.testing.assert_frame_equal(pd.read_parquet(p["out"]), pd.read_parquet(alone))
-        meta, want = evals.readout_meta(p["out"]), evals.readout_meta(alone)
+        meta, want = readout_file.readout_meta(p["out"]), readout_file.readout_meta(alone)
         assert (meta["regime"], meta["decoding"], meta["seed"]) == (g, d, want["seed"])
 
 
@@ -352,7 +351,9 @@ def test_readout_scores_math_instruction_and_open_items_with_the_candidate_verdi
         {"id": "open-1", "category": "open", "prompt": cups, "min_chars": 0},
         {"id": "open-long", "category": "open", "prompt": cups, "min_chars": 200},
     ]
-    df = evals.readout(pool, model, tok, "", {"temperature": 0.0, "max_new_tokens": 48}, 0, 8, "t")
+    df = readout_rows.readout(
+        pool, model, tok, "", {"temperature": 0.0, "max_new_tokens": 48}, 0, 8, "t"
+    )
     df = df.set_index("item_id")
     text = df["completion"]
     assert df["stopped"].all() and not (df["loop"] | df["empty"] | df["fffd"]).any()

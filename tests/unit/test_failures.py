@@ -10,8 +10,7 @@ import pytest
 from scipy.stats import binomtest
 
 from arenaflow import candidates, io, manifest
-from arenaflow.evals import failures
-from arenaflow.evals import readout as evals
+from arenaflow.evals import failures, readout_file, readout_rows
 
 POOL = [
     {
@@ -50,8 +49,8 @@ REF = {
 
 
 def readout(texts: dict, arm: str, cut: frozenset = frozenset()) -> pd.DataFrame:
-    """A readout as evals.readout writes it, its reasons and `correct` from candidates.verdict;
-    the items in `cut` ran out of tokens (stopped False: truncated)."""
+    """A readout as readout_rows.readout writes it, its reasons and `correct` from
+    candidates.verdict; the items in `cut` ran out of tokens (stopped False: truncated)."""
     recs = []
     for r in POOL:
         stopped = r["id"] not in cut
@@ -72,7 +71,7 @@ def readout(texts: dict, arm: str, cut: frozenset = frozenset()) -> pd.DataFrame
                 "item_id": r["id"],
                 "category": r["category"],
                 "prompt_sha256": "p" + r["id"],
-                "target_sha256": evals.target_of(r),
+                "target_sha256": readout_rows.target_of(r),
                 "completion": texts[r["id"]],
                 "n_tokens": 5,
                 "stopped": stopped,
@@ -83,7 +82,7 @@ def readout(texts: dict, arm: str, cut: frozenset = frozenset()) -> pd.DataFrame
                 "replicate": 0,
             }
         )
-    return evals.structure(pd.DataFrame(recs))
+    return readout_rows.structure(pd.DataFrame(recs))
 
 
 def rows(record):
@@ -174,7 +173,7 @@ def test_cli_writes_a_sealed_table_that_reloads(tmp_path):
     paths = {}
     for arm, texts in (("A", CAND), ("P", REF)):
         paths[arm] = str(tmp_path / f"{arm}.parquet")
-        evals.write_readout(readout(texts, arm), paths[arm], {"arm": arm})
+        readout_file.write_readout(readout(texts, arm), paths[arm], {"arm": arm})
     out = tmp_path / "failures" / "A__P.json"
     failures.main(
         [

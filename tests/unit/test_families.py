@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from arenaflow import manifest
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file, readout_rows
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import families
 from arenaflow.instruct import pool as ifpool
@@ -47,7 +47,7 @@ def readout(pool, answers, arm):
             "checks": [families.checks_of(a, r["constraints"]) for r, a in zip(pool, answers)],
         }
     )
-    return evals.structure(df)
+    return readout_rows.structure(df)
 
 
 @pytest.fixture(scope="module")
@@ -164,14 +164,14 @@ def test_non_ifeval_readouts_get_no_family_table():
 def test_the_compare_cli_seals_the_table_and_the_families_cli_prints_it(sides, tmp_path, capsys):
     _, cand, ref = sides
     pc, pr = tmp_path / "B.r0.parquet", tmp_path / "A.r0.parquet"
-    evals.write_readout(cand, pc, {"arm": "B"})
-    evals.write_readout(ref, pr, {"arm": "A"})
+    readout_file.write_readout(cand, pc, {"arm": "B"})
+    readout_file.write_readout(ref, pr, {"arm": "A"})
     out = tmp_path / "compare/ifeval/greedy/B__A.json"
     comparisons.main(["compare", "--cand", str(pc), "--ref", str(pr), "--out", str(out)])
     record = comparisons.verify_pooled(out)  # sealed, sources intact
     assert (
         record["by_family"]
-        == comparisons.compare(evals.load([pc]), evals.load([pr]), "x")["by_family"]
+        == comparisons.compare(readout_file.load([pc]), readout_file.load([pr]), "x")["by_family"]
     )
     capsys.readouterr()
     families.main([str(out)])

@@ -36,7 +36,7 @@ from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
 from arenaflow.corpora import build as corpora
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout, readout_file
 from arenaflow.pools import math as mathpool
 from arenaflow.rounds import nominate
 from arenaflow.train import argv as train_argv
@@ -279,11 +279,11 @@ def test_adapter_bit_flip_before_a_readout(arm, pool, tmp_path):
     with pytest.raises(
         manifest.ManifestError, match=r"readout refused .*adapter_model\.safetensors: sha256"
     ):
-        evals.main(readout_args(pool, run, out))
+        readout.main(readout_args(pool, run, out))
     assert not out.parent.exists() or not any(out.parent.iterdir())
     flip_bit(run / "adapter_model.safetensors", offset)  # restored: the same job now runs
-    evals.main(readout_args(pool, run, out))
-    assert len(evals.read_readout(out)) == 4
+    readout.main(readout_args(pool, run, out))
+    assert len(readout_file.read_readout(out)) == 4
 
 
 def test_adapter_bit_flip_before_sampling(arm, pool, tmp_path):
@@ -372,7 +372,7 @@ def test_run_directories_swapped_before_a_readout(arm, pool, tmp_path):
     (tmp_path / "swap").rename(b)
     out = tmp_path / "readouts/math/A/greedy.r0.parquet"
     with pytest.raises(manifest.ManifestError, match=r"readout refused .*written as B/final"):
-        evals.main(readout_args(pool, a, out))
+        readout.main(readout_args(pool, a, out))
     assert not out.exists()
 
 
@@ -395,7 +395,7 @@ def two_readouts(arm, pool, tmp_path, names: list[tuple[str, dict]]) -> list[Pat
         args = readout_args(pool, run, out)
         args[args.index("--regime") + 1] = regime
         args[args.index("--regime-json") + 1] = json.dumps(decoding)
-        evals.main([*args, "--replicate", rep])
+        readout.main([*args, "--replicate", rep])
         outs.append(out)
     return outs
 
@@ -475,7 +475,7 @@ def test_pool_row_deleted_before_a_readout(arm, tmp_path):
     with pytest.raises(
         manifest.ManifestError, match=r"refused .*pools/math_eval\.jsonl: sha256 \w+ does not match"
     ):
-        evals.main(readout_args(pool, named_arm(arm, tmp_path, "A"), out))
+        readout.main(readout_args(pool, named_arm(arm, tmp_path, "A"), out))
     assert not out.exists()
 
 
@@ -858,7 +858,7 @@ WRITERS = """
     from arenaflow import manifest
     from arenaflow.bases import tinymodel
     from arenaflow.corpora import build as corpora
-    from arenaflow.evals import readout as evals
+    from arenaflow.evals import readout_file, readout_rows
     from arenaflow.evals import compare as comparisons
     from arenaflow.pools import math as mathpool
     def readout(path, n):
@@ -868,7 +868,7 @@ WRITERS = """
                            "completion": [f"{j} + {j} = {2 * j}. The answer is {2 * j}."
                                           for j in range(n)],
                            "pred": "x", "strict": True, "correct": True, "replicate": 0})
-        evals.write_readout(evals.structure(df), path, {"arm": "A"})
+        readout_file.write_readout(readout_rows.structure(df), path, {"arm": "A"})
     def corpus(path, n):
         rows = mathpool.generate(n, n, "train", {"add": 1}, "d")
         corpora.build(path, rows, tinymodel.build_tokenizer(), tinymodel.SYSTEM_PROMPT, {})
@@ -881,7 +881,7 @@ WRITERS = """
     def state():
         names = sorted(str(p.relative_to(D)) for p in pathlib.Path(D).rglob("*"))
         return {"tmp": [n for n in names if n.split("/")[-1].startswith(".")],
-                "readout_rows": len(evals.read_readout(f"{D}/r.parquet")),
+                "readout_rows": len(readout_file.read_readout(f"{D}/r.parquet")),
                 "corpus_rows": len(open(f"{D}/c/rows.jsonl").readlines()),
                 "corpus_ok": bool(manifest.verify(f"{D}/c"))}
     readout(f"{D}/r.parquet", 10)  # the outputs a previous run left

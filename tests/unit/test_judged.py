@@ -11,8 +11,7 @@ import pytest
 from scipy.stats import binomtest
 
 from arenaflow import io
-from arenaflow.evals import judged
-from arenaflow.evals import readout as evals
+from arenaflow.evals import judged, readout_file, readout_rows
 
 CATS = {"c1": 30, "c2": 20, "c3": 10}
 DISCORDANT = [f"c1-{i}" for i in range(5)]  # arm X answers these with nothing
@@ -41,7 +40,7 @@ def readout(arm: str, texts: dict | None = None, cut: frozenset = frozenset()) -
                     "correct": bool(i % 2),
                 }
             )
-    return evals.structure(pd.DataFrame(recs))
+    return readout_rows.structure(pd.DataFrame(recs))
 
 
 POOL = [
@@ -229,7 +228,7 @@ def test_the_cli_keeps_the_key_apart_and_refuses_an_edited_packet(tmp_path):
     pool = tmp_path / "pool.jsonl"
     io.write_jsonl(pool, POOL)
     for arm in ("armX", "armY"):
-        evals.write_readout(readout(arm), tmp_path / f"{arm}.parquet", {"arm": arm})
+        readout_file.write_readout(readout(arm), tmp_path / f"{arm}.parquet", {"arm": arm})
     base = [
         "pack",
         "--pool",

@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from arenaflow import chat, io, manifest
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file, readout_rows
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import constraints as ifconstraints
 from arenaflow.instruct import domains as ifdomains
@@ -98,7 +98,9 @@ POOL = [
 def test_the_readout_decodes_turn_by_turn_with_its_own_replies_in_context(tiny):
     model, tok = tiny
     regime = {"temperature": 0.0, "max_new_tokens": 32}
-    df = evals.readout(POOL, model, tok, "Be brief.", regime, 0, 8, "mt").set_index("item_id")
+    df = readout_rows.readout(POOL, model, tok, "Be brief.", regime, 0, 8, "mt").set_index(
+        "item_id"
+    )
     assert list(df.index) == ["c1/t1", "c2/t1", "c1/t2", "c2/t2", "c1/t3"]  # turn-major
     for r in POOL:
         msgs = chat.prompt_messages("Be brief.", r["turns"][0])
@@ -123,7 +125,9 @@ def test_the_readout_decodes_turn_by_turn_with_its_own_replies_in_context(tiny):
     # the tiny arithmetic model answers with digits: turn 2 of c1 forbids them
     assert not json.loads(df.loc["c1/t2", "checks"])[1]["passed"]
     # the same seed reads out the same rows
-    again = evals.readout(POOL, model, tok, "Be brief.", regime, 0, 8, "mt").set_index("item_id")
+    again = readout_rows.readout(POOL, model, tok, "Be brief.", regime, 0, 8, "mt").set_index(
+        "item_id"
+    )
     pd.testing.assert_frame_equal(df, again)
 
 
@@ -148,7 +152,7 @@ def turn_rows(arm, passes):
         for c, verdicts in passes.items()
         for k, ok in enumerate(verdicts)
     ]
-    return evals.structure(pd.DataFrame.from_records(recs))
+    return readout_rows.structure(pd.DataFrame.from_records(recs))
 
 
 def test_compare_scores_a_conversation_by_all_its_turns_and_reports_each_turn(tmp_path):
@@ -166,8 +170,8 @@ def test_compare_scores_a_conversation_by_all_its_turns_and_reports_each_turn(tm
     assert res["by_family"]["para"]["prompts"] == 48  # check level: every turn
     # the compare CLI seals it, with by_turn keys as JSON turns
     paths = [tmp_path / "B.parquet", tmp_path / "A.parquet"]
-    evals.write_readout(turn_rows("B", cand), paths[0], {})
-    evals.write_readout(turn_rows("A", ref), paths[1], {})
+    readout_file.write_readout(turn_rows("B", cand), paths[0], {})
+    readout_file.write_readout(turn_rows("A", ref), paths[1], {})
     out = tmp_path / "c.json"
     comparisons.main(
         ["compare", "--cand", str(paths[0]), "--ref", str(paths[1]), "--out", str(out)]

@@ -18,7 +18,7 @@ from arenaflow import chat, io, models
 from arenaflow.bases import tinymodel
 from arenaflow.bundles import build as bundles
 from arenaflow.decode import sampling
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout
 from arenaflow.pools import math as mathpool
 from arenaflow.train import data, objective
 
@@ -162,7 +162,7 @@ def test_a_readout_without_a_pad_token_reads_the_same_rows_and_shows_rows_rate_a
     outs = {}
     for name, base in (("pad", BASE), ("nopad", nopad_base)):
         outs[name] = tmp_path / f"{name}.parquet"
-        evals.main(
+        readout.main(
             [
                 "readout",
                 "--suite",

@@ -11,7 +11,7 @@ import pytest
 
 from arenaflow import io
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file, readout_rows
 from arenaflow.rounds import bar, nominate, registry, verdicts
 
 BAR = [
@@ -393,7 +393,9 @@ def write_readout(path, arm, correct, replicate=0):
             "replicate": replicate,
         }
     )
-    evals.write_readout(evals.structure(df), path, {"arm": arm, "replicate": replicate})
+    readout_file.write_readout(
+        readout_rows.structure(df), path, {"arm": arm, "replicate": replicate}
+    )
     return str(path)
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from arenaflow import verify
+from arenaflow import answers, verify
 from arenaflow.instruct import constraints as ifconstraints
 from arenaflow.instruct import domains as ifdomains
 from arenaflow.instruct import pool as ifpool
@@ -143,10 +143,10 @@ def test_math_type_outside_the_known_subjects_is_slugged(tmp_path):
 
 
 def test_last_boxed_matches_braces_to_any_depth():
-    assert verify.last_boxed("\\boxed{\\frac{\\sqrt{3}}{2}}") == "\\frac{\\sqrt{3}}{2}"
-    assert verify.last_boxed("\\boxed{1} then \\fbox{ {2} }") == "{2}"
-    assert verify.last_boxed("no box") is None
-    assert verify.last_boxed("\\boxed{unclosed {") is None
+    assert answers.last_boxed("\\boxed{\\frac{\\sqrt{3}}{2}}") == "\\frac{\\sqrt{3}}{2}"
+    assert answers.last_boxed("\\boxed{1} then \\fbox{ {2} }") == "{2}"
+    assert answers.last_boxed("no box") is None
+    assert answers.last_boxed("\\boxed{unclosed {") is None
 
 
 def test_parquet_import_keeps_the_id_column(tmp_path):

@@ -15,8 +15,7 @@ from scipy.stats import binomtest
 from arenaflow import config, manifest
 from arenaflow.bundles import build as bundles
 from arenaflow.bundles.checks import BundleCheckError
-from arenaflow.evals import promptsearch
-from arenaflow.evals import readout as evals
+from arenaflow.evals import promptsearch, readout_file, readout_rows
 
 # 8 items; k0 right on 6, k1 on 6 (other items), none on 2
 OUTCOMES = {
@@ -81,8 +80,8 @@ def test_cli_writes_a_sealed_search_that_a_bundle_serves(tmp_path):
     paths, args = {}, []
     for k, v in OUTCOMES.items():
         paths[k] = str(tmp_path / f"{k}.parquet")
-        evals.write_readout(
-            evals.structure(frame(k, v).assign(completion="x", n_tokens=1, stopped=True)),
+        readout_file.write_readout(
+            readout_rows.structure(frame(k, v).assign(completion="x", n_tokens=1, stopped=True)),
             paths[k],
             {},
         )

@@ -12,7 +12,7 @@ import pytest
 
 from arenaflow import candidates, io
 from arenaflow.decode import parts, sampling
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout
 from arenaflow.pools import math as mathpool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_parts_of_another_job_or_failing_their_hash_are_decoded_again(
 
 def read(pool: Path, out: Path, seed: int = 0, temperature: float = 0.8) -> Path:
     decoding = {"temperature": temperature, "top_p": 1.0, "max_new_tokens": 4}
-    evals.main(
+    readout.main(
         [
             "readout",
             "--suite",
@@ -192,12 +192,12 @@ def test_a_readout_plan_killed_in_its_second_readout_keeps_the_first_ones_batche
     args += ["--base-model", str(BASE), "--batch-size", "1", "--plan", json.dumps(plan)]
     kill(4)  # the first readout's 3 batches and the second's first
     with pytest.raises(Killed):
-        evals.main(args)
+        readout.main(args)
     assert take() == 4
     first = Path(plan[0]["out"])
     whole = pd.read_parquet(first)
     first.unlink()  # as Snakemake removes a failed job's outputs
-    evals.main(args)
+    readout.main(args)
     assert take() == 2  # the second readout's last two batches alone
     pd.testing.assert_frame_equal(pd.read_parquet(first), whole)
     assert not any(parts.parts_dir(r["out"]).exists() for r in plan)

@@ -19,8 +19,7 @@ from arenaflow import candidates, io, manifest, models, paths, shards
 from arenaflow import config as afconfig
 from arenaflow.budget import admission
 from arenaflow.budget import ledger as afbudget
-from arenaflow.evals import readout as evals
-from arenaflow.evals import readout_merge
+from arenaflow.evals import readout, readout_file, readout_merge, readout_rows
 from arenaflow.instruct import pool as ifpool
 from arenaflow.pools import math as mathpool
 from arenaflow.pools.validate import read_pool
@@ -153,29 +152,31 @@ READS = [
 def read(policy, pool: Path, root: Path, shard: str | None = None) -> list[str]:
     """What `readout --plan (greedy r0, served r1) [--shard]` writes under `root`, the policy
     loaded once for every shard."""
-    items, first_batch = evals.shard_items(read_pool(pool), shard, READ_BATCH, str(pool))
+    items, first_batch = readout.shard_items(read_pool(pool), shard, READ_BATCH, str(pool))
     outs = []
     for regime, decoding, rep in READS:
         out = str(root / f"{regime}.r{rep}.parquet")
         df = pd.DataFrame()  # a shard with no batch: an empty part, as the command writes
         if items:
-            df = evals.readout(
+            df = readout_rows.readout(
                 items, *policy, "", decoding, 1000 * rep, READ_BATCH, "t", first_batch=first_batch
             )
             df.insert(0, "arm", "base")
             df["replicate"] = rep
         tokens = int(df["n_tokens"].sum()) if items else 0
         meta = {"regime": regime, "replicate": rep, "tokens": tokens, "seconds": 0.5}
-        evals.write_readout(df, out if shard is None else paths.shard_of(out, shard), meta)
+        readout_file.write_readout(df, out if shard is None else paths.shard_of(out, shard), meta)
         outs.append(out)
     return outs
 
 
 def same_readout(merged: str, whole: str) -> None:
-    pd.testing.assert_frame_equal(evals.read_readout(merged), evals.read_readout(whole))
+    pd.testing.assert_frame_equal(
+        readout_file.read_readout(merged), readout_file.read_readout(whole)
+    )
     a, b = (pq.read_table(p) for p in (merged, whole))
     assert a.schema.remove_metadata() == b.schema.remove_metadata() and a.equals(b)
-    ma, mb = (evals.readout_meta(p) for p in (merged, whole))
+    ma, mb = (readout_file.readout_meta(p) for p in (merged, whole))
     varies = ("created_utc", "seconds")  # differ between any two runs
     assert {k: v for k, v in ma.items() if k not in varies} == {
         k: v for k, v in mb.items() if k not in varies
@@ -214,9 +215,9 @@ def test_the_readout_command_reads_its_shard_into_the_parts(math_pool, tmp_path)
     args += ["--base-model", str(BASE), "--batch-size", str(READ_BATCH)]
     args += ["--plan", json.dumps(plan)]
     for shard in ("1-of-7", "6-of-7"):  # 3 batches: shard 1 holds one, shard 6 none
-        evals.main([*args, "--shard", shard])
+        readout.main([*args, "--shard", shard])
         for r in plan:
-            meta = evals.readout_meta(paths.shard_of(r["out"], shard))
+            meta = readout_file.readout_meta(paths.shard_of(r["out"], shard))
             df = pd.read_parquet(paths.shard_of(r["out"], shard))
             assert len(df) == (READ_BATCH if shard == "1-of-7" else 0)
             assert meta["seed"] == 1000 * r["replicate"] and meta["regime"] == r["regime"]
@@ -226,7 +227,9 @@ def test_the_readout_command_reads_its_shard_into_the_parts(math_pool, tmp_path)
 def test_a_readout_part_of_another_decoding_is_refused_naming_it(tmp_path):
     out = str(tmp_path / "greedy.r0.parquet")
     for part, seed in zip(paths.shards_of(out, 2), (0, 99)):
-        evals.write_readout(pd.DataFrame(), part, {"seed": seed, "tokens": 0, "seconds": 0.0})
+        readout_file.write_readout(
+            pd.DataFrame(), part, {"seed": seed, "tokens": 0, "seconds": 0.0}
+        )
     with pytest.raises(manifest.ManifestError, match="1-of-2.parquet: its seed differ"):
         readout_merge.merge(out, 2)
 
@@ -234,7 +237,7 @@ def test_a_readout_part_of_another_decoding_is_refused_naming_it(tmp_path):
 def test_a_multi_turn_pool_is_not_sharded():
     turns = ifpool.conversations(2, 1, "eval", "t", 2)
     with pytest.raises(ValueError, match="pools/t.jsonl is a multi-turn pool"):
-        evals.shard_items(turns, "0-of-2", 2, "pools/t.jsonl")
+        readout.shard_items(turns, "0-of-2", 2, "pools/t.jsonl")
 
 
 def budget_of(

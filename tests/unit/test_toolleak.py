@@ -10,8 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import degeneracy
-from arenaflow.evals import readout as evals
+from arenaflow.evals import degeneracy, readout_file, readout_rows
 from arenaflow.instruct import check as ifcheck
 from arenaflow.instruct import toolleak
 from arenaflow.rounds import bar
@@ -114,7 +113,7 @@ def open_readout(completions, stopped, arm):
             "correct": stopped,
         }
     )
-    return evals.structure(df)
+    return readout_rows.structure(df)
 
 
 def test_compare_pairs_answer_usable_with_an_exact_sign_test_and_levels_a_bar_can_name():
@@ -151,7 +150,7 @@ def test_compare_pairs_answer_usable_with_an_exact_sign_test_and_levels_a_bar_ca
 def test_a_readout_written_before_the_new_columns_gets_them_on_load(tmp_path):
     df = open_readout(["A full answer.", "no stop"], [True, True], "A")
     old = df.drop(columns=["tool_leak", "answer_usable"])
-    evals.write_readout(old, tmp_path / "a.parquet", {})
-    loaded = evals.load([str(tmp_path / "a.parquet")])
+    readout_file.write_readout(old, tmp_path / "a.parquet", {})
+    loaded = readout_file.load([str(tmp_path / "a.parquet")])
     assert loaded["answer_usable"].tolist() == [True, False]
     assert loaded["tool_leak"].tolist() == [False, False]

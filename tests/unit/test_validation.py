@@ -19,7 +19,7 @@ from test_corpora import POOL, fake_samples, fake_verdicts, params
 from arenaflow import config, io, schema
 from arenaflow.corpora import build as corpora
 from arenaflow.dag import stages
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout
 from arenaflow.pools import build as pools
 from arenaflow.pools import validate as pool_rows
 
@@ -258,7 +258,7 @@ def test_a_readout_of_an_empty_pool_is_refused_and_writes_nothing(tmp_path, repo
     argv = ["readout", "--suite", "math", "--arm", "base", "--pool", str(empty), "--base-model"]
     argv += [str(repo_root / "models/tiny-arith"), "--regime-json", '{"temperature": 0.0}']
     with pytest.raises(ValueError, match=rf"^{re.escape(str(empty))}: no rows"):
-        evals.main([*argv, "--out", str(out)])
+        readout.main([*argv, "--out", str(out)])
     assert not out.exists()
 
 

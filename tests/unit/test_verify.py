@@ -1,5 +1,6 @@
-"""arenaflow.verify: answer extraction, the strict and `correct` verdicts, and agreement with a
-careful grader on hand-labelled completions (tests/data/math_verdicts.jsonl)."""
+"""arenaflow.answers (answer extraction) and arenaflow.verify (the strict and `correct`
+verdicts), and agreement with a careful grader on hand-labelled completions
+(tests/data/math_verdicts.jsonl)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from arenaflow import verify
+from arenaflow import answers, verify
 
 # --- extraction ---------------------------------------------------------------------------
 
@@ -19,44 +20,44 @@ from arenaflow import verify
 def test_extract_takes_a_statement_after_a_box_but_not_a_later_number():
     # a final statement after a box is a corrected answer; a bare number after it is not
     text = r"We get \boxed{42}. The answer is 41. Also 40."
-    assert verify.extract_answer(text) == "41"
-    assert verify.extract_answer(r"We get \boxed{42}. Also 40.") == "42"
+    assert answers.extract_answer(text) == "41"
+    assert answers.extract_answer(r"We get \boxed{42}. Also 40.") == "42"
     # a statement that states no answer does not withdraw the box
-    assert verify.extract_answer(r"\boxed{18}. Checking the answer is correct: yes.") == "18"
+    assert answers.extract_answer(r"\boxed{18}. Checking the answer is correct: yes.") == "18"
 
 
 def test_extract_takes_the_last_boxed():
-    assert verify.extract_answer(r"first \boxed{1}, then \boxed{2}") == "2"
+    assert answers.extract_answer(r"first \boxed{1}, then \boxed{2}") == "2"
 
 
 def test_extract_boxed_with_nested_braces():
-    assert verify.extract_answer(r"so \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
+    assert answers.extract_answer(r"so \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
 
 
 def test_extract_answer_is_statement():
-    assert verify.extract_answer("3 + 4 = 7. The answer is 7.") == "7"
-    assert verify.extract_answer("the answer is: 12") == "12"
+    assert answers.extract_answer("3 + 4 = 7. The answer is 7.") == "7"
+    assert answers.extract_answer("the answer is: 12") == "12"
 
 
 def test_extract_takes_the_last_answer_is_statement():
-    assert verify.extract_answer("The answer is 5.\nWait. The answer is 6.") == "6"
+    assert answers.extract_answer("The answer is 5.\nWait. The answer is 6.") == "6"
 
 
 def test_extract_falls_back_to_last_number():
-    assert verify.extract_answer("We add 3 and 4 to get 7") == "7"
-    assert verify.extract_answer("temperature drops to -5") == "-5"
-    assert verify.extract_answer("It costs 2.50 in total") == "2.50"
+    assert answers.extract_answer("We add 3 and 4 to get 7") == "7"
+    assert answers.extract_answer("temperature drops to -5") == "-5"
+    assert answers.extract_answer("It costs 2.50 in total") == "2.50"
 
 
 def test_extract_last_number_drops_trailing_separator():
     # "the last number" of "= 7, so" is 7, not "7,"
-    assert verify.extract_answer("3 + 4 = 7, so we are done") == "7"
-    assert verify.extract_answer("the total is 1,234, as shown") == "1,234"
+    assert answers.extract_answer("3 + 4 = 7, so we are done") == "7"
+    assert answers.extract_answer("the total is 1,234, as shown") == "1,234"
 
 
 def test_extract_returns_none_without_any_answer():
-    assert verify.extract_answer("I do not know.") is None
-    assert verify.extract_answer("") is None
+    assert answers.extract_answer("I do not know.") is None
+    assert answers.extract_answer("") is None
 
 
 # --- parsing ------------------------------------------------------------------------------
@@ -77,12 +78,12 @@ def test_extract_returns_none_without_any_answer():
     ],
 )
 def test_to_number_parses_exactly(text, value):
-    assert verify.to_number(text) == value
+    assert answers.to_number(text) == value
 
 
 @pytest.mark.parametrize("text", ["seven", "", r"\frac{1}{0}", "1/0"])
 def test_to_number_gives_none_for_non_numbers_and_zero_denominators(text):
-    assert verify.to_number(text) is None
+    assert answers.to_number(text) is None
 
 
 # --- strict vs loose ----------------------------------------------------------------------
@@ -216,7 +217,7 @@ def test_math_verify_off_the_main_thread():
 
 
 def test_boxed_extraction_matches_braces_to_any_depth():
-    from arenaflow.verify import extract_answer
+    from arenaflow.answers import extract_answer
 
     assert extract_answer(r"so \boxed{\frac{\sqrt{3}}{2}} done") == r"\frac{\sqrt{3}}{2}"
 
@@ -283,7 +284,7 @@ def test_a_non_integer_answer_is_not_an_integer_gold():
     ],
 )
 def test_extract_answer_forms(text, answer):
-    assert verify.extract_answer(text) == answer
+    assert answers.extract_answer(text) == answer
 
 
 @pytest.mark.parametrize(
@@ -298,7 +299,7 @@ def test_extract_answer_forms(text, answer):
     ],
 )
 def test_extract_joins_a_run_of_boxes_into_one_list(text, answer):
-    assert verify.extract_answer(text) == answer
+    assert answers.extract_answer(text) == answer
 
 
 def test_several_boxed_roots_answer_a_list_gold():
@@ -338,7 +339,7 @@ def test_several_boxed_roots_answer_a_list_gold():
     ],
 )
 def test_extract_realistic_forms(text, answer):
-    assert verify.extract_answer(text) == answer
+    assert answers.extract_answer(text) == answer
 
 
 @pytest.mark.parametrize(
@@ -424,7 +425,7 @@ def test_hedged_and_ranged_answers_are_wrong():
     ):
         assert verify.check(text, "18")["correct"] is False, text
         assert verify.math_verify_equal(text, "18") is True, text
-    assert verify.to_number("5x") is None and verify.to_number("5 x") is None
+    assert answers.to_number("5x") is None and answers.to_number("5 x") is None
 
 
 def test_numeric_fallback_only_where_math_verify_parses_nothing(monkeypatch):

@@ -255,9 +255,9 @@ class Budget:
         """A readout on disk: its recorded seconds of work (arenaflow.evals.readout writes them in
         the
         parquet's metadata) + the per-job overhead; the estimate for one without them."""
-        from arenaflow.evals import readout as evals  # pandas-heavy: only when a readout is on disk
+        from arenaflow.evals import readout_file  # pandas-heavy: only when a readout is on disk
 
-        seconds = evals.readout_meta(path).get("seconds")
+        seconds = readout_file.readout_meta(path).get("seconds")
         if seconds is None:
             return self.readout(suite, rid)
         return job_minutes(seconds, self.est["overhead_minutes"])

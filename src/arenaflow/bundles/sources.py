@@ -113,7 +113,7 @@ def check_judged_weights(nomination: dict, arm: str, runs: Path, who: str) -> No
     """Every readout of `arm` the nomination judged must have read the weights about to be
     served (the digest of runs/{arm}/final's manifest): a run retrained, restored or swapped in
     after its readouts would otherwise ship under numbers measured on other weights."""
-    from arenaflow.evals.readout import readout_meta  # pyarrow: only when a bundle is built
+    from arenaflow.evals.readout_file import readout_meta  # pyarrow: only when a bundle is built
 
     run = paths.run_under(runs, arm)
     digest = io.read_json(run / manifest.MANIFEST)["digest"]

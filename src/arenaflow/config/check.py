@@ -55,7 +55,7 @@ def stale_corpora(cfg: dict, results: Path) -> Iterator[str]:
 
 
 def stale_readouts(cfg: dict, results: Path) -> Iterator[str]:
-    from arenaflow.evals.readout import readout_meta  # pyarrow: only here
+    from arenaflow.evals.readout_file import readout_meta  # pyarrow: only here
 
     for suite in cfg["evals"]:
         reads = set(stages.suite_reads(cfg, suite))

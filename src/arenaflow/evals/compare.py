@@ -21,7 +21,7 @@ import pandas as pd
 
 from arenaflow import io, manifest
 from arenaflow.evals import cluster, stats
-from arenaflow.evals.readout import load, outcomes, readout_meta
+from arenaflow.evals.readout_file import load, outcomes, readout_meta
 from arenaflow.instruct import families, multiturn
 from arenaflow.rounds import bar as afbar
 

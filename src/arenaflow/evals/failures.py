@@ -39,8 +39,7 @@ import pandas as pd
 
 from arenaflow import io, manifest
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
-from arenaflow.evals import stats
+from arenaflow.evals import readout_file, stats
 from arenaflow.instruct import check as ifcheck
 from arenaflow.pools.validate import read_pool
 
@@ -190,8 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tsv", action="store_true", help="also print the table as TSV")
     args = ap.parse_args(argv)
     pool = read_pool(args.pool)
-    cand = evals.load(args.cand)
-    ref = evals.load(args.ref) if args.ref else None
+    cand = readout_file.load(args.cand)
+    ref = readout_file.load(args.ref) if args.ref else None
     record = table(pool, cand, ref, args.out)
     record.update(
         pool=args.pool,

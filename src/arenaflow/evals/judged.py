@@ -8,7 +8,7 @@ pairs, in shuffled order, each pair's sides swapped at random (seeded). Structur
 card's answer-usable check (stopped, non-empty, ends on a terminator, no degenerate repetition):
 its blinded read took "all 11 prompts where the two checkpoints had already disagreed" on it. An
 item is discordant when the readouts' `answer_usable` differ, the column the readout reports
-(arenaflow.evals.readout.structure, degeneracy.answer_usable: one definition). The judge gets
+(arenaflow.evals.readout_rows.structure, degeneracy.answer_usable: one definition). The judge gets
 `pairs.jsonl` (pair, prompt, A, B: no arm names); the key (which arm is A, which item, which
 stratum, the packet's sha256) is written to a separate file, to be opened only after scoring.
 
@@ -37,11 +37,10 @@ import pandas as pd
 
 from arenaflow import io, manifest
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
-from arenaflow.evals import stats
+from arenaflow.evals import readout_file, stats
 from arenaflow.pools.validate import read_pool
 
-USABLE = "answer_usable"  # the readout's column a read is stratified on (evals.structure)
+USABLE = "answer_usable"  # the readout's column a read is stratified on (readout_rows.structure)
 TRUE, FALSE = {"1", "true", "yes", "y"}, {"0", "false", "no", "n"}
 
 
@@ -84,7 +83,7 @@ def pack(
         raise ValueError(
             f"{where}: both readouts are of arm {labels[0]!r}; a judged read compares two arms"
         )
-    pairs = comparisons.paired_rows(evals.structured(a), evals.structured(b), where)
+    pairs = comparisons.paired_rows(readout_file.structured(a), readout_file.structured(b), where)
     if not 0 < n <= len(pairs):
         raise ValueError(f"{where}: n must be between 1 and the {len(pairs)} paired items, got {n}")
     prompts = {r["id"]: r["prompt"] for r in pool}
@@ -250,8 +249,9 @@ def _pack_cmd(args) -> None:
     try:
         pairs, key = pack(
             read_pool(args.pool),
-            evals.load([args.a]),  # checksums verified; an older readout's battery recomputed
-            evals.load([args.b]),
+            # checksums verified; an older readout's battery recomputed
+            readout_file.load([args.a]),
+            readout_file.load([args.b]),
             args.n,
             args.seed,
             f"{args.a} vs {args.b}",

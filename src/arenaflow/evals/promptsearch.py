@@ -31,8 +31,7 @@ import pandas as pd
 
 from arenaflow import io, manifest
 from arenaflow.evals import compare as comparisons
-from arenaflow.evals import readout as evals
-from arenaflow.evals import stats
+from arenaflow.evals import readout_file, stats
 
 NONE = "none"
 
@@ -47,8 +46,8 @@ def _paired(a: pd.DataFrame, b: pd.DataFrame, where: str) -> dict:
     if len(bad):
         raise ValueError(f"{where}: item {bad['item_id'].iloc[0]!r} has different targets")
     p = stats.paired(
-        evals.outcomes(m, "correct", where),
-        evals.outcomes(m, "correct_b", where),
+        readout_file.outcomes(m, "correct", where),
+        readout_file.outcomes(m, "correct_b", where),
         names=(f"{where}: a", f"{where}: b"),
     )
     return {
@@ -64,7 +63,7 @@ def search(readouts: dict[str, pd.DataFrame], order: list[str]) -> dict:
     table = []
     for k in [NONE, *order]:
         df = readouts[k]
-        correct = int(evals.outcomes(df, "correct", k).sum())
+        correct = int(readout_file.outcomes(df, "correct", k).sum())
         row = {"prompt": k, "correct": correct, "n": len(df), "accuracy": 100 * correct / len(df)}
         if k != NONE:
             vs = _paired(df, readouts[NONE], f"{k} vs {NONE}")
@@ -98,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--readouts {spec!r}: expected KEY=PATH, KEY one of {list(prompts)}")
         paths.setdefault(key, []).append(path)
     order = [k for k in prompts if k != NONE]
-    res = search({k: evals.load(v) for k, v in paths.items()}, order)
+    res = search({k: readout_file.load(v) for k, v in paths.items()}, order)
     res.update(
         search=args.search,
         arm=args.arm,

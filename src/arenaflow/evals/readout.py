@@ -1,7 +1,9 @@
 """Readouts: one arm's answers to a suite's pool under one decoding regime, scored.
 
 One parquet per (suite, arm, regime, replicate), a row per item with its verdict and structural
-battery (see readout()).
+battery: this module is the job (its CLI, the model loaded once for a plan of regimes x
+replicates, shards, what each readout records of how it was made); the rows are
+arenaflow.evals.readout_rows.readout's, the file arenaflow.evals.readout_file's.
 
     python -m arenaflow.evals.readout readout --suite math --arm B3 --pool pools/math_eval.jsonl \
         --base-model DIR [--adapter runs/B3/final] --regime greedy --regime-json '{...}' \
@@ -11,7 +13,6 @@ battery (see readout()).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import time
 from pathlib import Path
@@ -22,231 +23,9 @@ import pandas as pd
 from arenaflow import chat, io, jobclock, manifest, paths, tracking, verify
 from arenaflow import engine as afengine
 from arenaflow import schema as afschema
-from arenaflow.evals import degeneracy, stats
-from arenaflow.evals.cluster import cluster_of_row
-from arenaflow.instruct import families, multiturn, toolleak
+from arenaflow.evals.readout_file import write_readout
+from arenaflow.evals.readout_rows import readout
 from arenaflow.pools.validate import no_template_markers, read_pool
-
-# Lineage 000's scorer predicate: rep_ratio(n=6) >= 0.25 (one definition:
-# arenaflow.evals.degeneracy;
-# docs/lineages.md#000-two-repetition-measures)
-LOOP_AT = degeneracy.LOOP_THRESHOLD
-rep_ratio = degeneracy.rep_ratio
-META_KEY = b"arenaflow"
-
-
-def structure(df: pd.DataFrame) -> pd.DataFrame:
-    """Add the structural battery columns from completion, n_tokens and stopped: the
-    per-sample flags are arenaflow.evals.degeneracy.flags (the readout keeps truncated, empty, loop
-    and
-    fffd; low_unique is the corpus builder's filter, not a readout column)."""
-    df = df.copy()
-    text = df["completion"].fillna("")
-    flags = pd.DataFrame(
-        [degeneracy.flags(t, bool(s)) for t, s in zip(text, df["stopped"])],
-        index=df.index,
-        columns=["truncated", "empty", "loop", "fffd"],
-        dtype=bool,
-    )
-    df["truncated"] = flags["truncated"]
-    df["empty"] = flags["empty"]
-    df["rep_ratio6"] = text.map(rep_ratio)
-    df["loop"] = flags["loop"]
-    df["fffd"] = flags["fffd"]
-    df["n_words"] = text.map(lambda s: len(s.split()))
-    # lineage 002's tool-leak audit and answer-usable read (arenaflow.instruct.toolleak, degeneracy)
-    df["tool_leak"] = text.map(lambda s: toolleak.leak(s) is not None).astype(bool)
-    df["answer_usable"] = pd.Series(
-        [degeneracy.answer_usable(t, bool(s)) for t, s in zip(text, df["stopped"])],
-        index=df.index,
-        dtype=bool,
-    )
-    return df
-
-
-def target_of(row: dict) -> str:
-    """What an item is scored against, as text: gold answer, constraint list, or the open-ended
-    length floor, so both sides of a comparison can prove they judged the same thing."""
-    if "gold" in row:
-        return row["gold"]
-    if "constraints" in row:
-        return json.dumps(row["constraints"], sort_keys=True)
-    return json.dumps({"open": True, "min_chars": row.get("min_chars", 0)})
-
-
-def readout(
-    pool: list[dict],
-    model,
-    tokenizer,
-    system_prompt: str,
-    regime: dict,
-    seed: int,
-    batch_size: int,
-    desc: str,
-    engine: str = "hf",
-    job=None,
-    first_batch: int = 0,
-) -> pd.DataFrame:
-    """One row per item. `correct` is the same verdict rejection sampling uses
-    (arenaflow.candidates.verdict): math, verify.check's `correct`; instruction following, every
-    constraint checked; open-ended, stopped, non-degenerate and long enough.
-
-    A readout is one parquet per (suite, arm, regime, replicate), one row per item (per
-    conversation x turn for a multi-turn pool: arenaflow.instruct.multiturn), carrying the
-    prompt and target hashes so a comparison can prove both sides saw the same items, and the
-    structural battery per answer (stopped, truncated, empty, loop by rep_ratio(6) >= 0.25, U+FFFD,
-    words, tokens, tool_leak: arenaflow.instruct.toolleak, answer_usable: degeneracy.answer_usable),
-    and on items with constraints each constraint's verdict (`checks`,
-    arenaflow.instruct.families). Replicate r decodes with seed + 1000 * r; the same seed gives
-    identical rows. The parquet's schema metadata (key "arenaflow") records when and how it was
-    made (for a math suite, `verifier`: arenaflow.verify.verifier): nomination checks
-    `created_utc` against the bar's registration time. With `job` (arenaflow.decode.parts.Job),
-    finished batches are kept beside job.out and a rerun after a kill decodes only the rest (not
-    for a multi-turn pool: a turn's prompts hold the earlier turns' answers). A shard's `pool`
-    is its items and `first_batch` the index of their first batch in the whole pool
-    (arenaflow.shards)."""
-    from arenaflow import candidates, chat
-    from arenaflow.decode import sampling  # torch-heavy: only the readout needs them
-
-    dec = sampling.Decoding(**afschema.decoding_of(regime))
-    if any(
-        "turns" in r for r in pool
-    ):  # conversations, read turn by turn (arenaflow.instruct.multiturn)
-        args = (system_prompt, dec, seed, batch_size, desc, engine)
-        return structure(
-            pd.DataFrame.from_records(multiturn.readout(pool, model, tokenizer, *args))
-        )
-    fmt = chat.format_of(tokenizer)
-    prompts = [
-        chat.render(chat.row_messages(system_prompt, r), True, fmt) for r in pool
-    ]  # +context
-    # sampling.generate prints one progress line per batch (prompts done, tok/s, elapsed)
-    outs = sampling.generate(
-        model,
-        tokenizer,
-        prompts,
-        dec,
-        k=1,
-        seed=seed,
-        batch_size=batch_size,
-        desc=desc,
-        engine=engine,
-        job=job,
-        first_batch=first_batch,
-    )
-    recs = []
-    for r, p, (o,) in zip(pool, prompts, outs):
-        v = candidates.verdict({"id": r["id"], "prompt_id": r["id"], "sample": 0, **o}, r)
-        recs.append(
-            {
-                "item_id": r["id"],
-                "category": r["category"],
-                "cluster": cluster_of_row(r),  # what its SE is clustered by (evals.cluster)
-                "prompt_sha256": manifest.sha256_text(p),
-                "target_sha256": manifest.sha256_text(target_of(r)),
-                "completion": o["text"],
-                "n_tokens": o["n_tokens"],
-                "stopped": o["stopped"],
-                "pred": v.get("pred"),
-                "strict": v.get("strict", v["correct"]),
-                "reasons": "; ".join(v.get("reasons", [])),
-                "correct": v["correct"],
-                # per-constraint verdicts, for the per-family table (arenaflow.instruct.families)
-                "checks": families.checks_of(o["text"], r["constraints"])
-                if "constraints" in r
-                else None,
-            }
-        )
-    return structure(pd.DataFrame.from_records(recs))
-
-
-def write_readout(df: pd.DataFrame, path: str | Path, meta: dict) -> None:
-    """Parquet with arenaflow's metadata (created_utc, ...) in the schema, not in the rows, so
-    two readouts of the same seed have identical rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    created = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
-    record = {**meta, "created_utc": created, "code": manifest.code_version()}
-    table = table.replace_schema_metadata(
-        {**(table.schema.metadata or {}), META_KEY: json.dumps(record, sort_keys=True).encode()}
-    )
-    with io.atomic_path(path) as tmp:
-        # CRC32 per page: a reader that asks (load) refuses a flipped bit instead of scoring it
-        pq.write_table(table, tmp, write_page_checksum=True)
-
-
-def readout_meta(path: str | Path) -> dict:
-    """arenaflow's metadata of a readout parquet ({} for readouts written before it existed)."""
-    import pyarrow.parquet as pq
-
-    raw = (pq.read_schema(path).metadata or {}).get(META_KEY)
-    return json.loads(raw) if raw else {}
-
-
-def outcomes(df: pd.DataFrame, col: str, name: str) -> np.ndarray:
-    """df[col] as bools; a value other than 0/1 (NaN included, which bool() would call correct)
-    raises ValueError naming `name` and the offending row's item and replicate."""
-    items = df["item_id"] if "item_id" in df else pd.Series(range(len(df)), index=df.index)
-    reps = df["replicate"] if "replicate" in df else [None] * len(df)
-    labels = [
-        f"item {i!r}" + ("" if r is None else f", replicate {r}") for i, r in zip(items, reps)
-    ]
-    return stats.binary(df[col].to_numpy(), f"{name} ({col!r})", labels=labels)
-
-
-def read_readout(path: str | Path) -> pd.DataFrame:
-    """A readout, its page checksums verified (readouts written before they had checksums are
-    read as they are) and its recorded identity matching its path (check_named); a bad page or
-    a readout under another's name raises ManifestError naming the file."""
-    try:
-        df = pd.read_parquet(path, page_checksum_verification=True)
-    except OSError as e:
-        raise manifest.ManifestError(f"{path}: unreadable readout: {e}") from None
-    check_named(path, readout_meta(path), df)
-    return df
-
-
-# what a readout's path says of it -> the metadata key that records it
-NAMED = {"suite": "suite", "rarm": "arm", "regime": "regime", "rep": "replicate"}
-
-
-def check_named(path: str | Path, meta: dict, df: pd.DataFrame) -> None:
-    """A readout under readouts/{suite}/{arm}/{regime}.r{rep}.parquet must record that suite,
-    arm, regime and replicate, and its rows that arm and replicate: a readout copied over
-    another (the served regime's over the greedy one's, one replicate over another, one arm's
-    over another's) would otherwise be compared under the name it was copied to."""
-    named = paths.parse(paths.READOUT, path)
-    if named is None or not meta:  # not in the layout, or written before metadata existed
-        return
-    for key, field in NAMED.items():
-        if str(meta.get(field)) != named[key]:
-            raise manifest.ManifestError(
-                f"{path}: records {field} {meta.get(field)!r}, its path says {named[key]!r} "
-                "(a readout copied or moved under another's name)"
-            )
-    for col, want in (("arm", named["rarm"]), ("replicate", named["rep"])):
-        if col in df and set(map(str, df[col].unique())) - {want}:
-            raise manifest.ManifestError(
-                f"{path}: rows of {col} {sorted(set(map(str, df[col].unique())))}, "
-                f"its path says {want!r}"
-            )
-
-
-def structured(df: pd.DataFrame) -> pd.DataFrame:
-    """A readout with its structural battery: as written, or, for a readout made before a column
-    of it existed (answer_usable), recomputed by structure()."""
-    return df if "answer_usable" in df.columns else structure(df)
-
-
-def load(paths: list[str]) -> pd.DataFrame:
-    frames = []
-    for p in paths:
-        df = read_readout(p)
-        outcomes(df, "correct", str(p))  # name the readout file before its rows are pooled
-        frames.append(structured(df))
-    return pd.concat(frames, ignore_index=True)
 
 
 def _parser() -> argparse.ArgumentParser:

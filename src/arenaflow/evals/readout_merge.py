@@ -19,7 +19,7 @@ import json
 import pandas as pd
 
 from arenaflow import manifest, paths
-from arenaflow.evals import readout as evals
+from arenaflow.evals import readout_file
 
 # what differs between the parts of one readout, and is summed or written afresh by the merge;
 # decoded_by and chat_template too: an empty part, loading no model, cannot say how a decoder
@@ -34,7 +34,7 @@ def read_part(path: str) -> tuple[pd.DataFrame, dict]:
         df = pd.read_parquet(path, page_checksum_verification=True)
     except OSError as e:
         raise manifest.ManifestError(f"merging readouts: {path}: unreadable part: {e}") from None
-    meta = evals.readout_meta(path)
+    meta = readout_file.readout_meta(path)
     if not meta:
         raise manifest.ManifestError(f"merging readouts: {path}: no arenaflow metadata")
     return df, meta
@@ -62,7 +62,7 @@ def merge(out: str, shards: int) -> int:
     decoded = next((meta for df_, meta in read if len(df_)), read[0][1])
     totals = {"tokens": tokens, "seconds": seconds}
     totals |= {k: decoded[k] for k in LOADED if k in decoded}
-    evals.write_readout(df, out, {**same, **totals})
+    readout_file.write_readout(df, out, {**same, **totals})
     return len(df)
 
 

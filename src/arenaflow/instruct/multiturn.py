@@ -3,10 +3,10 @@ constraints introduced across turns", docs/lineages.md#002-headline-reads).
 
 A pool row with `turns` (arenaflow.instruct.pool.conversations, or an import) is a conversation of
 user messages; turn k introduces constraints[k-1], which holds from then on. The readout
-(arenaflow.evals.readout readout dispatches here) generates turn by turn, every conversation of the
-pool
-batched per turn, through the same chat rendering and sampling path as a single-turn readout,
-with the model's *own* earlier replies in context. Turn k decodes with seed + TURN_SEED * (k-1).
+(arenaflow.evals.readout_rows.readout dispatches here) generates turn by turn, every
+conversation of the pool batched per turn, through the same chat rendering and sampling path as
+a single-turn readout, with the model's *own* earlier replies in context. Turn k decodes with
+seed + TURN_SEED * (k-1).
 
 One readout row per conversation x turn: item_id "{conversation}/t{k}", `conversation`, `turn`,
 the conversation's category; `correct` is that turn's verdict (arenaflow.candidates.verdict
@@ -36,7 +36,7 @@ def _shared_prompt(system_prompt: str, turns: list[str]) -> str:
 
 
 def readout(pool, model, tokenizer, system_prompt, dec, seed, batch_size, desc, engine) -> list:
-    """Readout records (evals.structure adds the battery), turn by turn; `dec` is a
+    """Readout records (evals.readout_rows.structure adds the battery), turn by turn; `dec` is a
     sampling.Decoding."""
     from arenaflow import candidates, chat
     from arenaflow.decode import sampling

@@ -15,9 +15,9 @@ from pathlib import Path
 # the module, not its names: arenaflow.config imports this module (check_bands)
 from arenaflow import io
 from arenaflow import schema as afschema
+from arenaflow.answers import last_boxed
 from arenaflow.pools.exclude import Excluded
 from arenaflow.pools.validate import ID_RE, _constraints
-from arenaflow.verify import last_boxed
 
 # MATH subjects' category names: lineage 000's (alg, pre, num, cnt;
 # docs/lineages.md#000-lineage-and-corpora) and the like; other subjects get a slug

@@ -208,9 +208,9 @@ def check_against_registry(registration: dict, registry: Path) -> dict:
 
 
 def readout_time(path: str) -> tuple[str, str]:
-    from arenaflow.evals import readout as evals  # pandas/pyarrow: only where readouts are read
+    from arenaflow.evals import readout_file  # pandas/pyarrow: only where readouts are read
 
-    created = evals.readout_meta(path).get("created_utc")
+    created = readout_file.readout_meta(path).get("created_utc")
     if created:
         return created, "recorded"
     mtime = dt.datetime.fromtimestamp(os.path.getmtime(path), dt.timezone.utc)
