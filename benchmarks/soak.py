@@ -35,7 +35,8 @@ emptied first).
 Checks (exit 1 if one fails): every planned fault was injected and the run recovered from each
 (the final attempt exits 0, no attempt failed without a fault); each landed (jobs ran; a full
 disk failed its attempt); no output that was complete after an attempt (present, not marked
-incomplete by Snakemake), or copied from the shared prefix, was rewritten later (mtime and
+incomplete by Snakemake, not owed by a job Snakemake would run again: a job that wrote one of its
+outputs and failed owes it still), or copied from the shared prefix, was rewritten later (mtime and
 sha256, output by output); the nominations (their sealed digests), the corpora's and the
 bundles' sha256 manifests (their content digests) equal the uninterrupted run's.
 """
@@ -146,12 +147,28 @@ def _b64_names(folder: Path) -> dict[str, Path]:
     return out
 
 
-def snapshot(results: Path) -> dict[str, list]:
+def pending(cmd: list[str]) -> frozenset[str]:
+    """The outputs Snakemake would (re)make now for `cmd`'s targets (its --summary's plan is
+    not "no update"): a file of a job that wrote some of its outputs and then failed is still
+    owed by that job, however whole the file looks, and Snakemake may write it again."""
+    proc = subprocess.run(
+        [*cmd, "--summary", "--nolock"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"snakemake --summary failed:\n{proc.stderr[-3000:]}")
+    rows = (line.split("\t") for line in proc.stdout.splitlines())
+    return frozenset(
+        r[0] for r in rows if len(r) == 6 and r[0] != "output_file" and r[5] != "no update"
+    )
+
+
+def snapshot(results: Path, owed: frozenset[str] = frozenset()) -> dict[str, list]:
     """{relpath: [the job's end time, mtime_ns, sha256]} of every file of every complete output:
-    one Snakemake recorded as made (metadata) and did not mark incomplete (a job started, not
-    finished). Files no rule declares (the registry, the journal, logs) are not outputs."""
+    one Snakemake recorded as made (metadata), did not mark incomplete (a job started, not
+    finished) and does not plan to make again (`owed`, from pending()). Files no rule declares
+    (the registry, the journal, logs) are not outputs."""
     meta = _b64_names(results / ".snakemake/metadata")
-    skip = set(_b64_names(results / ".snakemake/incomplete"))
+    skip = set(_b64_names(results / ".snakemake/incomplete")) | owed
     out = {}
     for rel, record in sorted(meta.items()):
         path = results / rel
@@ -460,10 +477,12 @@ def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float, prefix: d
     attempts, injected = [], []
     try:
         seed(prefix, results)
-        complete = [snapshot(results)]  # the shared prefix: complete before the first attempt
+        goals = targets(args.rounds, bool(prefix))
+        owed = command(goals, results, arms, extra, True)  # what a rerun asks Snakemake
+        complete = [snapshot(results, pending(owed))]  # the shared prefix: complete at start
         while len(attempts) < len(todo) + args.extra_attempts + 1:
             n = len(attempts)
-            cmd = command(targets(args.rounds, bool(prefix)), results, arms, extra, n > 0)
+            cmd = command(goals, results, arms, extra, n > 0)
             att = Attempt(cmd, root / f"faulty-{n}.log")
             fault = None
             if len(injected) < len(todo):
@@ -476,7 +495,7 @@ def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float, prefix: d
                     print(f"attempt {n}: {fault['kind']} at {fault['after_s']} s", flush=True)
             res = att.finish(args.attempt_timeout)
             attempts.append({**res, "fault": fault["kind"] if fault else None})
-            complete.append(snapshot(results))
+            complete.append(snapshot(results, pending(owed)))
             print(f"attempt {n}: rc {res['rc']} in {res['wall_s']} s", flush=True)
             if res["rc"] == 0 and len(injected) == len(todo):
                 break

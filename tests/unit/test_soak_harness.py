@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -153,3 +155,20 @@ def test_a_fault_that_hit_no_running_job_or_a_full_disk_nothing_wrote_fails_its_
     ran_again = soak.checks(report_of([kill], [{"path": "pools/p.jsonl"}]))
     assert not ran_again["0 complete outputs recomputed"]
     assert [k for k, ok in ran_again.items() if not ok] == ["0 complete outputs recomputed"]
+
+
+def test_a_file_of_a_job_that_still_owes_a_sibling_output_is_not_complete(soak, tmp_path):
+    # Snakemake itself says what it owes: a job with two outputs that wrote one and died
+    (tmp_path / "Snakefile").write_text(
+        'rule two:\n    output: "a.txt", "b.txt"\n    shell: "touch {output}"\n'
+    )
+    (tmp_path / "a.txt").write_text("a")
+    record(tmp_path, "metadata", "a.txt", 1.0)
+    snake = [sys.executable, "-m", "snakemake", "-s", str(tmp_path / "Snakefile")]
+    cmd = [*snake, "-d", str(tmp_path), "a.txt", "b.txt", "--cores", "1"]
+    owed = soak.pending(cmd)
+    assert owed == {"a.txt", "b.txt"}
+    assert "a.txt" in soak.snapshot(tmp_path) and soak.snapshot(tmp_path, owed) == {}
+    subprocess.run(cmd, check=True, capture_output=True)  # the job done: nothing owed
+    assert soak.pending(cmd) == frozenset()
+    assert sorted(soak.snapshot(tmp_path, soak.pending(cmd))) == ["a.txt", "b.txt"]
