@@ -20,6 +20,10 @@
 # files, the munge key in /etc/munge (created by the munge package; made here only if absent),
 # and /etc/slurm/slurm.conf, a symlink to DIR/etc/slurm.conf so that sinfo/sbatch/squeue find
 # the cluster without SLURM_CONF (never written over a real file; removed by `stop`).
+# One cluster per machine: a second one (another DIR and ports) answers sinfo/sbatch given
+# SLURM_CONF, but Snakemake's jobs do not reach it: the Slurm jobstep executor clears SLURM_*
+# but a job's identity before its inner srun, which then reads /etc/slurm/slurm.conf, the
+# first cluster's.
 #
 # Several nodes (ARENAFLOW_SLURM_NODES=N, 1 to 9; default 1, the single-node cluster above
 # unchanged): N slurmd on this host in Slurm's multiple-slurmd mode, `slurmd -N afnodeI`, each
