@@ -494,6 +494,8 @@ def faulty(args, root: Path, extra: Path, arms: Path, ref_wall: float, prefix: d
                     injected.append(fault)
                     print(f"attempt {n}: {fault['kind']} at {fault['after_s']} s", flush=True)
             res = att.finish(args.attempt_timeout)
+            if fault:
+                fault["attempt_rc"] = res["rc"]
             attempts.append({**res, "fault": fault["kind"] if fault else None})
             complete.append(snapshot(results, pending(owed)))
             print(f"attempt {n}: rc {res['rc']} in {res['wall_s']} s", flush=True)
@@ -544,10 +546,12 @@ def _copy_out(results: Path, to: Path) -> None:
 
 def landed(fault: dict) -> bool:
     """A job was killed; a SIGTERM or a full disk came while jobs ran, and a full disk failed
-    its attempt (something wrote to it)."""
+    its attempt (something wrote to it): while full, or after, Snakemake waiting for the jobs
+    still running before it exits."""
     if fault["kind"] == "kill_job":
         return bool(fault["process"])
-    full = fault["kind"] != "disk_full" or fault["attempt_failed_while_full"]
+    failed = fault.get("attempt_failed_while_full") or fault.get("attempt_rc") not in (0, None)
+    full = fault["kind"] != "disk_full" or failed
     return bool(fault.get("jobs_running")) and full
 
 
@@ -652,6 +656,8 @@ def recheck(root: Path, out: Path) -> int:
     copied = root / "faulty-results"  # the tmpfs's copy; without a tmpfs, where it ran
     results = copied if copied.is_dir() else Path(report["faulty"]["results"])
     report["faulty"]["records"] = final_records(results)
+    for fault in report["faulty"]["faults"]:  # reports written before faults kept their rc
+        fault.setdefault("attempt_rc", report["faulty"]["attempts"][fault["attempt"]]["rc"])
     return write(report, out)
 
 

@@ -149,8 +149,12 @@ def test_a_fault_that_hit_no_running_job_or_a_full_disk_nothing_wrote_fails_its_
     full = {**term, "kind": "disk_full", "attempt_failed_while_full": True}
     landed = "every fault landed while a job ran"
     assert all(soak.checks(report_of([kill, term, full], [])).values())
-    for bad in ({**term, "jobs_running": []}, {**full, "attempt_failed_while_full": False}):
+    for bad in ({**term, "jobs_running": []}, {**full, "attempt_failed_while_full": False},
+                {**full, "attempt_failed_while_full": False, "attempt_rc": 0}):  # fmt: skip
         assert not soak.checks(report_of([kill, bad], []))[landed]
+    # a job failed on the full disk; Snakemake exited once the other running job had ended
+    later = {**full, "attempt_failed_while_full": False, "attempt_rc": 1}
+    assert soak.checks(report_of([kill, later], []))[landed]
     # the reference run rewrote an output of the shared prefix
     ran_again = soak.checks(report_of([kill], [{"path": "pools/p.jsonl"}]))
     assert not ran_again["0 complete outputs recomputed"]
