@@ -148,13 +148,14 @@ def test_failing_trackers_warn_once_each_and_the_training_completes(tmp_path):
     assert manifest.verify(tmp_path / "runs/A/final")
 
 
-def test_a_stalled_tracker_holds_the_job_at_most_1_percent_of_its_time(caplog):
+def stalled():
+    time.sleep(60)
+
+
+def test_a_stalled_tracker_holds_the_job_at_most_1_percent_of_its_time(caplog, monkeypatch):
     """A backend that never answers: logging returns at once, and close() waits at most 1 % of
-    the run's time, then warns once."""
-
-    def stalled():
-        time.sleep(60)
-
+    the run's time (the floor for short runs aside), then warns once."""
+    monkeypatch.setattr(tracking.run, "MIN_WAIT_S", 0.0)
     run = tracking.Run([tracking.run.Worker("stalled", stalled)], 1, 0.0)
     t0 = time.perf_counter()
     for step in range(1000):
@@ -169,6 +170,20 @@ def test_a_stalled_tracker_holds_the_job_at_most_1_percent_of_its_time(caplog):
     assert per_call < 1e-3 and took <= 0.01 * (t1 - t0) + 0.05
     (warning,) = [r.message for r in caplog.records if "tracker stalled" in r.message]
     assert "did not finish within" in warning
+
+
+def test_backends_flush_together_and_a_short_run_gives_them_the_floor(caplog, monkeypatch):
+    """Two stalled backends and a run of no time: close() waits MIN_WAIT_S once, not once per
+    backend, and each warns."""
+    monkeypatch.setattr(tracking.run, "MIN_WAIT_S", 0.5)
+    run = tracking.Run([tracking.run.Worker(n, stalled) for n in ("a", "b")], 1, 0.0)
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="arenaflow.tracking"):
+        run.close()
+    took = time.perf_counter() - t0
+    assert 0.5 <= took < 0.9, took
+    warned = [r.message for r in caplog.records if "did not finish within 0.50 s" in r.message]
+    assert len(warned) == 2, warned
 
 
 def test_the_throttle_logs_every_n_steps_at_most_so_often_and_always_when_forced(monkeypatch):

@@ -16,6 +16,9 @@ log = logging.getLogger("arenaflow.tracking")
 # grow the job's memory): a training logging every step for a day at 10 steps/s stays under it
 # while its backend keeps up at all.
 QUEUE_SIZE = 10_000
+# The least a training's end waits for its trackers: 1 % of a minute's CPU test training is
+# 0.3 s, less than a file store's flush takes on a loaded machine.
+MIN_WAIT_S = 2.0
 _STOP = object()
 
 
@@ -61,15 +64,17 @@ class Worker:
         """Whether everything queued so far is written (or dropped)."""
         return not self.alive or self.queue.unfinished_tasks == 0
 
-    def close(self, wait_s: float) -> None:
-        """Ask the thread to finish what is queued and close; wait at most `wait_s`."""
+    def stop(self) -> None:
+        """Ask the thread to finish what is queued and close (without waiting for it)."""
         try:
             self.queue.put_nowait(_STOP)
         except queue.Full:
             self.fail(f"{QUEUE_SIZE} records behind")
-            return
-        self.thread.join(wait_s)
-        if self.thread.is_alive():
+
+    def join(self, end: float, wait_s: float) -> None:
+        """Wait for the thread until `end` (time.monotonic()); warn if it is still writing."""
+        self.thread.join(max(end - time.monotonic(), 0.0))
+        if self.alive and self.thread.is_alive():
             self.fail(f"did not finish within {wait_s:.2f} s; what it held is dropped")
 
 
@@ -111,8 +116,13 @@ class Run:
 
     def close(self, wait_s: float | None = None) -> None:
         """Flush and close every backend, waiting for them together at most `wait_s`; None, 1 %
-        of the time since the run opened: a tracker never holds a training's end longer."""
-        wait = 0.01 * (time.monotonic() - self.t0) if wait_s is None else wait_s
-        end = time.monotonic() + wait
+        of the time since the run opened or MIN_WAIT_S, whichever is longer: a tracker never
+        holds a long training's end longer, and a short one's writers get time to flush."""
+        if wait_s is None:
+            wait_s = max(0.01 * (time.monotonic() - self.t0), MIN_WAIT_S)
+        # Every backend flushes at once: closing them in turn let the first spend the others' time.
         for w in self.workers:
-            w.close(max(end - time.monotonic(), 0.0))
+            w.stop()
+        end = time.monotonic() + wait_s
+        for w in self.workers:
+            w.join(end, wait_s)
