@@ -4,7 +4,7 @@ at lengths drawn from a real round's, static engine as it was vs now vs generate
     python benchmarks/useful_tokens.py --device cpu --model llama-100m --prompt-lens 128,512 \
         [--k 8 --prompts 1 --engines static-old,static,generate --out results.json]
     python benchmarks/useful_tokens.py --device cuda --dtype bfloat16 --model llama-1.2b \
-        --prompts 32   # or --model /path/to/SmolLM2-135M
+        --prompts 32   # or --model smollm2-135m (its shape), or a model's directory
 
 A useful token is one generated up to its row's stop (the stop counted), never padding after it.
 Each row's length is drawn (seeded) from --lengths, a JSONL of samples with `n_tokens` (a
@@ -45,9 +45,12 @@ from arenaflow.decode import sampling, steps
 from arenaflow.decode import static as decode
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = {  # random-weight Llama shapes: (layers, hidden, heads, kv heads, intermediate)
-    "llama-100m": (12, 768, 12, 4, 2048),
-    "llama-1.2b": (24, 2048, 16, 4, 5632),  # benchmarks/gpu_bench.py's 24 x 2048
+# Random-weight Llama shapes (the planted stops make the weights' values irrelevant):
+# (layers, hidden, heads, kv heads, intermediate, vocabulary, tied embeddings)
+SHAPES = {
+    "llama-100m": (12, 768, 12, 4, 2048, 32000, False),
+    "llama-1.2b": (24, 2048, 16, 4, 5632, 32000, False),  # benchmarks/gpu_bench.py's 24 x 2048
+    "smollm2-135m": (30, 576, 9, 3, 1536, 49152, True),  # SmolLM2-135M-Instruct's config.json
 }
 ROUND_MEAN, ROUND_SIGMA = 22.6, 0.25  # the default lengths (module docstring)
 
@@ -55,16 +58,16 @@ ROUND_MEAN, ROUND_SIGMA = 22.6, 0.25  # the default lengths (module docstring)
 def load_model(name: str, device: str, dtype: torch.dtype):
     """A model by shape name, "embedded" (models/tiny-arith) or a local path."""
     if name in SHAPES:
-        layers, hidden, heads, kv, inter = SHAPES[name]
+        layers, hidden, heads, kv, inter, vocab, tied = SHAPES[name]
         cfg = LlamaConfig(
-            vocab_size=32000,
+            vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=inter,
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv,
             max_position_embeddings=4096,
-            tie_word_embeddings=False,
+            tie_word_embeddings=tied,
         )
         torch.manual_seed(0)
         with torch.device(device):
