@@ -268,7 +268,9 @@ def test_a_node_lost_mid_training_requeues_the_two_node_job_which_resumes_as_the
         jid = running_job("train_arm_wildcards_N22", deadline)
         lost = output("scontrol", "show", "hostnames", squeue("-j", jid, "-o", "%N")).split()[1]
         scontrol("update", f"nodename={lost}", "state=down", "reason=preempted")
-        while squeue("-j", jid, "-o", "%T") != "PENDING" and time.time() < deadline:
+        # (a job that ended before its node went down is not requeued: Snakemake then exits)
+        while squeue("-j", jid, "-o", "%T") != "PENDING" and sm.poll() is None:
+            assert time.time() < deadline, f"job {jid} not requeued: {squeue('-j', jid)}"
             time.sleep(0.2)
         back_in_service(lost)
         out = finished(sm, log, deadline - time.time())
