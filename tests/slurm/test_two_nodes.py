@@ -8,7 +8,11 @@ ranks:
   - a rank killed on the second node, as a node lost to preemption, fails the job (its torchrun
     fails, srun's --kill-on-bad-exit ends the first node's task); Snakemake resubmits it
     (--retries 1) and the new two-node job resumes from its checkpoint to the unbroken run's
-    weights.
+    weights;
+  - the second node of a running two-node job set DOWN (as slurmctld sets a node that stops
+    answering, the same path that kills and requeues its jobs): Slurm requeues the job (the
+    profile's --requeue), it runs again as the same job id on both nodes (Restarts=1) and
+    resumes from its checkpoint to the unbroken run's weights.
 Sharded sampling: the sampling corpus rft_r1 in 3 shards runs as 3 Slurm jobs on both nodes
 (where each ran, from slurmctld's record of the job) and its merge job writes the samples of the
 unsharded job byte for byte (that one run locally: the bytes do not depend on the executor).
@@ -24,6 +28,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -43,6 +48,8 @@ from slurmrun import (
     running_job,
     slurm_jobs,
     snakemake_cmd,
+    squeue,
+    usable_nodes,
     workdir,
 )
 
@@ -207,6 +214,84 @@ def test_a_rank_killed_on_one_node_fails_the_job_and_the_retry_resumes_on_two_no
     # the kill lands a step or more after the first checkpoint: the resume is from step 4 or 8
     assert_resumed_to_the_same_weights(
         results, "K22", attempts[1]["JobId"], {4, 8}, results / "runs/L22/final", steps=12
+    )
+
+
+def scontrol(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["scontrol", *args], capture_output=True, text=True, timeout=30, check=check
+    )
+
+
+def back_in_service(node: str, timeout: float = 60) -> None:
+    """`node` usable again. ReturnToService=2 (scripts/slurm-local.sh) returns a downed node whose
+    slurmd answers on its own, often before anyone asks, and Slurm then refuses `state=resume`
+    as an invalid transition; a cluster without it needs the resume."""
+    deadline = time.time() + timeout
+    while node not in usable_nodes():
+        assert time.time() < deadline, output("sinfo", "-N", "-n", node)
+        scontrol("update", f"nodename={node}", "state=resume", check=False)
+        time.sleep(0.5)
+
+
+def slurmctld_log() -> str:
+    conf = output("scontrol", "show", "config")
+    return Path(re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", conf, re.M).group(1)).read_text()
+
+
+def test_a_node_lost_mid_training_requeues_the_two_node_job_which_resumes_as_the_same_job(
+    corpus, layouts, two_nodes
+):
+    """The second node of a running 2 x 2 LoRA job is set DOWN once a checkpoint exists, as a
+    node lost to preemption: Slurm kills the job on both nodes and requeues it (the profile's
+    slurm-requeue: --requeue), Snakemake keeps waiting on the same job id, and the job runs again
+    on both nodes, resuming from its checkpoint to the unbroken 2 x 2 arm's weights.
+
+    Unlike the one-node requeue test, Slurm's hold of the requeued job (~2 min, BeginTime) is
+    waited out, not skipped: the "lost" node's slurmd lives on here and reports the old run's end
+    after the requeue; started at once (StartTime=now), the job was refused its new credential
+    ("Job credential revoked"), or a late report took the node out of the running job, whose
+    srun then waited for it forever ("Requested nodes are busy"; Slurm 22.05)."""
+    results, root = corpus["results"], corpus["root"]
+    write_arm(corpus["arms"], "N22", "lora", "2x2")
+    log = root / "snakemake_node_down.log"
+    cmd = snakemake_cmd(
+        "runs/N22/final", results=results, arms=corpus["arms"], logdir=root / "slurm_logs_node_down"
+    )
+    first_ckpt = results / "runs/N22/checkpoints/fingerprint.json"  # once a checkpoint is whole
+    deadline = time.time() + TIMEOUT
+    sm, jid, lost = in_background(cmd, log), None, None
+    try:
+        while not first_ckpt.exists() and sm.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert first_ckpt.exists(), f"no step-4 checkpoint:\n{log.read_text()[-4000:]}"
+        jid = running_job("train_arm_wildcards_N22", deadline)
+        lost = output("scontrol", "show", "hostnames", squeue("-j", jid, "-o", "%N")).split()[1]
+        scontrol("update", f"nodename={lost}", "state=down", "reason=preempted")
+        # (a job that ended before its node went down is not requeued: Snakemake then exits)
+        while squeue("-j", jid, "-o", "%T") != "PENDING" and sm.poll() is None:
+            assert time.time() < deadline, f"job {jid} not requeued: {squeue('-j', jid)}"
+            time.sleep(0.2)
+        back_in_service(lost)
+        out = finished(sm, log, deadline - time.time())
+    except BaseException:
+        sm.kill()
+        if jid:  # a killed Snakemake leaves its job queued, holding both nodes from later tests
+            subprocess.run(["scancel", jid], timeout=30, check=False)
+        raise
+    finally:
+        if lost:
+            back_in_service(lost)
+
+    jobs = slurm_jobs(run_id(out))
+    assert [(j["JobId"], j["JobState"], j["Restarts"], j["NumNodes"]) for j in jobs] == [
+        (jid, "COMPLETED", "1", "2")
+    ], jobs
+    assert sorted(output("scontrol", "show", "hostnames", jobs[0]["NodeList"]).split()) == two_nodes
+    # requeued for the node's loss, not for a failure of its own
+    assert f"requeue job JobId={jid} due to failure of node {lost}" in slurmctld_log()
+    assert_resumed_to_the_same_weights(
+        results, "N22", jid, {4, 8}, results / "runs/L22/final", steps=12
     )
 
 
