@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -160,10 +161,21 @@ def squeue(*args: str) -> str:
 
 
 def in_background(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    """The command in a session of its own, so that kill() reaches Snakemake under `timeout`."""
     with open(log, "w") as f:
         return subprocess.Popen(
-            cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env
-        )
+            cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def kill(sm: subprocess.Popen) -> None:
+    """Snakemake and everything it started here (its Slurm jobs are scancel'd by their tests)."""
+    try:
+        os.killpg(sm.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    sm.wait()
 
 
 def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
@@ -172,7 +184,7 @@ def finished(sm: subprocess.Popen, log: Path, timeout: float) -> str:
         sm.wait(timeout=max(1.0, timeout))
     finally:
         if sm.poll() is None:
-            sm.kill()
+            kill(sm)
     out = log.read_text()
     assert sm.returncode == 0, out[-8000:]
     return out

@@ -42,6 +42,7 @@ from slurmrun import (
     TIMEOUT,
     finished,
     in_background,
+    kill,
     require_cluster,
     rule_of,
     run_id,
@@ -141,7 +142,7 @@ def test_a_sampling_job_requeued_by_slurm_resumes_from_its_parts_to_the_same_byt
     try:
         jid, left = requeue_when_parts_exist(sm, out, deadline)
     except BaseException:
-        sm.kill()
+        kill(sm)
         raise
     sm_out = finished(sm, log, deadline - time.time())
     print(f"\nlocal reference {t1 - t0:.0f} s, requeued Slurm run {time.time() - t1:.0f} s wall")

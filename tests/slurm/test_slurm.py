@@ -40,6 +40,7 @@ from slurmrun import (
     finished,
     gres_count,
     in_background,
+    kill,
     require_cluster,
     rule_of,
     run_id,
@@ -248,7 +249,7 @@ def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_we
             ["scontrol", "update", f"jobid={jid}", "StartTime=now"], check=True, timeout=30
         )
     except BaseException:
-        sm.kill()
+        kill(sm)
         raise
     out = finished(sm, log, deadline - time.time())
 

@@ -40,6 +40,7 @@ from slurmrun import (
     finished,
     gres_count,
     in_background,
+    kill,
     output,
     require_cluster,
     rule_of,
@@ -202,7 +203,7 @@ def test_a_rank_killed_on_one_node_fails_the_job_and_the_retry_resumes_on_two_no
         assert len(pids) == 2, f"ranks of node 1 of job {jid}: {pids}"
         os.kill(pids[-1], signal.SIGKILL)
     except BaseException:
-        sm.kill()
+        kill(sm)
         raise
     out = finished(sm, log, deadline - time.time())
 
@@ -275,7 +276,7 @@ def test_a_node_lost_mid_training_requeues_the_two_node_job_which_resumes_as_the
         back_in_service(lost)
         out = finished(sm, log, deadline - time.time())
     except BaseException:
-        sm.kill()
+        kill(sm)
         if jid:  # a killed Snakemake leaves its job queued, holding both nodes from later tests
             subprocess.run(["scancel", jid], timeout=30, check=False)
         raise
