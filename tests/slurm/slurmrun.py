@@ -200,6 +200,16 @@ def running_job(comment_part: str, deadline: float) -> str:
     raise AssertionError(f"no RUNNING Slurm job with {comment_part!r} in its comment:\n{squeue()}")
 
 
+def training_at_checkpoint(sm, results: Path, arm: str, log: Path, deadline: float) -> str:
+    """The id of arm's running training job, once its first checkpoint is whole (its
+    fingerprint is written last)."""
+    first = results / f"runs/{arm}/checkpoints/fingerprint.json"
+    while not first.exists() and sm.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), f"no checkpoint of {arm}:\n{log.read_text()[-4000:]}"
+    return running_job(f"train_arm_wildcards_{arm}", deadline)
+
+
 def assert_resumed_to_the_same_weights(
     results: Path, arm: str, job_id: str, from_steps, whole: Path, steps: int = 60
 ) -> None:

@@ -45,11 +45,11 @@ from slurmrun import (
     rule_of,
     run_id,
     run_locally,
-    running_job,
     sbatch_calls,
     slurm_jobs,
     snakemake_cmd,
     squeue,
+    training_at_checkpoint,
     workdir,
 )
 
@@ -231,16 +231,10 @@ def test_a_training_job_requeued_by_slurm_resumes_in_the_same_job_to_the_same_we
     cmd = snakemake_cmd(
         "runs/P2/final", results=results, arms=e2e["arms"], logdir=root / "slurm_logs_requeue"
     )
-    first_ckpt = (
-        results / "runs/P2/checkpoints/fingerprint.json"
-    )  # written once a checkpoint is whole
     deadline = time.time() + TIMEOUT
     sm = in_background(cmd, log)
     try:
-        while not first_ckpt.exists() and sm.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        assert first_ckpt.exists(), f"no step-10 checkpoint:\n{log.read_text()[-4000:]}"
-        jid = running_job("train_arm_wildcards_P2", deadline)
+        jid = training_at_checkpoint(sm, results, "P2", log, deadline)
         subprocess.run(["scontrol", "requeue", jid], check=True, timeout=30)
         # Slurm holds a requeued job ~2 min (BeginTime); an administrator's StartTime=now skips it
         while squeue("-j", jid, "-o", "%T") != "PENDING" and time.time() < deadline:

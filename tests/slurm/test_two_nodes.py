@@ -46,10 +46,10 @@ from slurmrun import (
     rule_of,
     run_id,
     run_locally,
-    running_job,
     slurm_jobs,
     snakemake_cmd,
     squeue,
+    training_at_checkpoint,
     usable_nodes,
     workdir,
 )
@@ -191,14 +191,10 @@ def test_a_rank_killed_on_one_node_fails_the_job_and_the_retry_resumes_on_two_no
         arms=corpus["arms"],
         logdir=root / "slurm_logs_kill_rank",
     )
-    first_ckpt = results / "runs/K22/checkpoints/fingerprint.json"  # once a checkpoint is whole
     deadline = time.time() + TIMEOUT
     sm = in_background(cmd, log)
     try:
-        while not first_ckpt.exists() and sm.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        assert first_ckpt.exists(), f"no step-4 checkpoint:\n{log.read_text()[-4000:]}"
-        jid = running_job("train_arm_wildcards_K22", deadline)
+        jid = training_at_checkpoint(sm, results, "K22", log, deadline)
         pids = rank_pids(jid, "1")
         assert len(pids) == 2, f"ranks of node 1 of job {jid}: {pids}"
         os.kill(pids[-1], signal.SIGKILL)
@@ -259,14 +255,10 @@ def test_a_node_lost_mid_training_requeues_the_two_node_job_which_resumes_as_the
     cmd = snakemake_cmd(
         "runs/N22/final", results=results, arms=corpus["arms"], logdir=root / "slurm_logs_node_down"
     )
-    first_ckpt = results / "runs/N22/checkpoints/fingerprint.json"  # once a checkpoint is whole
     deadline = time.time() + TIMEOUT
     sm, jid, lost = in_background(cmd, log), None, None
     try:
-        while not first_ckpt.exists() and sm.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-        assert first_ckpt.exists(), f"no step-4 checkpoint:\n{log.read_text()[-4000:]}"
-        jid = running_job("train_arm_wildcards_N22", deadline)
+        jid = training_at_checkpoint(sm, results, "N22", log, deadline)
         lost = output("scontrol", "show", "hostnames", squeue("-j", jid, "-o", "%N")).split()[1]
         scontrol("update", f"nodename={lost}", "state=down", "reason=preempted")
         # (a job that ended before its node went down is not requeued: Snakemake then exits)
