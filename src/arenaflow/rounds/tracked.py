@@ -4,8 +4,6 @@ incumbent and each clause's verdict (MLflow nests them; TensorBoard shows them s
 
 from __future__ import annotations
 
-import time
-
 from arenaflow import tracking
 
 # A candidate's numbers on the round's suite/regime (rounds.verdicts.judge: its primary compare)
@@ -53,6 +51,4 @@ def track(settings: dict | None, result: dict) -> None:
         )
         run.log_metrics(candidate_metrics(v), 0)
         runs.append(run)
-    end = time.monotonic() + settings["flush_s"]
-    for run in runs:
-        run.close(max(end - time.monotonic(), 0.0))
+    tracking.close_together(runs, settings["flush_s"])

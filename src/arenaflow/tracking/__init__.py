@@ -22,9 +22,19 @@ from pathlib import Path
 
 from arenaflow.schema import ConfigError, schema_defaults
 from arenaflow.tracking.backends import preload, start
-from arenaflow.tracking.run import Run, Throttle
+from arenaflow.tracking.run import Run, Throttle, close_together
 
-__all__ = ["Run", "Throttle", "from_json", "open_run", "preload", "require", "settings", "summary"]
+__all__ = [
+    "Run",
+    "Throttle",
+    "close_together",
+    "from_json",
+    "open_run",
+    "preload",
+    "require",
+    "settings",
+    "summary",
+]
 
 # backend: (the package it imports, the arenaflow extra that installs it; None: a main dependency)
 PACKAGES = {

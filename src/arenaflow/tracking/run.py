@@ -120,9 +120,15 @@ class Run:
         holds a long training's end longer, and a short one's writers get time to flush."""
         if wait_s is None:
             wait_s = max(0.01 * (time.monotonic() - self.t0), MIN_WAIT_S)
-        # Every backend flushes at once: closing them in turn let the first spend the others' time.
-        for w in self.workers:
-            w.stop()
-        end = time.monotonic() + wait_s
-        for w in self.workers:
-            w.join(end, wait_s)
+        close_together([self], wait_s)
+
+
+def close_together(runs: list[Run], wait_s: float) -> None:
+    """Flush and close every backend of every run, waiting for all of them at most `wait_s`.
+    Every backend flushes at once: closing them in turn let the first spend the others' time."""
+    workers = [w for run in runs for w in run.workers]
+    for w in workers:
+        w.stop()
+    end = time.monotonic() + wait_s
+    for w in workers:
+        w.join(end, wait_s)
